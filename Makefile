@@ -1,0 +1,50 @@
+# The two commands a newcomer needs are `make demo` and `make test`; both bootstrap first.
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+LINTED := capture apply schemas deploy tests bench
+
+.PHONY: help bootstrap jars up down status lint typecheck test test-unit demo bench clean
+
+help:
+	@echo "make demo       run the pipeline end to end on a local PostgreSQL + Kafka + Spark"
+	@echo "make test       bootstrap, lint, type-check and run every test against real services"
+	@echo "make up / down  start / stop the local PostgreSQL + Kafka (env in .local/stack.env)"
+	@echo "make test-unit  only the tests that need nothing running"
+
+bootstrap:
+	@bash deploy/bootstrap.sh
+
+jars: bootstrap
+
+up: bootstrap
+	@$(PY) -m deploy.local up
+
+down:
+	@if [ -x $(PY) ]; then $(PY) -m deploy.local down; else echo "nothing to stop"; fi
+
+status:
+	@$(PY) -m deploy.local status
+
+lint: bootstrap
+	$(VENV)/bin/ruff check $(LINTED)
+	$(VENV)/bin/ruff format --check $(LINTED)
+
+typecheck: bootstrap
+	$(VENV)/bin/mypy
+
+test: lint typecheck
+	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+test-unit: bootstrap
+	$(VENV)/bin/pytest tests/unit $(PYTEST_ARGS)
+
+demo: bootstrap
+	@$(PY) -m deploy.demo
+
+bench: bootstrap
+	@$(PY) -m bench
+
+clean: down
+	rm -rf .local .mypy_cache .ruff_cache .pytest_cache

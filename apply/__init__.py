@@ -1,0 +1,1 @@
+"""Apply job: Spark Structured Streaming from the change topics into Delta tables."""

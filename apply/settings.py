@@ -1,0 +1,67 @@
+"""Settings of the apply job: one class, read once in ``__main__``.
+
+Environment variables use the ``APPLY_`` prefix and ``__`` between nested names, e.g.
+``APPLY_KAFKA__BOOTSTRAP_SERVERS`` or ``APPLY_LAKE__ROOT``. The default Spark
+configuration suits one small machine (few shuffle partitions, UI off); anything in
+``APPLY_SPARK__CONF`` (a JSON object) overrides it.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class KafkaSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    bootstrap_servers: str = Field("127.0.0.1:9092", description="Kafka bootstrap servers")
+    topic_prefix: str = Field("cdc", description="change topics are <prefix>.<schema>.<table>")
+    control_topic: str = Field("cdc._control", description="where applied offsets are published")
+    schema_topic: str = Field("cdc._schemas", description="writer schemas by fingerprint")
+    max_offsets_per_trigger: int | None = Field(
+        None, ge=1, description="cap on records per micro-batch (all topics together)"
+    )
+
+
+class LakeSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    root: str = Field(".local/lake", description="Delta tables live at <root>/<schema>/<table>")
+    checkpoint_root: str = Field(".local/checkpoints", description="streaming checkpoints")
+
+
+class TriggerSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    mode: Literal["processing_time", "available_now"] = "processing_time"
+    interval: str = Field("5 seconds", description="processing-time trigger interval")
+
+
+class SparkSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    master: str | None = Field(
+        "local[*]", description="Spark master; null when spark-submit decides"
+    )
+    app_name: str = "cdc-apply"
+    jars: list[str] | None = Field(
+        None,
+        description="jars for spark.jars; by default the ones `make jars` resolved locally",
+    )
+    conf: dict[str, str] = Field(default_factory=dict, description="extra Spark confs")
+
+
+class ApplySettings(BaseSettings):
+    """Everything the apply job can be told."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="APPLY_", env_nested_delimiter="__", extra="forbid", frozen=True
+    )
+
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    lake: LakeSettings = Field(default_factory=LakeSettings)
+    trigger: TriggerSettings = Field(default_factory=TriggerSettings)
+    spark: SparkSettings = Field(default_factory=SparkSettings)

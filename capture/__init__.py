@@ -1,0 +1,1 @@
+"""Capture service: PostgreSQL logical replication (pgoutput) to per-table Avro topics."""

@@ -1,0 +1,64 @@
+"""Settings of the capture service: one class, read once in ``__main__``.
+
+Environment variables use the ``CAPTURE_`` prefix and ``__`` between nested names, e.g.
+``CAPTURE_POSTGRES__DSN`` or ``CAPTURE_KAFKA__TOPIC_PREFIX``. Passwords are
+``SecretStr`` and are never logged; keep them out of the DSN and in
+``CAPTURE_POSTGRES__PASSWORD``.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class PostgresSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    dsn: str = Field(
+        "postgresql://postgres@127.0.0.1:5432/postgres",
+        description="libpq connection string of the source database, without the password",
+    )
+    password: SecretStr | None = Field(None, description="password, kept out of the DSN")
+    slot: str = Field("cdc_slot", description="logical replication slot to stream from")
+    publication: str = Field("cdc_pub", description="publication naming the captured tables")
+    tables: list[str] = Field(
+        default_factory=list, description="schema-qualified tables to capture, e.g. public.orders"
+    )
+    schemas: list[str] = Field(
+        default_factory=list, description="capture every table in these schemas"
+    )
+
+
+class KafkaSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    bootstrap_servers: str = Field("127.0.0.1:9092", description="Kafka bootstrap servers")
+    topic_prefix: str = Field("cdc", description="change topics are <prefix>.<schema>.<table>")
+    control_topic: str = Field("cdc._control", description="applied-offset feedback from apply")
+    schema_topic: str = Field("cdc._schemas", description="writer schemas by fingerprint")
+    partitions: int = Field(3, ge=1, description="partitions of a newly created change topic")
+    replication_factor: int = Field(1, ge=1, description="of newly created topics")
+    producer: dict[str, str] = Field(
+        default_factory=dict, description="extra librdkafka producer settings (passthrough)"
+    )
+
+
+class CaptureSettings(BaseSettings):
+    """Everything the capture service can be told."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="CAPTURE_", env_nested_delimiter="__", extra="forbid", frozen=True
+    )
+
+    postgres: PostgresSettings = Field(default_factory=PostgresSettings)
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    status_interval_s: float = Field(
+        5.0, gt=0, description="longest gap between standby status updates to PostgreSQL"
+    )
+    max_in_flight_records: int = Field(
+        200_000, ge=1, description="produced but not yet applied records before reading pauses"
+    )
+    max_in_flight_bytes: int = Field(
+        256 * 1024 * 1024, ge=1, description="same bound in encoded bytes"
+    )

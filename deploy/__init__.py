@@ -1,0 +1,1 @@
+"""Deployment assets and the local service launcher (``python -m deploy.local``)."""

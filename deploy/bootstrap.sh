@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Install what `make test` and `make demo` need, idempotently:
+#   system: Python >= 3.11, PostgreSQL server binaries, a JDK 17+, Maven
+#           (installed with apt-get when run as root on a Debian-like system)
+#   .venv:  the project with its dev extras (pip install -e .[dev])
+#   jars:   Kafka broker + Spark connector/Delta jars from Maven Central (deploy/jars/*)
+# Anything missing that cannot be installed is named with the command that installs it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+missing=()
+apt_packages=()
+
+have_pg_server() {
+  [ -n "${CDC_PG_BINDIR:-}" ] && [ -x "$CDC_PG_BINDIR/initdb" ] && return 0
+  ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && return 0
+  command -v initdb >/dev/null 2>&1
+}
+java_major() {
+  java -version 2>&1 | awk -F'"' '/version/ {split($2, v, "."); print (v[1] == "1" ? v[2] : v[1]); exit}'
+}
+
+have_pg_server || { missing+=("PostgreSQL server (initdb, postgres)"); apt_packages+=(postgresql postgresql-contrib); }
+if ! command -v java >/dev/null 2>&1 || [ "$(java_major)" -lt 17 ]; then
+  missing+=("Java 17+"); apt_packages+=(openjdk-17-jdk-headless)
+fi
+command -v mvn >/dev/null 2>&1 || { missing+=("Maven"); apt_packages+=(maven); }
+"$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null \
+  || { missing+=("Python 3.11+ with venv"); apt_packages+=(python3 python3-venv); }
+
+if [ ${#apt_packages[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "bootstrap: installing ${apt_packages[*]} with apt-get"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${apt_packages[@]}" >/dev/null
+  else
+    echo "bootstrap: missing: ${missing[*]}" >&2
+    echo "bootstrap: install them, e.g. 'sudo apt-get install ${apt_packages[*]}', and run again" >&2
+    exit 1
+  fi
+fi
+
+# The venv is rebuilt only when pyproject.toml changed since the last install.
+stamp=.venv/.installed
+if [ ! -x .venv/bin/python ] || [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  echo "bootstrap: installing the project into .venv"
+  [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q -e '.[dev]'
+  touch "$stamp"
+fi
+
+.venv/bin/python -m deploy.local jars

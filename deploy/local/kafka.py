@@ -1,0 +1,202 @@
+"""A local single-node Apache Kafka in KRaft combined mode (broker and controller).
+
+Settings follow what a one-node cluster needs to behave like a real one for the
+pipeline: replication factor 1 for internal topics, transactions and idempotent
+producers enabled, topic auto-creation off (the services create their topics with the
+partitions and retention they mean to have, and a typo should fail loudly).
+Ready means a produce with ``acks=all`` to a probe topic succeeded, not merely an open
+port.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import shutil
+import subprocess
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from deploy.local.errors import LauncherError, MissingPrerequisite
+from deploy.local.jars import kafka_classpath
+from deploy.local.process import alive, port_open, read_pid, spawn, stop, wait_until
+
+READY_TOPIC = "__cdc_launcher_ready"
+
+_LOG4J2 = """\
+status = warn
+appender.file.type = File
+appender.file.name = file
+appender.file.fileName = {log}
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = warn
+rootLogger.appenderRef.file.ref = file
+logger.kafka.name = kafka
+logger.kafka.level = warn
+logger.server.name = org.apache.kafka.server
+logger.server.level = warn
+"""
+
+
+def find_java() -> str:
+    java_home = os.environ.get("JAVA_HOME")
+    if java_home and (Path(java_home) / "bin" / "java").is_file():
+        return str(Path(java_home) / "bin" / "java")
+    java = shutil.which("java")
+    if java is None:
+        raise MissingPrerequisite(
+            "Java 17 or newer is needed to run Kafka and Spark: "
+            "`apt-get install openjdk-17-jdk-headless` (done by `make bootstrap` as root)"
+        )
+    return java
+
+
+@dataclass(frozen=True, slots=True)
+class LocalKafka:
+    """One KRaft node under ``root``: clients on ``port``, the controller on
+    ``controller_port``."""
+
+    root: Path
+    port: int
+    controller_port: int
+    heap: str = "768m"
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def log_file(self) -> Path:
+        return self.root / "kafka.out"
+
+    @property
+    def pid_file(self) -> Path:
+        return self.root / "launcher.pid"
+
+    @property
+    def config_file(self) -> Path:
+        return self.root / "server.properties"
+
+    def start(self, *, timeout_s: float = 120.0) -> None:
+        java = find_java()
+        classpath = kafka_classpath()
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._write_config()
+        if not (self.root / "logs" / "meta.properties").exists():
+            self._format(java, classpath)
+        pid = spawn(
+            [
+                java,
+                f"-Xmx{self.heap}",
+                f"-Xms{self.heap}",
+                "-XX:+UseG1GC",
+                "-Djava.awt.headless=true",
+                f"-Dlog4j2.configurationFile={self.root / 'log4j2.properties'}",
+                "-cp",
+                classpath,
+                "kafka.Kafka",
+                str(self.config_file),
+            ],
+            log_file=self.log_file,
+            pid_file=self.pid_file,
+        )
+        wait_until(
+            lambda: port_open(self.port),
+            what=f"Kafka on port {self.port}",
+            timeout_s=timeout_s,
+            log_file=self.log_file,
+            pid=pid,
+        )
+        wait_until(
+            self.accepts_produce,
+            what=f"Kafka on port {self.port} (accepting a produce)",
+            timeout_s=timeout_s,
+            log_file=self.log_file,
+            pid=pid,
+        )
+
+    def accepts_produce(self) -> bool:
+        from confluent_kafka import KafkaException, Producer  # noqa: PLC0415
+        from confluent_kafka.admin import AdminClient  # noqa: PLC0415
+        from confluent_kafka.cimpl import NewTopic  # noqa: PLC0415
+
+        conf: dict[str, str | int | float | bool] = {
+            "bootstrap.servers": self.bootstrap_servers,
+            "socket.timeout.ms": 5000,
+        }
+        admin = AdminClient(conf)
+        try:
+            if READY_TOPIC not in admin.list_topics(timeout=5).topics:
+                admin.create_topics([NewTopic(READY_TOPIC, 1, 1)])[READY_TOPIC].result(10)
+        except KafkaException:
+            return False
+        delivered: list[bool] = []
+        producer = Producer({**conf, "acks": "all", "message.timeout.ms": 5000})
+        producer.produce(
+            READY_TOPIC, b"ready", on_delivery=lambda err, _m: delivered.append(err is None)
+        )
+        producer.flush(10)
+        return delivered == [True]
+
+    def running(self) -> bool:
+        pid = read_pid(self.pid_file)
+        return pid is not None and alive(pid)
+
+    def stop(self) -> bool:
+        return stop(self.pid_file, what="Kafka", timeout_s=60.0)
+
+    def _write_config(self) -> None:
+        logs = self.root / "logs"
+        settings = {
+            "process.roles": "broker,controller",
+            "node.id": "1",
+            "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
+            "listeners": (
+                f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}"
+            ),
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "log.dirs": str(logs),
+            "num.partitions": "1",
+            "auto.create.topics.enable": "false",
+            "offsets.topic.replication.factor": "1",
+            "offsets.topic.num.partitions": "4",
+            "transaction.state.log.replication.factor": "1",
+            "transaction.state.log.min.isr": "1",
+            "share.coordinator.state.topic.replication.factor": "1",
+            "share.coordinator.state.topic.min.isr": "1",
+            "group.initial.rebalance.delay.ms": "0",
+            "log.cleaner.dedupe.buffer.size": str(16 * 1024 * 1024),
+        }
+        self.config_file.write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
+        (self.root / "log4j2.properties").write_text(_LOG4J2.format(log=self.root / "server.log"))
+
+    def _format(self, java: str, classpath: str) -> None:
+        # Kafka cluster ids are 16 random bytes in unpadded URL-safe base64.
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        result = subprocess.run(
+            [
+                java,
+                f"-Dlog4j2.configurationFile={self.root / 'log4j2.properties'}",
+                "-cp",
+                classpath,
+                "kafka.tools.StorageTool",
+                "format",
+                "-t",
+                cluster_id,
+                "-c",
+                str(self.config_file),
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if result.returncode != 0:
+            raise LauncherError(
+                f"kafka storage format failed ({result.returncode}):\n"
+                f"{result.stdout}{result.stderr}"
+            )

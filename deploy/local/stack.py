@@ -1,0 +1,142 @@
+"""The local stack: one PostgreSQL and one Kafka, started together, described in an env
+file.
+
+``up`` is idempotent: services already running are kept, so ``make up`` twice is safe and
+a test session can reuse a stack a developer started. The env file
+(``.local/stack.env`` by default) holds ``KEY=value`` lines:
+
+- ``CDC_POSTGRES_DSN`` and ``CDC_KAFKA_BOOTSTRAP_SERVERS``: the raw connection facts,
+  read by the test fixtures and the demo;
+- ``CAPTURE_POSTGRES__DSN``, ``CAPTURE_KAFKA__BOOTSTRAP_SERVERS`` and
+  ``APPLY_KAFKA__BOOTSTRAP_SERVERS``: the same facts under the names the services'
+  settings read, so ``set -a; . .local/stack.env`` configures both services.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from deploy.local.jars import PROJECT_ROOT, resolve
+from deploy.local.kafka import LocalKafka
+from deploy.local.postgres import LocalPostgres
+from deploy.local.process import free_port
+
+STATE_ROOT = PROJECT_ROOT / ".local" / "stack"
+ENV_FILE = PROJECT_ROOT / ".local" / "stack.env"
+
+
+@dataclass(frozen=True, slots=True)
+class StackState:
+    postgres_root: str
+    postgres_port: int
+    kafka_root: str
+    kafka_port: int
+    kafka_controller_port: int
+
+    @property
+    def postgres(self) -> LocalPostgres:
+        return LocalPostgres(Path(self.postgres_root), self.postgres_port)
+
+    @property
+    def kafka(self) -> LocalKafka:
+        return LocalKafka(Path(self.kafka_root), self.kafka_port, self.kafka_controller_port)
+
+    def env(self) -> dict[str, str]:
+        dsn = self.postgres.dsn
+        bootstrap = self.kafka.bootstrap_servers
+        return {
+            "CDC_POSTGRES_DSN": dsn,
+            "CDC_KAFKA_BOOTSTRAP_SERVERS": bootstrap,
+            "CAPTURE_POSTGRES__DSN": dsn,
+            "CAPTURE_KAFKA__BOOTSTRAP_SERVERS": bootstrap,
+            "APPLY_KAFKA__BOOTSTRAP_SERVERS": bootstrap,
+        }
+
+
+def _state_file(root: Path) -> Path:
+    return root / "state.json"
+
+
+def load(root: Path = STATE_ROOT) -> StackState | None:
+    try:
+        return StackState(**json.loads(_state_file(root).read_text()))
+    except FileNotFoundError:
+        return None
+
+
+def up(root: Path = STATE_ROOT, env_file: Path | None = ENV_FILE) -> StackState:
+    """Start whatever of the stack is not running; write the env file."""
+    resolve("kafka")
+    state = load(root)
+    if state is None:
+        state = StackState(
+            postgres_root=str(_postgres_root(root)),
+            postgres_port=free_port(),
+            kafka_root=str(root / "kafka"),
+            kafka_port=free_port(),
+            kafka_controller_port=free_port(),
+        )
+        root.mkdir(parents=True, exist_ok=True)
+        _state_file(root).write_text(json.dumps(asdict(state), indent=2))
+    if not state.postgres.running():
+        state.postgres.start()
+    if not state.kafka.running():
+        state.kafka.start()
+    if env_file is not None:
+        write_env(state, env_file)
+    return state
+
+
+def down(root: Path = STATE_ROOT, *, wipe: bool = False) -> list[str]:
+    """Stop the stack; with ``wipe``, delete its data too. Returns what was stopped."""
+    import shutil  # noqa: PLC0415
+
+    state = load(root)
+    if state is None:
+        return []
+    stopped = [
+        name for name, svc in (("kafka", state.kafka), ("postgres", state.postgres)) if svc.stop()
+    ]
+    if wipe:
+        shutil.rmtree(state.postgres_root, ignore_errors=True)
+        shutil.rmtree(root, ignore_errors=True)
+        ENV_FILE.unlink(missing_ok=True)
+    return stopped
+
+
+def write_env(state: StackState, env_file: Path) -> None:
+    env_file.parent.mkdir(parents=True, exist_ok=True)
+    lines = [
+        "# Connection settings of the local stack (python -m deploy.local up).",
+        "# Load with: set -a; . " + str(env_file) + "; set +a",
+    ]
+    lines += [f"{k}={v}" for k, v in state.env().items()]
+    env_file.write_text("\n".join(lines) + "\n")
+
+
+def _postgres_root(root: Path) -> Path:
+    """Where the cluster's files go.
+
+    As root the server runs as the ``postgres`` user, which must be able to reach its data
+    directory. A checkout under a private directory (``/root``, a 0700 home) is not
+    reachable, so the cluster then lives under the system temp directory instead, in a
+    folder named after this checkout so two checkouts never share one.
+    """
+    preferred = root / "postgres"
+    if os.geteuid() != 0 or _world_traversable(root):
+        return preferred
+    digest = hashlib.sha256(str(PROJECT_ROOT).encode()).hexdigest()[:12]
+    return Path(tempfile.gettempdir()) / f"cdc-postgres-{digest}"
+
+
+def _world_traversable(path: Path) -> bool:
+    for parent in [*reversed(path.resolve().parents)]:
+        if parent.exists() and not parent.stat().st_mode & stat.S_IXOTH:
+            return False
+    return True
