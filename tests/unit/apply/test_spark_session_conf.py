@@ -1,0 +1,24 @@
+"""Spark configuration layering: defaults, then jars, then the operator's overrides."""
+
+from __future__ import annotations
+
+from apply.settings import SparkSettings
+from apply.spark_session import DEFAULT_CONF, session_conf
+
+
+def test_defaults_carry_delta_and_small_machine_settings() -> None:
+    conf = session_conf(SparkSettings(), [])
+    assert conf["spark.sql.extensions"] == "io.delta.sql.DeltaSparkSessionExtension"
+    assert conf["spark.ui.enabled"] == "false"
+    assert conf["spark.databricks.delta.commitStats.collect"] == "false"
+    assert conf["spark.sql.session.timeZone"] == "UTC"
+    assert "spark.jars" not in conf
+
+
+def test_jars_are_comma_joined_and_overrides_win() -> None:
+    settings = SparkSettings(conf={"spark.ui.enabled": "true", "spark.sql.shuffle.partitions": "8"})
+    conf = session_conf(settings, ["/a.jar", "/b.jar"])
+    assert conf["spark.jars"] == "/a.jar,/b.jar"
+    assert conf["spark.ui.enabled"] == "true"
+    assert conf["spark.sql.shuffle.partitions"] == "8"
+    assert DEFAULT_CONF["spark.ui.enabled"] == "false", "defaults must not be mutated"

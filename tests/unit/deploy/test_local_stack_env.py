@@ -1,0 +1,58 @@
+"""The env file ``make up`` writes is what both services' settings read."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from apply.settings import ApplySettings
+from capture.settings import CaptureSettings
+from deploy.local.stack import StackState, write_env
+
+
+def _state(tmp_path: Path) -> StackState:
+    return StackState(
+        postgres_root=str(tmp_path / "pg"),
+        postgres_port=15432,
+        kafka_root=str(tmp_path / "kafka"),
+        kafka_port=19092,
+        kafka_controller_port=19093,
+    )
+
+
+def test_env_file_lines(tmp_path: Path) -> None:
+    env_file = tmp_path / "stack.env"
+    write_env(_state(tmp_path), env_file)
+    pairs = dict(
+        line.split("=", 1)
+        for line in env_file.read_text().splitlines()
+        if line and not line.startswith("#")
+    )
+    assert pairs == {
+        "CDC_POSTGRES_DSN": "postgresql://postgres@127.0.0.1:15432/postgres",
+        "CDC_KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:19092",
+        "CAPTURE_POSTGRES__DSN": "postgresql://postgres@127.0.0.1:15432/postgres",
+        "CAPTURE_KAFKA__BOOTSTRAP_SERVERS": "127.0.0.1:19092",
+        "APPLY_KAFKA__BOOTSTRAP_SERVERS": "127.0.0.1:19092",
+    }
+
+
+def _only(env_file: Path, prefix: str, tmp_path: Path) -> Path:
+    """The lines a service reads once the file is sourced into the environment: those with
+    its prefix (settings ignore other variables in the environment)."""
+    subset = tmp_path / f"{prefix.lower()}env"
+    subset.write_text(
+        "".join(
+            f"{line}\n" for line in env_file.read_text().splitlines() if line.startswith(prefix)
+        )
+    )
+    return subset
+
+
+def test_service_settings_read_the_env_file(tmp_path: Path) -> None:
+    env_file = tmp_path / "stack.env"
+    write_env(_state(tmp_path), env_file)
+    capture = CaptureSettings(_env_file=_only(env_file, "CAPTURE_", tmp_path))
+    apply = ApplySettings(_env_file=_only(env_file, "APPLY_", tmp_path))
+    assert capture.postgres.dsn == "postgresql://postgres@127.0.0.1:15432/postgres"
+    assert capture.kafka.bootstrap_servers == "127.0.0.1:19092"
+    assert apply.kafka.bootstrap_servers == "127.0.0.1:19092"
