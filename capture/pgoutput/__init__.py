@@ -1,0 +1,75 @@
+"""Pure decoder for PostgreSQL's pgoutput logical replication messages.
+
+``decode(buf, in_stream=...)`` turns one message into a frozen dataclass; nothing here
+touches a socket. Formats:
+https://www.postgresql.org/docs/current/protocol-logicalrep-message-formats.html
+"""
+
+from capture.pgoutput.decode import decode
+from capture.pgoutput.messages import (
+    PG_EPOCH_UNIX_MICROS,
+    Begin,
+    BeginPrepare,
+    ColumnKind,
+    Commit,
+    CommitPrepared,
+    Delete,
+    Insert,
+    LogicalMessage,
+    Message,
+    Origin,
+    Prepare,
+    Relation,
+    RelationColumn,
+    ReplicaIdentity,
+    RollbackPrepared,
+    StreamAbort,
+    StreamCommit,
+    StreamPrepare,
+    StreamStart,
+    StreamStop,
+    Truncate,
+    TruncateOptions,
+    TupleData,
+    Type,
+    Update,
+    pg_micros_to_datetime,
+    pg_micros_to_unix_micros,
+    unix_micros_to_pg_micros,
+)
+from capture.pgoutput.reader import DecodeError, Reader
+
+__all__ = [
+    "PG_EPOCH_UNIX_MICROS",
+    "Begin",
+    "BeginPrepare",
+    "ColumnKind",
+    "Commit",
+    "CommitPrepared",
+    "DecodeError",
+    "Delete",
+    "Insert",
+    "LogicalMessage",
+    "Message",
+    "Origin",
+    "Prepare",
+    "Reader",
+    "Relation",
+    "RelationColumn",
+    "ReplicaIdentity",
+    "RollbackPrepared",
+    "StreamAbort",
+    "StreamCommit",
+    "StreamPrepare",
+    "StreamStart",
+    "StreamStop",
+    "Truncate",
+    "TruncateOptions",
+    "TupleData",
+    "Type",
+    "Update",
+    "decode",
+    "pg_micros_to_datetime",
+    "pg_micros_to_unix_micros",
+    "unix_micros_to_pg_micros",
+]

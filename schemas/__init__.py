@@ -1,0 +1,1 @@
+"""Value types shared by the capture and apply services."""
