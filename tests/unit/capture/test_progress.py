@@ -1,0 +1,114 @@
+"""The confirmable LSN advances only over an applied prefix of transactions."""
+
+from __future__ import annotations
+
+import pytest
+
+from capture.progress import ProgressBook
+from schemas.lsn import Lsn
+
+T = "cdc.public.orders"
+U = "cdc.public.items"
+
+
+def _tx(book: ProgressBook, commit: int, end: int, records: list[tuple[str, int, int]]) -> None:
+    """One transaction whose records all get delivered at (topic, partition, offset)."""
+    book.begin(Lsn(commit))
+    tickets = [(book.produced(100), r) for r in records]
+    book.commit(Lsn(end))
+    for ticket, (topic, partition, offset) in tickets:
+        book.delivered(ticket, topic, partition, offset)
+
+
+def test_nothing_confirmed_until_applied() -> None:
+    book = ProgressBook(Lsn(10))
+    _tx(book, 100, 108, [(T, 0, 0), (T, 1, 0)])
+    assert book.confirmable == 10
+    book.applied(T, 0, 1)
+    assert book.confirmable == 10, "partition 1 still holds a record of the transaction"
+    book.applied(T, 1, 1)
+    assert book.confirmable == 108
+    assert book.in_flight_records == 0
+    assert book.in_flight_bytes == 0
+
+
+def test_only_an_applied_prefix_counts() -> None:
+    book = ProgressBook(Lsn(0))
+    _tx(book, 100, 108, [(T, 0, 5)])
+    _tx(book, 200, 208, [(U, 0, 7)])
+    book.applied(U, 0, 8)
+    assert book.confirmable == 0, "a later transaction applied first must not skip the earlier"
+    book.applied(T, 0, 6)
+    assert book.confirmable == 208
+
+
+def test_applied_offset_is_exclusive() -> None:
+    book = ProgressBook(Lsn(0))
+    _tx(book, 100, 108, [(T, 0, 5)])
+    book.applied(T, 0, 5)
+    assert book.confirmable == 0
+    book.applied(T, 0, 6)
+    assert book.confirmable == 108
+
+
+def test_undelivered_record_blocks_even_if_offsets_look_applied() -> None:
+    book = ProgressBook(Lsn(0))
+    book.begin(Lsn(100))
+    first = book.produced(10)
+    book.produced(10)
+    book.commit(Lsn(108))
+    book.delivered(first, T, 0, 0)
+    book.applied(T, 0, 1000)
+    assert book.confirmable == 0
+    assert book.in_flight_records == 2
+
+
+def test_open_transaction_blocks_confirmation_and_keepalive() -> None:
+    book = ProgressBook(Lsn(0))
+    book.begin(Lsn(100))
+    book.keepalive(Lsn(500))
+    assert book.confirmable == 0
+
+
+def test_keepalive_confirms_wal_end_when_idle() -> None:
+    book = ProgressBook(Lsn(50))
+    book.keepalive(Lsn(500))
+    assert book.confirmable == 500
+    book.keepalive(Lsn(400))
+    assert book.confirmable == 500, "never moves backwards"
+
+
+def test_keepalive_ignored_while_records_are_in_flight() -> None:
+    book = ProgressBook(Lsn(0))
+    _tx(book, 100, 108, [(T, 0, 0)])
+    book.keepalive(Lsn(900))
+    assert book.confirmable == 0
+    book.applied(T, 0, 1)
+    book.keepalive(Lsn(900))
+    assert book.confirmable == 900
+
+
+def test_empty_transaction_is_confirmable_at_commit() -> None:
+    book = ProgressBook(Lsn(0))
+    _tx(book, 100, 108, [])
+    assert book.confirmable == 108
+    assert book.idle
+
+
+def test_in_flight_counts_for_backpressure() -> None:
+    book = ProgressBook(Lsn(0))
+    book.begin(Lsn(100))
+    for _ in range(3):
+        book.produced(40)
+    assert (book.in_flight_records, book.in_flight_bytes) == (3, 120)
+
+
+def test_protocol_misuse_raises() -> None:
+    book = ProgressBook(Lsn(0))
+    with pytest.raises(ValueError, match="outside a transaction"):
+        book.produced(1)
+    with pytest.raises(ValueError, match="without an open transaction"):
+        book.commit(Lsn(1))
+    book.begin(Lsn(1))
+    with pytest.raises(ValueError, match="skipped a commit"):
+        book.begin(Lsn(2))
