@@ -49,7 +49,14 @@ class SparkSettings(BaseModel):
     app_name: str = "cdc-apply"
     jars: list[str] | None = Field(
         None,
-        description="jars for spark.jars; by default the ones `make jars` resolved locally",
+        description="exact jars for spark.jars; overrides jars_dir",
+    )
+    jars_dir: str | None = Field(
+        None,
+        description=(
+            "directory of resolved jars (Maven's closure of deploy/jars/spark/pom.xml); "
+            "jars the pyspark wheel already ships are skipped"
+        ),
     )
     conf: dict[str, str] = Field(default_factory=dict, description="extra Spark confs")
 

@@ -7,15 +7,12 @@ run time:
 - ``kafka``: an Apache Kafka broker and its runtime classpath.
 - ``spark``: what the apply job adds to the pyspark wheel (the Kafka source and Delta).
 
-Maven hands back the full transitive closure, which repeats libraries the pyspark wheel
-already ships (Hadoop, Parquet, Jackson, log4j) at other versions. Two copies of a class
-on one classpath is a lottery, so :func:`spark_jars` keeps only jars whose artifact the
-wheel does not carry: the wheel's copy always wins.
+Which of the resolved Spark jars reach ``spark.jars`` is the apply job's rule, in
+:mod:`apply.spark_jars`.
 """
 
 from __future__ import annotations
 
-import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -26,11 +23,6 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 POM_DIR = PROJECT_ROOT / "deploy" / "jars"
 JAR_ROOT = PROJECT_ROOT / ".local" / "jars"
 JAR_SETS = ("kafka", "spark")
-
-_VERSION_SUFFIX = re.compile(r"-\d[\w.]*(?:-\d+)?$")
-# Libraries that must move as one family: a single member at another version than the
-# wheel's (say jackson-datatype-jdk8 2.13 beside jackson-databind 2.20) breaks at run time.
-_WHEEL_FAMILIES = ("jackson-", "shims")
 
 
 def jar_dir(name: str) -> Path:
@@ -86,27 +78,15 @@ def kafka_classpath() -> str:
     return ":".join(str(j) for j in jars)
 
 
-def artifact_name(jar: Path) -> str:
-    """``kafka-clients-3.9.2.jar`` -> ``kafka-clients``."""
-    return _VERSION_SUFFIX.sub("", jar.stem)
-
-
 def spark_jars(wheel_jars: Path | None = None) -> list[str]:
-    """The jars to hand Spark through ``spark.jars``: the resolved set minus anything the
-    pyspark wheel already ships."""
-    resolved = sorted(jar_dir("spark").glob("*.jar"))
-    if not resolved:
+    """The locally resolved jars to hand Spark, minus what the pyspark wheel ships."""
+    from apply.spark_jars import JarsMissing  # noqa: PLC0415 - pyspark-side module
+    from apply.spark_jars import spark_jars as filtered  # noqa: PLC0415
+
+    try:
+        return filtered(jar_dir("spark"), wheel_jars)
+    except JarsMissing:
         raise MissingPrerequisite(
             "the Spark Kafka connector and Delta jars are missing from .local/jars/spark: "
             "run `make jars`"
-        )
-    if wheel_jars is None:
-        import pyspark  # noqa: PLC0415 - pyspark is optional for the launcher's other users
-
-        wheel_jars = Path(pyspark.__file__).parent / "jars"
-    shipped = {artifact_name(j) for j in wheel_jars.glob("*.jar")}
-    return [
-        str(j)
-        for j in resolved
-        if artifact_name(j) not in shipped and not artifact_name(j).startswith(_WHEEL_FAMILIES)
-    ]
+        ) from None

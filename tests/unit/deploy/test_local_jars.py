@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from apply.spark_jars import artifact_name
 from deploy.local import jars
 from deploy.local.errors import MissingPrerequisite
 
@@ -21,7 +22,7 @@ from deploy.local.errors import MissingPrerequisite
     ],
 )
 def test_artifact_name_drops_the_version(file_name: str, artifact: str) -> None:
-    assert jars.artifact_name(Path(file_name)) == artifact
+    assert artifact_name(Path(file_name)) == artifact
 
 
 def test_spark_jars_keeps_only_what_the_wheel_lacks(

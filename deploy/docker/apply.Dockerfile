@@ -1,0 +1,64 @@
+# syntax=docker/dockerfile:1
+#
+# The apply job (`python -m apply`): PySpark in local mode plus the JVM jars of
+# deploy/jars/spark/pom.xml. Build from the repository root:
+#   docker build -f deploy/docker/apply.Dockerfile -t pgdelta-cdc-apply .
+
+# Stage 1: the Kafka source, Avro functions and Delta jars, resolved from Maven Central by
+# the same pom as `make jars`. Only the pom is copied, so this layer is rebuilt only when
+# the pom changes.
+FROM maven:3.9-eclipse-temurin-17 AS jars
+WORKDIR /src
+COPY deploy/jars/spark/pom.xml deploy/jars/spark/pom.xml
+RUN mvn -B -f deploy/jars/spark/pom.xml dependency:copy-dependencies \
+        -DincludeScope=runtime -DoutputDirectory=/jars
+
+# Stage 2: Python 3.11 with a Java 17 runtime. The JRE is taken from the Temurin image
+# rather than from apt because the Debian release under python:3.11-slim decides which
+# OpenJDK versions apt offers, and Spark is run and tested here on 17.
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    JAVA_HOME=/opt/java/openjdk \
+    PATH=/opt/java/openjdk/bin:$PATH
+
+COPY --from=eclipse-temurin:17-jre /opt/java/openjdk /opt/java/openjdk
+
+# The [apply] extra pins pyspark and delta-spark to the releases the pom's jars belong to.
+WORKDIR /tmp/src
+COPY pyproject.toml README.md ./
+COPY capture ./capture
+COPY apply ./apply
+COPY schemas ./schemas
+COPY deploy ./deploy
+RUN pip install ".[apply]" && rm -rf /tmp/src
+
+# Every resolved jar is copied, including the libraries the pyspark wheel already ships at
+# other versions: the apply job drops those at start (deploy.local.jars.spark_jars keeps
+# only artifacts the wheel lacks), so the wheel's copy of a class always wins.
+COPY --from=jars /jars /opt/cdc/jars
+ENV APPLY_SPARK__JARS_DIR=/opt/cdc/jars
+
+# A numeric UID, so Kubernetes' runAsNonRoot can verify it. The user has a passwd entry
+# because Hadoop's login code, which Spark runs at start, needs a name for the UID.
+# /lake belongs to it so that a fresh named volume mounted there (compose copies the
+# image directory's ownership into an empty volume) is writable.
+RUN useradd --system --uid 10001 --user-group --create-home --home-dir /home/cdc cdc \
+    && mkdir /lake \
+    && chown 10001:10001 /lake
+USER 10001:10001
+WORKDIR /home/cdc
+
+# The process is PID 1, and the kernel drops signals PID 1 has no handler for, so the
+# default SIGTERM would be ignored until the runtime's SIGKILL. Python always handles
+# SIGINT (KeyboardInterrupt), so a stop request reaches the job and unwinds it instead
+# of waiting out the grace period.
+STOPSIGNAL SIGINT
+
+# No HEALTHCHECK: the job serves no endpoint a probe could ask (the Spark UI is off by
+# default), and it exits when its streaming query fails, which the restart policy or the
+# Deployment acts on.
+ENTRYPOINT ["python", "-m", "apply"]
