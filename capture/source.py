@@ -1,0 +1,231 @@
+"""Source setup: check the server, the role and the tables; create or adopt the
+publication and the replication slot. Idempotent, run at every start.
+
+A table that cannot be captured correctly (no primary key and not ``REPLICA IDENTITY
+FULL``; or ``REPLICA IDENTITY NOTHING``) is reported on its own with the statement that
+fixes it; the other tables keep going. Everything else wrong at this stage (wal_level,
+privileges, a missing table, a slot of another plugin or database) is a
+:class:`~capture.errors.ConfigError`: starting anyway would capture the wrong thing.
+
+All SQL identifiers are composed with :mod:`psycopg.sql`, never formatted.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import psycopg
+from psycopg import sql
+
+from capture.errors import ConfigError, TableError, TransientError
+from schemas.lsn import Lsn, parse_lsn
+
+Connection = psycopg.Connection[tuple[object, ...]]
+PLUGIN = "pgoutput"
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class TableRef:
+    schema: str
+    name: str
+
+    @property
+    def qualified(self) -> str:
+        return f"{self.schema}.{self.name}"
+
+    @property
+    def identifier(self) -> sql.Identifier:
+        return sql.Identifier(self.schema, self.name)
+
+    @classmethod
+    def parse(cls, text: str) -> TableRef:
+        schema, dot, name = text.partition(".")
+        if not dot or not schema or not name:
+            raise ConfigError(f"table {text!r} must be schema-qualified, e.g. public.{text}")
+        return cls(schema, name)
+
+
+class ReplicaIdentity(enum.Enum):
+    DEFAULT = "d"
+    FULL = "f"
+    INDEX = "i"
+    NOTHING = "n"
+
+
+@dataclass(frozen=True, slots=True)
+class SlotState:
+    name: str
+    created: bool
+    confirmed_flush: Lsn
+    """Where streaming resumes: the server re-sends every transaction that ends after it."""
+    active: bool
+
+
+def check_server(conn: Connection) -> None:
+    """wal_level and the role's right to replicate."""
+    wal_level = _scalar(conn, "SHOW wal_level")
+    if wal_level != "logical":
+        raise ConfigError(
+            f"wal_level is {wal_level}: set wal_level = logical in postgresql.conf (or "
+            "ALTER SYSTEM SET wal_level = logical) and restart PostgreSQL"
+        )
+    can_replicate = _scalar(
+        conn, "SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user"
+    )
+    if not can_replicate:
+        user = _scalar(conn, "SELECT current_user")
+        raise ConfigError(
+            f"role {user} may not start replication: ALTER ROLE {user} WITH REPLICATION"
+        )
+
+
+def resolve_tables(
+    conn: Connection, tables: Sequence[str], schemas: Sequence[str]
+) -> list[TableRef]:
+    """The listed tables plus every ordinary or partitioned table of the listed schemas."""
+    if not tables and not schemas:
+        raise ConfigError(
+            "nothing to capture: set CAPTURE_POSTGRES__TABLES (e.g. '[\"public.orders\"]') "
+            "or CAPTURE_POSTGRES__SCHEMAS"
+        )
+    refs = {TableRef.parse(t) for t in tables}
+    for ref in sorted(refs):
+        found = conn.execute(
+            "SELECT c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = %s AND c.relname = %s",
+            [ref.schema, ref.name],
+        ).fetchone()
+        if found is None:
+            raise ConfigError(f"table {ref.qualified} does not exist: fix CAPTURE_POSTGRES__TABLES")
+        if found[0] not in ("r", "p"):
+            raise ConfigError(f"{ref.qualified} is not a table (relkind {found[0]!r})")
+    if schemas:
+        rows = conn.execute(
+            "SELECT n.nspname, c.relname FROM pg_class c "
+            "JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = ANY(%s) AND c.relkind IN ('r', 'p') AND NOT c.relispartition",
+            [list(schemas)],
+        ).fetchall()
+        refs |= {TableRef(str(s), str(n)) for s, n in rows}
+    return sorted(refs)
+
+
+def check_tables(conn: Connection, tables: Sequence[TableRef]) -> dict[TableRef, TableError]:
+    """Tables that cannot be captured, each with the error that says how to fix it."""
+    problems: dict[TableRef, TableError] = {}
+    for ref in tables:
+        row = conn.execute(
+            "SELECT c.relreplident, "
+            "EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary), "
+            "has_table_privilege(c.oid, 'SELECT') "
+            "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = %s AND c.relname = %s",
+            [ref.schema, ref.name],
+        ).fetchone()
+        if row is None:
+            problems[ref] = TableError(ref.qualified, "was dropped")
+            continue
+        identity, has_pk, can_select = ReplicaIdentity(str(row[0])), bool(row[1]), bool(row[2])
+        if not can_select:
+            problems[ref] = TableError(
+                ref.qualified,
+                f"the capture role may not read it: GRANT SELECT ON {ref.qualified} TO <role>",
+            )
+        elif identity is ReplicaIdentity.NOTHING or (
+            identity is ReplicaIdentity.DEFAULT and not has_pk
+        ):
+            problems[ref] = TableError(
+                ref.qualified,
+                f"has no primary key and REPLICA IDENTITY {identity.name}, so updates and "
+                f"deletes cannot name their row: run `ALTER TABLE {ref.qualified} REPLICA "
+                "IDENTITY FULL` or add a primary key",
+            )
+    return problems
+
+
+def ensure_publication(conn: Connection, name: str, tables: Sequence[TableRef]) -> None:
+    """Create the publication for ``tables``, or add the ones an existing one lacks.
+
+    Tables are never removed from an existing publication: it may be shared, and
+    dropping a table from capture is an operator's decision.
+    """
+    exists = conn.execute(
+        "SELECT puballtables FROM pg_publication WHERE pubname = %s", [name]
+    ).fetchone()
+    if exists is None:
+        if not tables:
+            raise ConfigError("no capturable table left to publish")
+        conn.execute(
+            sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(
+                sql.Identifier(name), sql.SQL(", ").join(t.identifier for t in tables)
+            )
+        )
+        return
+    if exists[0]:
+        return
+    published = {
+        TableRef(str(s), str(t))
+        for s, t in conn.execute(
+            "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s", [name]
+        ).fetchall()
+    }
+    missing = [t for t in tables if t not in published]
+    if missing:
+        conn.execute(
+            sql.SQL("ALTER PUBLICATION {} ADD TABLE {}").format(
+                sql.Identifier(name), sql.SQL(", ").join(t.identifier for t in missing)
+            )
+        )
+
+
+def ensure_slot(conn: Connection, name: str) -> SlotState:
+    """Adopt the logical slot ``name``, or create it (streaming then starts at its
+    consistent point)."""
+    created = False
+    row = _slot_row(conn, name)
+    if row is None:
+        try:
+            conn.execute("SELECT pg_create_logical_replication_slot(%s, %s)", [name, PLUGIN])
+        except psycopg.errors.DuplicateObject:
+            pass  # created concurrently: adopt it like any existing slot
+        except psycopg.errors.ConfigurationLimitExceeded as exc:
+            raise ConfigError(
+                f"cannot create replication slot {name}: {exc.diag.message_primary}; raise "
+                "max_replication_slots or drop unused slots"
+            ) from exc
+        else:
+            created = True
+        row = _slot_row(conn, name)
+        if row is None:
+            raise TransientError(f"replication slot {name} vanished right after creation")
+    plugin, slot_type, same_db, confirmed, active = row
+    if slot_type != "logical" or plugin != PLUGIN:
+        raise ConfigError(
+            f"replication slot {name} exists but is a {slot_type} slot for {plugin!r}: "
+            "choose another CAPTURE_POSTGRES__SLOT or drop it"
+        )
+    if not same_db:
+        raise ConfigError(
+            f"replication slot {name} belongs to another database: point "
+            "CAPTURE_POSTGRES__DSN at that database or choose another slot name"
+        )
+    return SlotState(name, created, parse_lsn(str(confirmed)), bool(active))
+
+
+def _slot_row(conn: Connection, name: str) -> tuple[object, ...] | None:
+    return conn.execute(
+        "SELECT plugin, slot_type, database = current_database(), "
+        "confirmed_flush_lsn::text, active "
+        "FROM pg_replication_slots WHERE slot_name = %s",
+        [name],
+    ).fetchone()
+
+
+def _scalar(conn: Connection, query: str) -> object:
+    try:
+        row = conn.execute(query).fetchone()
+    except psycopg.OperationalError as exc:
+        raise TransientError(f"postgres query failed: {exc}") from exc
+    return None if row is None else row[0]
