@@ -1,0 +1,81 @@
+"""The control topic: how far the apply job got, per change-topic partition.
+
+apply publishes one message per change-topic partition after each Delta commit that
+touched it; capture reads them to decide which LSN it may confirm to PostgreSQL. The
+topic is compacted, so the latest message per partition is the state.
+
+- key: ``<topic>/<partition>`` in UTF-8 (e.g. ``cdc.public.orders/2``).
+- value: a JSON object (small, rare, and read by humans during incidents, so JSON wins
+  over Avro here):
+
+  ``next_offset``   every record of that partition below this offset is applied
+  ``commit_lsn``    position of the newest applied record: its commit LSN ...
+  ``ordinal``       ... and ordinal (``null`` when nothing was applied yet)
+  ``table``         the source table, ``schema.table``
+  ``table_lsn``     commit LSN of the newest transaction applied to that table
+  ``commit_ts``     its commit time, microseconds since 1970-01-01 UTC
+
+  LSNs are in PostgreSQL's ``X/X`` text form.
+
+A consumer must ignore unknown fields, so fields can be added without a version bump.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from schemas.lsn import Lsn, format_lsn, parse_lsn
+
+
+class ControlMessageError(ValueError):
+    """A control-topic message that does not follow this format."""
+
+
+@dataclass(frozen=True, slots=True)
+class AppliedProgress:
+    topic: str
+    partition: int
+    next_offset: int
+    commit_lsn: Lsn | None
+    ordinal: int | None
+    table: str
+    table_lsn: Lsn | None
+    commit_ts: int | None
+
+    def key(self) -> bytes:
+        return f"{self.topic}/{self.partition}".encode()
+
+    def value(self) -> bytes:
+        return json.dumps(
+            {
+                "next_offset": self.next_offset,
+                "commit_lsn": None if self.commit_lsn is None else format_lsn(self.commit_lsn),
+                "ordinal": self.ordinal,
+                "table": self.table,
+                "table_lsn": None if self.table_lsn is None else format_lsn(self.table_lsn),
+                "commit_ts": self.commit_ts,
+            },
+            separators=(",", ":"),
+        ).encode()
+
+
+def decode_progress(key: bytes, value: bytes) -> AppliedProgress:
+    try:
+        topic, _, partition = key.decode().rpartition("/")
+        fields = json.loads(value)
+        commit_lsn, table_lsn = fields["commit_lsn"], fields["table_lsn"]
+        return AppliedProgress(
+            topic=topic,
+            partition=int(partition),
+            next_offset=int(fields["next_offset"]),
+            commit_lsn=None if commit_lsn is None else parse_lsn(commit_lsn),
+            ordinal=fields["ordinal"],
+            table=str(fields["table"]),
+            table_lsn=None if table_lsn is None else parse_lsn(table_lsn),
+            commit_ts=fields["commit_ts"],
+        )
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
+        raise ControlMessageError(
+            f"control message {key!r} is not in the documented format (schemas/control.py): {exc}"
+        ) from exc
