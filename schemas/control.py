@@ -25,10 +25,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from schemas.errors import ContractError
 from schemas.lsn import Lsn, format_lsn, parse_lsn
 
 
-class ControlMessageError(ValueError):
+class ControlMessageError(ContractError):
     """A control-topic message that does not follow this format."""
 
 

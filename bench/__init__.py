@@ -1,0 +1,1 @@
+"""Benchmark programs: each prints its ratio against a baseline measured in the same run."""

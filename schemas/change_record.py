@@ -1,0 +1,502 @@
+"""Key and value schemas of a table's change topic, and the encoder of its changes.
+
+From a :class:`TableDescription` (schema, table, columns) :func:`build_table_schemas`
+makes two Avro schemas; docs/wire-contract.md shows them in full.
+
+- Key ``<ns>.Key``: the key columns (the replica identity, by default the primary key),
+  in column order, with their own nullability.
+- Value ``<ns>.Change``: a flat envelope -- ``op``, ``commit_lsn``, ``change_lsn``,
+  ``xid``, ``commit_ts``, ``ordinal``, ``before_key_only`` -- then ``before`` and
+  ``after``, each ``["null", Row]``, then ``unchanged_columns``. ``Row`` has every
+  column, each ``["null", T]`` with default null whatever the column's ``NOT NULL``
+  says (``pg.nullable`` records it): a DELETE's key-only ``before`` and an unchanged
+  TOAST value both leave non-null columns without a value.
+
+Invariants:
+
+- Deterministic: the same description gives byte-identical schema JSON, hence the same
+  fingerprints, in any process.
+- Distinct schemas get distinct fingerprints. Parsing Canonical Form drops logical types
+  and attributes, so ``numeric(10,2)`` and ``numeric(10,4)`` would otherwise share a
+  fingerprint and, on the compacted schema topic, one would replace the other and
+  mis-scale the records of the first. The namespace therefore ends in ``s`` + 16 hex
+  digits of a SHA-256 over the full schema JSON:
+  ``pgdelta.<schema>.<table>.s<digest>``.
+- The key schema depends on the key columns only. Adding or changing a non-key column
+  leaves every key's bytes unchanged, so compaction and partitioning by key keep
+  working across the change.
+- The encoder refuses values that fastavro would write but readers would reject or
+  misread: an ``int`` or ``date`` beyond 32 bits, a decimal beyond its precision, a
+  decimal NaN. Array elements are not re-checked.
+- An unchanged TOAST value is never published as data: the column is null in ``after``
+  and listed by Avro field name in ``unchanged_columns``; the consumer keeps the value
+  it has.
+
+Encoding speed: the encoder names every union branch with fastavro's tuple notation --
+``(row name, row)`` for ``before``/``after`` and ``(type, value)`` for each non-null
+column -- because without a name fastavro validates the value against each branch
+before writing it, which for a row means checking every column twice.
+bench/avro_encode.py measures it; docs/wire-contract.md has the numbers. A consequence
+for callers: values are never tuples (arrays are lists), since fastavro would read a
+tuple inside a union as a branch name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from fastavro import parse_schema, schemaless_writer
+
+from schemas.column_type import AvroKind, ColumnType
+from schemas.envelope import OPERATION_SCHEMA, TABLE_KEY
+from schemas.errors import ChangeEncodingError, TableDefinitionError
+from schemas.lsn import Lsn
+from schemas.naming import avro_name
+from schemas.operation import Operation
+from schemas.single_object import HEADER_SIZE, Fingerprint, header, schema_fingerprint
+
+NAMESPACE_ROOT = "pgdelta"
+KEY_RECORD = "Key"
+VALUE_RECORD = "Change"
+ROW_RECORD = "Row"
+
+Row = Mapping[str, Any]
+"""A row image keyed by Avro field name (:attr:`TableSchemas.field_names`). A plain
+``dict`` is the fast path. A missing column is written as null."""
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    """One column of a table, as the capture's type mapping describes it."""
+
+    name: str
+    """The PostgreSQL column name, unquoted, exactly as in ``pg_attribute``."""
+    type: ColumnType
+    nullable: bool = True
+    key: bool = False
+    """Part of the row's identity: the replica-identity columns, by default the primary key."""
+
+
+@dataclass(frozen=True, slots=True)
+class TableDescription:
+    schema: str
+    table: str
+    columns: tuple[Column, ...]
+
+    @property
+    def qualified_name(self) -> str:
+        return f"{self.schema}.{self.table}"
+
+
+@dataclass(frozen=True, slots=True)
+class TableSchemas:
+    """The two writer schemas of one table version. Treat the dicts as read-only."""
+
+    description: TableDescription
+    key_schema: dict[str, Any]
+    value_schema: dict[str, Any]
+    key_schema_json: str
+    """Exactly the text published on the schema topic."""
+    value_schema_json: str
+    key_fingerprint: Fingerprint
+    value_fingerprint: Fingerprint
+    field_names: tuple[str, ...]
+    """Avro field name of each column, in column order."""
+    key_field_names: tuple[str, ...]
+    row_name: str
+    """Full name of the ``Row`` record, the union branch of ``before`` and ``after``."""
+
+    def row(self, values: Sequence[Any]) -> dict[str, Any]:
+        """A row image from values in column order."""
+        if len(values) != len(self.field_names):
+            raise ValueError(
+                f"{len(values)} values for the {len(self.field_names)} columns of "
+                f"{self.description.qualified_name}"
+            )
+        return dict(zip(self.field_names, values, strict=True))
+
+
+def _namespace(description: TableDescription) -> str:
+    return f"{NAMESPACE_ROOT}.{avro_name(description.schema)}.{avro_name(description.table)}"
+
+
+def _seal(schema: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """Append the content digest to the namespace; return the schema and its JSON text."""
+    digest = hashlib.sha256(
+        json.dumps(schema, sort_keys=True, separators=(",", ":")).encode("utf-8")
+    ).hexdigest()[:16]
+    schema["namespace"] = f"{schema['namespace']}.s{digest}"
+    return schema, json.dumps(schema, separators=(",", ":"))
+
+
+def _check(description: TableDescription) -> None:
+    table = description.qualified_name
+    if not description.schema or not description.table:
+        raise TableDefinitionError(table, "schema and table names must not be empty")
+    if not description.columns:
+        raise TableDefinitionError(table, "a table without columns has no change records")
+    names = [column.name for column in description.columns]
+    if "" in names:
+        raise TableDefinitionError(table, "a column has an empty name")
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    if duplicates:
+        raise TableDefinitionError(table, f"columns {duplicates} appear more than once")
+    if not any(column.key for column in description.columns):
+        raise TableDefinitionError(
+            table,
+            "no key column: give the table a primary key, or set REPLICA IDENTITY USING "
+            "INDEX (or FULL) and mark those columns as key",
+        )
+
+
+def build_table_schemas(description: TableDescription) -> TableSchemas:
+    """Build the key and value schemas of a table (see the module docstring)."""
+    _check(description)
+    namespace = _namespace(description)
+    table_attrs = {"pg.schema": description.schema, "pg.table": description.table}
+    field_names = tuple(avro_name(column.name) for column in description.columns)
+    key_columns = [
+        (name, column)
+        for name, column in zip(field_names, description.columns, strict=True)
+        if column.key
+    ]
+
+    key_schema, key_json = _seal(
+        {
+            "type": "record",
+            "name": KEY_RECORD,
+            "namespace": namespace,
+            **table_attrs,
+            "fields": [
+                {
+                    "name": name,
+                    "type": ["null", column.type.avro()] if column.nullable else column.type.avro(),
+                    "pg.name": column.name,
+                }
+                for name, column in key_columns
+            ],
+        }
+    )
+    row = {
+        "type": "record",
+        "name": ROW_RECORD,
+        "fields": [
+            {
+                "name": name,
+                "type": ["null", column.type.avro()],
+                "default": None,
+                "pg.name": column.name,
+                "pg.nullable": column.nullable,
+                "pg.key": column.key,
+            }
+            for name, column in zip(field_names, description.columns, strict=True)
+        ],
+    }
+    value_schema, value_json = _seal(
+        {
+            "type": "record",
+            "name": VALUE_RECORD,
+            "namespace": namespace,
+            **table_attrs,
+            "fields": [
+                {"name": "op", "type": OPERATION_SCHEMA},
+                {"name": "commit_lsn", "type": "long"},
+                {"name": "change_lsn", "type": "long"},
+                {"name": "xid", "type": "long"},
+                {"name": "commit_ts", "type": {"type": "long", "logicalType": "timestamp-micros"}},
+                {"name": "ordinal", "type": "long"},
+                {"name": "before_key_only", "type": "boolean", "default": False},
+                {"name": "before", "type": ["null", row], "default": None},
+                {"name": "after", "type": ["null", ROW_RECORD], "default": None},
+                {
+                    "name": "unchanged_columns",
+                    "type": {"type": "array", "items": "string"},
+                    "default": [],
+                },
+            ],
+        }
+    )
+    return TableSchemas(
+        description=description,
+        key_schema=key_schema,
+        value_schema=value_schema,
+        key_schema_json=key_json,
+        value_schema_json=value_json,
+        key_fingerprint=schema_fingerprint(key_schema),
+        value_fingerprint=schema_fingerprint(value_schema),
+        field_names=field_names,
+        key_field_names=tuple(name for name, _ in key_columns),
+        row_name=f"{value_schema['namespace']}.{ROW_RECORD}",
+    )
+
+
+# Which row images each operation carries: (before, after), each "required", "optional"
+# or "absent", and how to say it in an error message.
+_REQUIRED, _OPTIONAL, _ABSENT = "required", "optional", "absent"
+_IMAGES: dict[Operation, tuple[str, str, str]] = {
+    Operation.INSERT: (_ABSENT, _REQUIRED, "an after image only"),
+    Operation.READ: (_ABSENT, _REQUIRED, "an after image only"),
+    Operation.UPDATE: (_OPTIONAL, _REQUIRED, "an after image, and a before image or none"),
+    Operation.DELETE: (_REQUIRED, _ABSENT, "a before image only"),
+    Operation.TRUNCATE: (_ABSENT, _ABSENT, "no row image"),
+}
+
+
+def _image_ok(rule: str, image: Row | None) -> bool:
+    if image is None:
+        return rule != _REQUIRED
+    return rule != _ABSENT
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One row change (or one truncate) with its position in the WAL.
+
+    ``(commit_lsn, ordinal)`` orders all records of a table; a re-sent record carries
+    the same pair. Row images are keyed by Avro field name (:data:`Row`).
+    """
+
+    op: Operation
+    commit_lsn: Lsn
+    """LSN of the transaction's commit record, as pgoutput's Begin and Commit carry it
+    (snapshot: the slot's consistent point)."""
+    change_lsn: Lsn
+    """LSN of this change's WAL record (snapshot: the consistent point)."""
+    xid: int
+    commit_ts: int
+    """Commit time, microseconds since 1970-01-01 UTC."""
+    ordinal: int
+    """0-based count of the records the transaction produced before this one, over all
+    tables (snapshot: over the table's snapshot)."""
+    before: Row | None = None
+    after: Row | None = None
+    unchanged_columns: tuple[str, ...] = ()
+    """Avro field names of columns whose value the server did not send (unchanged TOAST)."""
+    before_key_only: bool = False
+    """``before`` holds only the key columns (the rest are null because they were not sent)."""
+
+    def __post_init__(self) -> None:
+        before_rule, after_rule, expected = _IMAGES[self.op]
+        if not _image_ok(before_rule, self.before) or not _image_ok(after_rule, self.after):
+            raise ValueError(f"a {self.op.value} change carries {expected}")
+        if self.unchanged_columns and self.op is not Operation.UPDATE:
+            raise ValueError("only an UPDATE can have unchanged (TOAST) columns")
+        if self.before_key_only and self.before is None:
+            raise ValueError("before_key_only needs a before image")
+
+
+def _same(schema: Any) -> Any:
+    return schema
+
+
+def _without_logical_types(schema: Any) -> Any:
+    """``schema`` minus its ``logicalType`` attributes: the same binary encoding, since a
+    logical type only says how to read the physical value."""
+    if isinstance(schema, dict):
+        return {
+            key: _without_logical_types(value)
+            for key, value in schema.items()
+            if key != "logicalType"
+        }
+    if isinstance(schema, list):
+        return [_without_logical_types(item) for item in schema]
+    return schema
+
+
+def _branch(column_type: ColumnType) -> str:
+    """The name fastavro's tuple notation uses for the non-null branch of a column."""
+    avro = column_type.avro()
+    return avro if isinstance(avro, str) else str(avro["type"])
+
+
+_FASTAVRO_FIELD = re.compile(r" on field (\S+)")
+_INT_MIN, _INT_MAX = -(2**31), 2**31 - 1
+
+
+def _int32(value: object) -> bool:
+    # date inputs are converted by fastavro and cannot leave the range.
+    return not isinstance(value, int) or _INT_MIN <= value <= _INT_MAX
+
+
+def _decimal_check(precision: int, scale: int) -> Callable[[object], bool]:
+    limit: int = 10**precision
+
+    def fits(value: object) -> bool:
+        if isinstance(value, Decimal):
+            # NaN and infinities have no Avro decimal form; the scale is fastavro's check.
+            return value.is_finite() and (value.is_zero() or value.adjusted() < precision - scale)
+        if isinstance(value, bytes):
+            return abs(int.from_bytes(value, "big", signed=True)) < limit
+        return True  # anything else fails in fastavro with a typed error
+
+    return fits
+
+
+def _range_check(column_type: ColumnType) -> Callable[[object], bool] | None:
+    """A check for values fastavro would write without complaint but readers reject or
+    misread: Avro ints beyond 32 bits, decimals beyond their precision."""
+    if column_type.kind in (AvroKind.INT, AvroKind.DATE):
+        return _int32
+    if column_type.kind is AvroKind.DECIMAL:
+        # ColumnType.__post_init__ guarantees both for a DECIMAL.
+        assert column_type.precision is not None
+        assert column_type.scale is not None
+        return _decimal_check(column_type.precision, column_type.scale)
+    return None
+
+
+class ChangeEncoder:
+    """Encodes the keys and values of one table version to single-object bytes.
+
+    Schemas are parsed once; each call reuses one buffer that already holds the header,
+    so an instance is not thread-safe (use one per thread).
+    """
+
+    __slots__ = (
+        "_branches",
+        "_key",
+        "_key_buffer",
+        "_key_names",
+        "_range_checks",
+        "_row_name",
+        "_table",
+        "_value",
+        "_value_buffer",
+        "schemas",
+    )
+
+    def __init__(self, schemas: TableSchemas, *, physical_values: bool = False) -> None:
+        """With ``physical_values`` the rows must hold Avro physical values only -- ints
+        for dates, times and timestamps, unscaled two's-complement bytes for decimals,
+        ``str`` for UUIDs -- and the encoder skips fastavro's logical-type conversions.
+        The bytes are the same; the encoding is faster (bench/avro_encode.py)."""
+        self.schemas = schemas
+        self._table = schemas.description.qualified_name
+        prepare = _without_logical_types if physical_values else _same
+        self._value = parse_schema(prepare(schemas.value_schema))
+        self._key = parse_schema(prepare(schemas.key_schema))
+        self._row_name = schemas.row_name
+        self._branches = {
+            name: _branch(column.type)
+            for name, column in zip(schemas.field_names, schemas.description.columns, strict=True)
+        }
+        self._key_names = schemas.key_field_names
+        self._range_checks = [
+            (name, fits)
+            for name, column in zip(schemas.field_names, schemas.description.columns, strict=True)
+            if (fits := _range_check(column.type)) is not None
+        ]
+        self._value_buffer = io.BytesIO()
+        self._value_buffer.write(header(schemas.value_fingerprint))
+        self._key_buffer = io.BytesIO()
+        self._key_buffer.write(header(schemas.key_fingerprint))
+
+    def encode_value(self, change: Change) -> bytes:
+        """The Kafka value of ``change``."""
+        before = change.before
+        after = change.after
+        if change.unchanged_columns:
+            self._check_unchanged(change)
+        if (
+            before is not None
+            and after is not None
+            and any(before.get(name) != after.get(name) for name in self._key_names)
+        ):
+            raise ChangeEncodingError(
+                self._table,
+                "an UPDATE that changes the key is published as a DELETE of the old key "
+                "followed by an INSERT of the new one, never as one UPDATE",
+            )
+        if self._range_checks:
+            if before is not None:
+                self._check_ranges(before)
+            if after is not None:
+                self._check_ranges(after)
+        record = {
+            "op": change.op.value,
+            "commit_lsn": change.commit_lsn,
+            "change_lsn": change.change_lsn,
+            "xid": change.xid,
+            "commit_ts": change.commit_ts,
+            "ordinal": change.ordinal,
+            "before_key_only": change.before_key_only,
+            "before": None if before is None else self._hinted(before),
+            "after": None if after is None else self._hinted(after),
+            "unchanged_columns": change.unchanged_columns,
+        }
+        return self._write(self._value_buffer, self._value, record)
+
+    def encode_key(self, change: Change) -> bytes:
+        """The Kafka key of ``change``: the key columns of ``after`` (``before`` for a
+        DELETE), or :data:`schemas.envelope.TABLE_KEY` for a TRUNCATE."""
+        row = change.after if change.after is not None else change.before
+        if row is None:
+            return TABLE_KEY
+        # fastavro reads only the key schema's fields from the row, so no copy is needed.
+        return self._write(self._key_buffer, self._key, row)
+
+    def _hinted(self, row: Row) -> tuple[str, dict[str, Any]]:
+        """``row`` with every union branch named, for fastavro's tuple notation."""
+        branches = self._branches
+        try:
+            return self._row_name, {
+                name: None if value is None else (branches[name], value)
+                for name, value in row.items()
+            }
+        except KeyError as exc:
+            raise ChangeEncodingError(
+                self._table,
+                f"row image has a column {exc.args[0]!r} that is not an Avro field name of "
+                "the table (use TableSchemas.field_names)",
+            ) from exc
+
+    def _write(self, buffer: io.BytesIO, schema: Any, datum: Any) -> bytes:
+        buffer.seek(HEADER_SIZE)
+        buffer.truncate()
+        try:
+            schemaless_writer(buffer, schema, datum)
+        except (ValueError, TypeError, OverflowError) as exc:
+            # Some fastavro messages quote the value; ours names only the field, and the
+            # original stays attached as the cause.
+            fields = _FASTAVRO_FIELD.findall(str(exc))
+            where = f"column {fields[0]!r}" if fields else "a column"
+            raise ChangeEncodingError(
+                self._table,
+                f"the value of {where} does not fit its Avro type ({type(exc).__name__}): "
+                "fix the type mapping of that column",
+            ) from exc
+        return buffer.getvalue()
+
+    def _check_ranges(self, row: Row) -> None:
+        for name, fits in self._range_checks:
+            value = row.get(name)
+            if value is not None and not fits(value):
+                raise ChangeEncodingError(
+                    self._table,
+                    f"the value of column {name!r} is outside the range of its Avro type: "
+                    "fix the type mapping of that column",
+                )
+
+    def _check_unchanged(self, change: Change) -> None:
+        after = change.after
+        assert after is not None  # Change guarantees an after image for an UPDATE
+        for name in change.unchanged_columns:
+            if name not in self._branches:
+                raise ChangeEncodingError(
+                    self._table,
+                    f"unchanged column {name!r} is not an Avro field name of the table "
+                    "(use TableSchemas.field_names)",
+                )
+            if after.get(name) is not None:
+                raise ChangeEncodingError(
+                    self._table,
+                    f"column {name!r} is marked unchanged but has a value in the after "
+                    "image: an unchanged TOAST column must be null there",
+                )

@@ -1,0 +1,52 @@
+"""Kafka record headers of the change topics.
+
+Headers repeat what the value holds, as ASCII text, so tools that do not decode Avro
+(``kcat``, log inspection, broker-side tooling) can see where a record sits:
+
+- ``pgdelta.commit_lsn``: the commit LSN in PostgreSQL's text form (``0/16B3748``);
+- ``pgdelta.change_lsn``: the change LSN, same form;
+- ``pgdelta.op``: the :class:`~schemas.operation.Operation` symbol (``INSERT``...);
+- ``pgdelta.schema``: the writer-schema fingerprint of the value, 16 hex digits as
+  :func:`~schemas.single_object.format_fingerprint` writes them.
+
+A tombstone (null value after a DELETE) carries only the two LSN headers, those of the
+DELETE it follows. Consumers must not require other headers to be absent: more may be
+added without a new contract version.
+"""
+
+from __future__ import annotations
+
+from schemas.change_record import Change
+from schemas.lsn import format_lsn
+from schemas.operation import Operation
+from schemas.single_object import Fingerprint, format_fingerprint
+
+COMMIT_LSN = "pgdelta.commit_lsn"
+CHANGE_LSN = "pgdelta.change_lsn"
+OPERATION = "pgdelta.op"
+SCHEMA_FINGERPRINT = "pgdelta.schema"
+
+Headers = list[tuple[str, bytes]]
+"""The shape confluent-kafka's ``Producer.produce(headers=...)`` accepts."""
+
+_OPERATIONS = {op: op.value.encode("ascii") for op in Operation}
+
+
+def change_headers(change: Change, value_fingerprint: Fingerprint) -> Headers:
+    """The headers of the record carrying ``change`` (key and value)."""
+    return [
+        (COMMIT_LSN, format_lsn(change.commit_lsn).encode("ascii")),
+        (CHANGE_LSN, format_lsn(change.change_lsn).encode("ascii")),
+        (OPERATION, _OPERATIONS[change.op]),
+        (SCHEMA_FINGERPRINT, format_fingerprint(value_fingerprint).encode("ascii")),
+    ]
+
+
+def tombstone_headers(delete: Change) -> Headers:
+    """The headers of the tombstone that follows the record of ``delete``."""
+    if delete.op is not Operation.DELETE:
+        raise ValueError(f"only a DELETE is followed by a tombstone, not a {delete.op.value}")
+    return [
+        (COMMIT_LSN, format_lsn(delete.commit_lsn).encode("ascii")),
+        (CHANGE_LSN, format_lsn(delete.change_lsn).encode("ascii")),
+    ]
