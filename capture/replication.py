@@ -33,14 +33,10 @@ from capture.replication_protocol import (
     parse_copy_data,
     pg_now_micros,
 )
+from capture.typemap import libpq_options
 from schemas.lsn import Lsn, format_lsn
 
 Frame = XLogData | PrimaryKeepalive
-
-
-def session_options(settings: Mapping[str, str]) -> str:
-    """libpq ``options`` that set each GUC for the session."""
-    return " ".join(f"-c {key}={value}" for key, value in settings.items())
 
 
 class ReplicationStream:
@@ -67,7 +63,7 @@ class ReplicationStream:
                 password=password,
                 autocommit=True,
                 replication="database",
-                options=session_options(settings),
+                options=libpq_options(settings),
             )
         except psycopg.OperationalError as exc:
             raise TransientError(f"cannot open the replication connection: {exc}") from exc

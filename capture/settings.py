@@ -53,6 +53,9 @@ class CaptureSettings(BaseSettings):
 
     postgres: PostgresSettings = Field(default_factory=PostgresSettings)
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    tombstones: bool = Field(
+        False, description="after each delete, also publish a null value (for compaction)"
+    )
     status_interval_s: float = Field(
         5.0, gt=0, description="longest gap between standby status updates to PostgreSQL"
     )

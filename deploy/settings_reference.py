@@ -40,7 +40,8 @@ def _rows(model: type[BaseModel], prefix: str) -> Iterator[tuple[str, str, str]]
         yield f"{prefix}{name.upper()}", shown, field.description or ""
 
 
-def _table(settings: type[BaseSettings], title: str) -> str:
+def settings_table(settings: type[BaseSettings], title: str) -> str:
+    """One service's settings as a Markdown table (also shown by ``--help``)."""
     prefix = str(settings.model_config.get("env_prefix", ""))
     lines = [f"## {title}", "", "| variable | default | meaning |", "| --- | --- | --- |"]
     lines += [f"| `{var}` | {default} | {doc} |" for var, default, doc in _rows(settings, prefix)]
@@ -51,8 +52,8 @@ def render() -> str:
     return "\n".join(
         [
             HEADER,
-            _table(CaptureSettings, "capture (`python -m capture`)"),
-            _table(ApplySettings, "apply (`python -m apply`)"),
+            settings_table(CaptureSettings, "capture (`python -m capture`)"),
+            settings_table(ApplySettings, "apply (`python -m apply`)"),
         ]
     )
 

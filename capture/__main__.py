@@ -1,0 +1,60 @@
+"""``python -m capture``: read settings, wire the service, run it until SIGTERM/SIGINT.
+
+Exit codes: 0 after a graceful stop, 2 for a configuration error (nothing to retry: the
+message says what to change), 3 for a stream this version cannot decode.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+
+from pydantic import ValidationError
+
+from capture.errors import ConfigError, ProtocolError
+from capture.retry import run_with_retry
+from capture.service import CaptureService
+from capture.settings import CaptureSettings
+from deploy.settings_reference import settings_table
+
+
+def main(argv: list[str] | None = None) -> int:
+    argparse.ArgumentParser(
+        prog="python -m capture",
+        description="Stream PostgreSQL logical replication to per-table Avro topics on Kafka.",
+        epilog=settings_table(CaptureSettings, "settings (environment variables)"),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    ).parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    try:
+        settings = CaptureSettings()
+    except ValidationError as exc:
+        print(f"invalid capture settings:\n{exc}", file=sys.stderr)
+        return 2
+
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    service = CaptureService(settings, stop)
+
+    def interruptible_sleep(seconds: float) -> None:
+        stop.wait(seconds)
+
+    log = logging.getLogger("capture")
+    # The messages say what to do; a traceback would bury them, so no log.exception.
+    try:
+        run_with_retry(service.run, should_stop=stop.is_set, sleep=interruptible_sleep)
+    except ConfigError as exc:
+        log.error("configuration error: %s", exc)  # noqa: TRY400
+        return 2
+    except ProtocolError as exc:
+        log.error("cannot decode the replication stream: %s", exc)  # noqa: TRY400
+        return 3
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,318 @@
+"""From decoded pgoutput messages to Kafka records: pure, no I/O.
+
+:class:`ChangeStream` consumes messages in stream order and returns what to publish.
+It owns the per-transaction state (commit LSN from Begin, ordinal) and the relation
+cache (relation OID -> :class:`TableCodec`), and the rules that make a record mean
+exactly what the server said:
+
+- A record's position is ``(commit_lsn, ordinal)``: Begin announces the commit LSN
+  (``final_lsn``) before the first change, and ordinals count records within the
+  transaction, so a transaction streamed again yields byte-identical positions.
+- An UPDATE that changes the key becomes a DELETE of the old key and an INSERT of the
+  new one (two records, two ordinals), so per-key order holds even when the keys land in
+  different partitions.
+- Unchanged TOAST values (``u`` columns) are never published as data: filled from the
+  old row when the server sent one (``REPLICA IDENTITY FULL``), otherwise listed in
+  ``unchanged_columns`` so the apply side keeps its current value.
+- TRUNCATE becomes one truncate record per truncated, captured table.
+- A Relation that differs from the cached one is a schema change: the codec is rebuilt,
+  with a new writer schema (new fingerprint) published before the next record of the
+  table.
+
+Tables in :attr:`ChangeStream.errored` are skipped: their changes are not published, so
+they need a resync (docs/architecture.md) -- the other tables keep streaming.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from capture.errors import TableError
+from capture.pgoutput import (
+    Begin,
+    ColumnKind,
+    Commit,
+    Delete,
+    Insert,
+    Message,
+    Relation,
+    Truncate,
+    TupleData,
+    Update,
+    pg_micros_to_unix_micros,
+)
+from capture.typemap import ColumnMapping
+from schemas.change_record import (
+    Change,
+    ChangeEncoder,
+    Column,
+    TableDescription,
+    TableSchemas,
+    build_table_schemas,
+)
+from schemas.errors import ChangeEncodingError
+from schemas.headers import Headers, change_headers, tombstone_headers
+from schemas.lsn import Lsn
+from schemas.naming import table_topic
+from schemas.operation import Operation
+from schemas.schema_topic import table_schema_messages
+
+DescribeColumns = Callable[[Relation], Sequence[ColumnMapping]]
+"""Maps a Relation's columns to contract types; may query the catalog."""
+
+
+@dataclass(frozen=True, slots=True)
+class OutgoingRecord:
+    """One Kafka record to produce, with the facts the in-flight book needs."""
+
+    topic: str
+    key: bytes
+    value: bytes | None
+    headers: Headers
+    table: str
+
+
+@dataclass(frozen=True, slots=True)
+class SchemaRecord:
+    """A writer schema to publish on the schema topic before records that use it."""
+
+    key: bytes
+    value: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class TransactionStarted:
+    commit_lsn: Lsn
+
+
+@dataclass(frozen=True, slots=True)
+class TransactionCommitted:
+    end_lsn: Lsn
+
+
+Output = OutgoingRecord | SchemaRecord | TransactionStarted | TransactionCommitted
+
+
+class TableCodec:
+    """Everything needed to turn one relation's tuples into records."""
+
+    __slots__ = ("_parsers", "encoder", "key_indexes", "names", "relation", "schemas", "topic")
+
+    def __init__(
+        self, relation: Relation, mappings: Sequence[ColumnMapping], topic_prefix: str
+    ) -> None:
+        if len(mappings) != len(relation.columns):
+            raise ValueError("one mapping per relation column is required")
+        description = TableDescription(
+            schema=relation.namespace,
+            table=relation.name,
+            columns=tuple(
+                Column(name=c.name, type=m.column_type, key=c.is_key)
+                for c, m in zip(relation.columns, mappings, strict=True)
+            ),
+        )
+        self.relation = relation
+        self.schemas: TableSchemas = build_table_schemas(description)
+        self.encoder = ChangeEncoder(self.schemas)
+        self.topic = table_topic(topic_prefix, relation.namespace, relation.name)
+        self.names = self.schemas.field_names
+        self.key_indexes = tuple(i for i, c in enumerate(relation.columns) if c.is_key)
+        self._parsers = tuple(m.parse for m in mappings)
+
+    @property
+    def table(self) -> str:
+        return f"{self.relation.namespace}.{self.relation.name}"
+
+    def row(self, data: TupleData) -> tuple[dict[str, Any], tuple[str, ...]]:
+        """The row image of ``data`` and the names of its unchanged-TOAST columns."""
+        if len(data.values) != len(self.names):
+            raise TableError(
+                self.table,
+                f"a tuple has {len(data.values)} columns, the relation {len(self.names)}: "
+                "the stream and the relation cache disagree; restart capture",
+            )
+        row: dict[str, Any] = {}
+        unchanged: list[str] = []
+        for name, kind, value, parse in zip(
+            self.names, data.kinds, data.values, self._parsers, strict=True
+        ):
+            if value is not None:
+                row[name] = parse(value)
+            else:
+                row[name] = None
+                if kind is ColumnKind.UNCHANGED_TOAST:
+                    unchanged.append(name)
+        return row, tuple(unchanged)
+
+    def key_of(self, row: dict[str, Any]) -> tuple[Any, ...]:
+        names = self.names
+        return tuple(row[names[i]] for i in self.key_indexes)
+
+
+@dataclass(slots=True)
+class _Transaction:
+    commit_lsn: Lsn
+    xid: int
+    commit_ts: int
+    ordinal: int = 0
+
+
+@dataclass(slots=True)
+class ChangeStream:
+    """Turns pgoutput messages into :data:`Output` items, in order."""
+
+    describe: DescribeColumns
+    topic_prefix: str
+    tombstones: bool = False
+    codecs: dict[int, TableCodec] = field(default_factory=dict)
+    errored: dict[str, TableError] = field(default_factory=dict)
+    _published_schemas: set[int] = field(default_factory=set)
+    _tx: _Transaction | None = None
+
+    def handle(self, message: Message, change_lsn: Lsn) -> Iterator[Output]:
+        """Outputs for one message; ``change_lsn`` is its XLogData ``wal_start``."""
+        if isinstance(message, Insert | Update | Delete):
+            yield from self._row_change(message, change_lsn)
+        elif isinstance(message, Begin):
+            self._tx = _Transaction(
+                message.final_lsn, message.xid, pg_micros_to_unix_micros(message.commit_time)
+            )
+            yield TransactionStarted(message.final_lsn)
+        elif isinstance(message, Commit):
+            self._tx = None
+            yield TransactionCommitted(message.end_lsn)
+        elif isinstance(message, Relation):
+            self._relation(message)
+        elif isinstance(message, Truncate):
+            for oid in message.relation_oids:
+                codec = self.codecs.get(oid)
+                if codec is not None and codec.table not in self.errored:
+                    yield from self._emit(codec, Operation.TRUNCATE, change_lsn, None, None)
+        # Origin, Type and logical messages carry nothing to publish: types are read from
+        # the catalog, and the publication does not request messages.
+
+    def _relation(self, relation: Relation) -> None:
+        cached = self.codecs.get(relation.oid)
+        if cached is not None and cached.relation == relation:
+            return
+        table = f"{relation.namespace}.{relation.name}"
+        try:
+            self.codecs[relation.oid] = TableCodec(
+                relation, self.describe(relation), self.topic_prefix
+            )
+        except TableError as exc:
+            self.errored[table] = exc
+            self.codecs.pop(relation.oid, None)
+
+    def _row_change(self, message: Insert | Update | Delete, change_lsn: Lsn) -> Iterator[Output]:
+        codec = self.codecs.get(message.relation_oid)
+        if codec is None:
+            # Only an errored table has no codec: the server always sends Relation first.
+            return
+        table = codec.table
+        if table in self.errored:
+            return
+        try:
+            yield from self._changes(codec, message, change_lsn)
+        except TableError as exc:
+            self.errored[table] = exc
+        except ChangeEncodingError as exc:
+            self.errored[table] = TableError(table, str(exc))
+
+    def _changes(
+        self, codec: TableCodec, message: Insert | Update | Delete, change_lsn: Lsn
+    ) -> Iterator[Output]:
+        if isinstance(message, Insert):
+            after, _ = codec.row(message.new)
+            yield from self._emit(codec, Operation.INSERT, change_lsn, None, after)
+            return
+        if isinstance(message, Delete):
+            old = message.old if message.old is not None else message.key
+            if old is None:
+                raise TableError(codec.table, "a DELETE without key or old row")
+            deleted, _ = codec.row(old)
+            yield from self._emit(
+                codec, Operation.DELETE, change_lsn, deleted, None, key_only=message.old is None
+            )
+            return
+        after, unchanged = codec.row(message.new)
+        before: dict[str, Any] | None = None
+        if message.old is not None:
+            before, _ = codec.row(message.old)
+            for name in unchanged:
+                after[name] = before[name]
+            unchanged = ()
+        elif message.key is not None:
+            before, _ = codec.row(message.key)
+        if before is not None and codec.key_of(before) != codec.key_of(after):
+            if unchanged:
+                raise TableError(
+                    codec.table,
+                    "an UPDATE changed the primary key and left TOASTed columns unsent, so "
+                    "the new row cannot be published whole: run `ALTER TABLE "
+                    f"{codec.table} REPLICA IDENTITY FULL`, then resync the table",
+                )
+            yield from self._emit(
+                codec,
+                Operation.DELETE,
+                change_lsn,
+                before,
+                None,
+                key_only=message.old is None,
+            )
+            yield from self._emit(codec, Operation.INSERT, change_lsn, None, after)
+            return
+        yield from self._emit(
+            codec,
+            Operation.UPDATE,
+            change_lsn,
+            before,
+            after,
+            unchanged=unchanged,
+            key_only=message.old is None and before is not None,
+        )
+
+    def _emit(
+        self,
+        codec: TableCodec,
+        op: Operation,
+        change_lsn: Lsn,
+        before: dict[str, Any] | None,
+        after: dict[str, Any] | None,
+        *,
+        unchanged: tuple[str, ...] = (),
+        key_only: bool = False,
+    ) -> Iterator[Output]:
+        tx = self._tx
+        if tx is None:
+            raise TableError(codec.table, "a change arrived outside a transaction")
+        fingerprint = codec.schemas.value_fingerprint
+        if fingerprint not in self._published_schemas:
+            for message in table_schema_messages(codec.schemas):
+                yield SchemaRecord(message.key, message.value)
+            self._published_schemas.add(fingerprint)
+        change = Change(
+            op=op,
+            commit_lsn=tx.commit_lsn,
+            change_lsn=change_lsn,
+            xid=tx.xid,
+            commit_ts=tx.commit_ts,
+            ordinal=tx.ordinal,
+            before=before,
+            after=after,
+            unchanged_columns=unchanged,
+            before_key_only=key_only,
+        )
+        tx.ordinal += 1
+        key = codec.encoder.encode_key(change)
+        yield OutgoingRecord(
+            codec.topic,
+            key,
+            codec.encoder.encode_value(change),
+            change_headers(change, fingerprint),
+            codec.table,
+        )
+        if self.tombstones and op is Operation.DELETE:
+            yield OutgoingRecord(codec.topic, key, None, tombstone_headers(change), codec.table)

@@ -1,0 +1,188 @@
+"""Kafka side of capture: topics, the idempotent producer, the control-topic reader.
+
+The producer is idempotent with ``acks=all``, so a record is either in the log once,
+in order, or its delivery report says it failed. A failed delivery stops the service
+(:class:`~capture.errors.TransientError`): the slot has not moved past that record, so a
+restart re-reads it from PostgreSQL. Partitioning uses ``murmur2_random``, the Java
+client's default, so other producers and consumers agree on which partition a key is in.
+
+Writer schemas are flushed to the schema topic before the first record that uses them
+is produced, so a consumer that reads the schema topic first can always decode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from functools import partial
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic, TopicPartition
+
+from capture.change_stream import OutgoingRecord, SchemaRecord
+from capture.errors import ConfigError, TransientError
+from capture.progress import ProgressBook, RecordTicket
+from capture.settings import KafkaSettings
+from schemas.control import ControlMessageError, decode_progress
+
+_COMPACTED = {"cleanup.policy": "compact"}
+_FLUSH_TIMEOUT_S = 30.0
+
+KafkaConf = dict[str, str | int | float | bool]
+
+
+def producer_conf(settings: KafkaSettings) -> KafkaConf:
+    conf: KafkaConf = {
+        "bootstrap.servers": settings.bootstrap_servers,
+        "enable.idempotence": True,
+        "acks": "all",
+        "compression.type": "lz4",
+        "linger.ms": 5,
+        "batch.size": 1_000_000,
+        "partitioner": "murmur2_random",
+        "queue.buffering.max.messages": 500_000,
+    }
+    conf.update(settings.producer)
+    return conf
+
+
+class Topics:
+    """Creates topics on first use with the configured partitions and replication."""
+
+    def __init__(self, settings: KafkaSettings) -> None:
+        self._settings = settings
+        self._admin = AdminClient({"bootstrap.servers": settings.bootstrap_servers})
+        self._known: set[str] = set()
+
+    def ensure(self, topic: str, *, compacted: bool = False, partitions: int | None = None) -> None:
+        if topic in self._known:
+            return
+        try:
+            existing = self._admin.list_topics(topic=topic, timeout=10).topics
+            metadata = existing.get(topic)
+            if metadata is None or metadata.error is not None:
+                new = NewTopic(
+                    topic,
+                    partitions or self._settings.partitions,
+                    self._settings.replication_factor,
+                    config=_COMPACTED if compacted else {},
+                )
+                self._admin.create_topics([new])[topic].result(30)
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            if not (
+                isinstance(error, KafkaError) and error.code() == KafkaError.TOPIC_ALREADY_EXISTS
+            ):
+                raise TransientError(f"cannot create Kafka topic {topic}: {exc}") from exc
+        self._known.add(topic)
+
+
+class ChangePublisher:
+    """Produces change and schema records and reports deliveries to the book."""
+
+    def __init__(self, settings: KafkaSettings, book: ProgressBook, topics: Topics) -> None:
+        self._settings = settings
+        self._book = book
+        self._topics = topics
+        self._producer = Producer(producer_conf(settings))
+        self.failure: str | None = None
+
+    def publish_schema(self, record: SchemaRecord) -> None:
+        self._topics.ensure(self._settings.schema_topic, compacted=True, partitions=1)
+        self._producer.produce(
+            self._settings.schema_topic, record.value, record.key, on_delivery=self._schema_report
+        )
+        self.flush()
+
+    def publish(self, record: OutgoingRecord) -> None:
+        self._topics.ensure(record.topic)
+        size = len(record.key) + (len(record.value) if record.value is not None else 0)
+        ticket = self._book.produced(size)
+        headers: list[tuple[str, str | bytes | None]] = list(record.headers)
+        report = partial(self._report, ticket)
+        while True:
+            try:
+                self._producer.produce(
+                    record.topic, record.value, record.key, headers=headers, on_delivery=report
+                )
+            except BufferError:
+                # The local queue is full: serve delivery reports until there is room.
+                self._producer.poll(0.1)
+            else:
+                return
+
+    def poll(self, timeout_s: float = 0.0) -> None:
+        self._producer.poll(timeout_s)
+        self._raise_on_failure()
+
+    def flush(self, timeout_s: float = _FLUSH_TIMEOUT_S) -> None:
+        remaining = self._producer.flush(timeout_s)
+        self._raise_on_failure()
+        if remaining:
+            raise TransientError(f"{remaining} records still undelivered after {timeout_s:.0f}s")
+
+    def _report(self, ticket: RecordTicket, err: KafkaError | None, msg: Message) -> None:
+        if err is not None:
+            self.failure = self.failure or f"delivery to {msg.topic()} failed: {err.str()}"
+            return
+        topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+        if topic is None or partition is None or offset is None:
+            self.failure = self.failure or "a delivery report without a position"
+            return
+        self._book.delivered(ticket, topic, partition, offset)
+
+    def _schema_report(self, err: KafkaError | None, _msg: Message) -> None:
+        if err is not None:
+            self.failure = self.failure or f"schema publication failed: {err.str()}"
+
+    def _raise_on_failure(self) -> None:
+        if self.failure is not None:
+            raise TransientError(
+                f"{self.failure}; stopping so the restart re-reads it from the slot"
+            )
+
+
+class ControlReader:
+    """Reads the compacted control topic from the beginning and feeds applied offsets
+    to the book. No consumer group: every capture instance needs the whole state."""
+
+    def __init__(self, settings: KafkaSettings, book: ProgressBook, topics: Topics) -> None:
+        topics.ensure(settings.control_topic, compacted=True)
+        self._book = book
+        self._consumer = Consumer(
+            {
+                "bootstrap.servers": settings.bootstrap_servers,
+                "group.id": "pgdelta-capture-control",
+                "enable.auto.commit": False,
+                "auto.offset.reset": "earliest",
+            }
+        )
+        metadata = self._consumer.list_topics(settings.control_topic, timeout=10)
+        partitions = metadata.topics[settings.control_topic].partitions
+        self._consumer.assign(
+            [TopicPartition(settings.control_topic, p, 0) for p in sorted(partitions)]
+        )
+
+    def poll(self, max_messages: int = 1000) -> int:
+        """Apply what has arrived; returns how many messages were read."""
+        messages: Iterable[Message] = self._consumer.consume(max_messages, timeout=0)
+        count = 0
+        for message in messages:
+            error = message.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    continue
+                raise TransientError(f"control topic read failed: {error.str()}")
+            key, value = message.key(), message.value()
+            if key is None or value is None:
+                continue
+            try:
+                progress = decode_progress(key, value)
+            except ControlMessageError as exc:
+                raise ConfigError(str(exc)) from exc
+            self._book.applied(progress.topic, progress.partition, progress.next_offset)
+            count += 1
+        return count
+
+    def close(self) -> None:
+        self._consumer.close()

@@ -1,0 +1,53 @@
+"""The one retry policy: exponential backoff with full jitter for transient failures.
+
+Only :class:`~capture.errors.TransientError` is retried. Every retry starts the service
+from scratch (new connections, streaming from the slot's confirmed LSN), which is safe
+because nothing past an applied transaction was ever confirmed.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from capture.errors import TransientError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    initial_s: float = 0.5
+    maximum_s: float = 30.0
+    multiplier: float = 2.0
+
+    def delay(self, attempt: int, rng: random.Random) -> float:
+        """Full jitter: uniform in [0, min(max, initial * multiplier**attempt)]."""
+        ceiling = min(self.maximum_s, self.initial_s * self.multiplier**attempt)
+        return rng.uniform(0, ceiling)
+
+
+def run_with_retry(
+    run: Callable[[], None],
+    *,
+    should_stop: Callable[[], bool],
+    sleep: Callable[[float], None],
+    backoff: Backoff = Backoff(),
+    rng: random.Random | None = None,
+) -> None:
+    """Call ``run`` until it returns, retrying transient failures; a run that got far
+    enough to reset ``attempt`` is not punished for an old failure."""
+    rng = rng or random.Random()  # noqa: S311 - jitter, not cryptography
+    attempt = 0
+    while not should_stop():
+        try:
+            run()
+        except TransientError as exc:
+            delay = backoff.delay(attempt, rng)
+            log.warning("transient failure, retrying in %.1fs: %s", delay, exc)
+            attempt += 1
+            sleep(delay)
+        else:
+            return

@@ -1,0 +1,256 @@
+"""The capture service against the real PostgreSQL and Kafka.
+
+Changes made in PostgreSQL are decoded back from Kafka and replayed per key; the result
+must equal the source tables. The slot must not move before the control topic says the
+records are applied, must move once it does, and must keep moving while idle.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+import psycopg
+import pytest
+from confluent_kafka import Consumer, Producer
+from psycopg import sql
+
+from capture.service import CaptureService
+from capture.settings import CaptureSettings, KafkaSettings, PostgresSettings
+from schemas.control import AppliedProgress
+from schemas.lsn import Lsn, parse_lsn
+from schemas.reader import ContractReader
+from tests.plugins.services import Services
+
+Connection = psycopg.Connection[tuple[object, ...]]
+
+
+@dataclass
+class RunningCapture:
+    settings: CaptureSettings
+    stop: threading.Event
+    thread: threading.Thread
+    errors: list[BaseException]
+    schema: str
+
+
+@pytest.fixture
+def capture(services: Services, pg: Connection, unique_name: str) -> Iterator[RunningCapture]:
+    schema = unique_name
+    pg.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+    pg.execute(
+        sql.SQL(
+            "CREATE TABLE {s}.orders (id bigint PRIMARY KEY, note text, amount numeric(10,2));"
+            "CREATE TABLE {s}.items (order_id bigint, line int, sku text, "
+            "PRIMARY KEY (order_id, line));"
+            "CREATE TABLE {s}.uncaptured (id int PRIMARY KEY)"
+        ).format(s=sql.Identifier(schema))
+    )
+    settings = CaptureSettings(
+        postgres=PostgresSettings(
+            dsn=services.postgres_dsn,
+            slot=unique_name,
+            publication=unique_name,
+            tables=[f"{schema}.orders", f"{schema}.items"],
+        ),
+        kafka=KafkaSettings(
+            bootstrap_servers=services.kafka_bootstrap_servers,
+            topic_prefix=unique_name,
+            control_topic=f"{unique_name}._control",
+            schema_topic=f"{unique_name}._schemas",
+            partitions=2,
+        ),
+        status_interval_s=0.2,
+    )
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            CaptureService(settings, stop).run()
+        except BaseException as exc:  # surfaced by the test
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not _slot_active(pg, unique_name):
+        assert not errors, errors
+        assert time.monotonic() < deadline, "capture never started streaming"
+        time.sleep(0.1)
+    yield RunningCapture(settings, stop, thread, errors, schema)
+    stop.set()
+    thread.join(30)
+    pg.execute(
+        "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+        "WHERE slot_name = %s AND NOT active",
+        [unique_name],
+    )
+
+
+def _slot_active(pg: Connection, slot: str) -> bool:
+    row = pg.execute(
+        "SELECT active FROM pg_replication_slots WHERE slot_name = %s", [slot]
+    ).fetchone()
+    return bool(row and row[0])
+
+
+def _confirmed(pg: Connection, slot: str) -> Lsn:
+    row = pg.execute(
+        "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s", [slot]
+    ).fetchone()
+    assert row is not None
+    return parse_lsn(str(row[0]))
+
+
+def _consume_all(bootstrap: str, topics: list[str], expected: int) -> list[Any]:
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"reader-{time.time()}",
+            "auto.offset.reset": "earliest",
+        }
+    )
+    consumer.subscribe(topics)
+    messages: list[Any] = []
+    deadline = time.monotonic() + 60
+    try:
+        while len(messages) < expected and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None or msg.error() is not None:
+                continue
+            messages.append(msg)
+    finally:
+        consumer.close()
+    return messages
+
+
+def _replay(
+    reader: ContractReader, messages: list[Any]
+) -> dict[str, dict[tuple[Any, ...], dict[str, Any]]]:
+    """Rebuild each table from its records, applied in position order."""
+    changes = [(reader.decode_value(m.value()), m) for m in messages if m.value() is not None]
+    changes.sort(key=lambda vm: (vm[0]["commit_lsn"], vm[0]["ordinal"]))
+    tables: dict[str, dict[tuple[Any, ...], dict[str, Any]]] = {}
+    for value, message in changes:
+        rows = tables.setdefault(message.topic(), {})
+        op = value["op"]
+        if op == "TRUNCATE":
+            rows.clear()
+            continue
+        key = tuple(sorted(reader.decode_key(message.key()).items()))
+        if op == "DELETE":
+            rows.pop(key, None)
+        else:
+            after = dict(value["after"])
+            for name in value["unchanged_columns"]:
+                after[name] = rows[key][name]
+            rows[key] = after
+    return tables
+
+
+def _wait_for(predicate: Any, what: str, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+
+
+def test_changes_round_trip_and_slot_follows_the_control_topic(
+    capture: RunningCapture, pg: Connection, services: Services, unique_name: str
+) -> None:
+    s = sql.Identifier(capture.schema)
+    pg.execute(
+        sql.SQL(
+            "INSERT INTO {}.orders VALUES (1, 'one', 1.50), (2, 'two', 2.00), (3, 'three', 3.25)"
+        ).format(s)
+    )
+    with pg.transaction():
+        pg.execute(
+            sql.SQL("INSERT INTO {}.items VALUES (1, 1, 'a'), (1, 2, 'b'), (2, 1, 'c')").format(s)
+        )
+        pg.execute(
+            sql.SQL("UPDATE {}.orders SET note = 'uno', amount = 10.01 WHERE id = 1").format(s)
+        )
+        pg.execute(sql.SQL("DELETE FROM {}.items WHERE order_id = 1 AND line = 2").format(s))
+    pg.execute(sql.SQL("UPDATE {}.orders SET id = 30 WHERE id = 3").format(s))
+    pg.execute(sql.SQL("DELETE FROM {}.orders WHERE id = 2").format(s))
+    pg.execute(sql.SQL("TRUNCATE {}.items").format(s))
+    pg.execute(sql.SQL("INSERT INTO {}.items VALUES (9, 9, 'z')").format(s))
+    last_end = parse_lsn(str(pg.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]))  # type: ignore[index]
+    start = _confirmed(pg, unique_name)
+
+    orders_topic, items_topic = (
+        f"{unique_name}.{capture.schema}.orders",
+        f"{unique_name}.{capture.schema}.items",
+    )
+    # orders: 3 inserts, update, key change (delete + insert), delete
+    # items: 3 inserts, delete, truncate, insert
+    messages = _consume_all(services.kafka_bootstrap_servers, [orders_topic, items_topic], 13)
+    assert len(messages) == 13, [m.topic() for m in messages]
+    assert not capture.errors
+
+    reader = ContractReader(capture.settings.kafka.schema_topic)
+    for schema_msg in _consume_all(
+        services.kafka_bootstrap_servers, [capture.settings.kafka.schema_topic], 4
+    ):
+        reader.add_schema_message(schema_msg.key(), schema_msg.value())
+    tables = _replay(reader, messages)
+
+    def key(**cols: Any) -> tuple[Any, ...]:
+        return tuple(sorted(cols.items()))
+
+    assert tables[orders_topic] == {
+        key(id=1): {"id": 1, "note": "uno", "amount": Decimal("10.01")},
+        key(id=30): {"id": 30, "note": "three", "amount": Decimal("3.25")},
+    }
+    assert tables[items_topic] == {key(order_id=9, line=9): {"order_id": 9, "line": 9, "sku": "z"}}
+    source = pg.execute(
+        sql.SQL("SELECT id, note, amount FROM {}.orders ORDER BY id").format(s)
+    ).fetchall()
+    assert source == [(1, "uno", Decimal("10.01")), (30, "three", Decimal("3.25"))]
+
+    # Nothing applied yet: the slot must not have moved past the start.
+    time.sleep(1.0)
+    assert _confirmed(pg, unique_name) == start
+
+    # Report every partition as applied up to its end: the slot catches up.
+    producer = Producer({"bootstrap.servers": services.kafka_bootstrap_servers})
+    ends: dict[tuple[str, int], int] = {}
+    for m in messages:
+        ends[(m.topic(), m.partition())] = max(
+            ends.get((m.topic(), m.partition()), 0), m.offset() + 1
+        )
+    for (topic, partition), next_offset in ends.items():
+        progress = AppliedProgress(topic, partition, next_offset, None, None, "t", None, None)
+        producer.produce(capture.settings.kafka.control_topic, progress.value(), progress.key())
+    assert producer.flush(10) == 0
+    _wait_for(lambda: _confirmed(pg, unique_name) >= last_end, "slot never reached the applied LSN")
+
+    # Idle: writes to an uncaptured table move WAL; the slot follows without new records.
+    pg.execute(sql.SQL("INSERT INTO {}.uncaptured SELECT generate_series(1, 100)").format(s))
+    idle_end = parse_lsn(str(pg.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]))  # type: ignore[index]
+    _wait_for(
+        lambda: _confirmed(pg, unique_name) >= idle_end, "an idle publication pinned the slot"
+    )
+    assert not capture.errors
+
+
+def test_graceful_stop_confirms_nothing_unapplied(
+    capture: RunningCapture, pg: Connection, unique_name: str
+) -> None:
+    s = sql.Identifier(capture.schema)
+    start = _confirmed(pg, unique_name)
+    pg.execute(
+        sql.SQL("INSERT INTO {}.orders SELECT g, 'n', 1 FROM generate_series(1, 500) g").format(s)
+    )
+    time.sleep(1.0)
+    capture.stop.set()
+    capture.thread.join(30)
+    assert not capture.thread.is_alive()
+    assert not capture.errors, capture.errors
+    assert _confirmed(pg, unique_name) == start
