@@ -103,7 +103,7 @@ def read_back(bootstrap: str, settings: KafkaSettings, expected: int) -> dict[st
             if message is None or message.error() is not None:
                 continue
             if message.topic() == settings.schema_topic:
-                reader.add_schema_message(message.key(), message.value())
+                reader.add_schema_message(message.key() or b"", message.value())
                 continue
             pending.append(message)
             still: list[Any] = []
