@@ -44,7 +44,7 @@ demo: bootstrap
 	@$(PY) -m deploy.demo
 
 bench: bootstrap
-	@$(PY) -m bench
+	@$(PY) -m bench.avro_encode
 
 clean: down
 	rm -rf .local .mypy_cache .ruff_cache .pytest_cache
