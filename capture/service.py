@@ -51,9 +51,14 @@ _READ_TIMEOUT_S = 0.1
 
 
 class CaptureService:
-    def __init__(self, settings: CaptureSettings, stop: threading.Event) -> None:
+    def __init__(
+        self, settings: CaptureSettings, stop: threading.Event, *, stop_at: Lsn | None = None
+    ) -> None:
+        """``stop_at``: stop by itself once every transaction ending at or before this LSN
+        is published and delivered (catch-up runs and benchmarks); None streams forever."""
         self._settings = settings
         self._stop = stop
+        self._stop_at = stop_at
 
     def run(self) -> None:
         """One attempt: set up, stream until stopped; raises on failure."""
@@ -141,6 +146,9 @@ class CaptureService:
                 if isinstance(frame, PrimaryKeepalive):
                     book.keepalive(frame.wal_end)
                     reply = frame.reply_requested
+                    if self._stop_at is not None and frame.wal_end >= self._stop_at:
+                        # The server has decoded past the target: nothing before it is left.
+                        self._stop.set()
                 elif frame is not None:
                     message = decode(frame.payload)
                     for out in changes.handle(message, frame.wal_start):
@@ -152,6 +160,8 @@ class CaptureService:
                             book.begin(out.commit_lsn)
                         elif isinstance(out, TransactionCommitted):
                             book.commit(out.end_lsn)
+                            if self._stop_at is not None and out.end_lsn >= self._stop_at:
+                                self._stop.set()
                     for table in changes.errored.keys() - reported_errors:
                         log.error("table errored: %s", changes.errored[table])
                         reported_errors.add(table)

@@ -546,7 +546,7 @@ class _Mapper:
         if found is None:
             raise TableError(
                 self.table,
-                f"column {self.column} has type oid {oid}, which is not in the type catalog "
+                f"column {self.column} uses type oid {oid}, which is not in the type catalog "
                 "given to the mapping: load it with capture.type_catalog.load_types; if it "
                 "is missing from pg_type, the type was dropped, so restore it or drop the "
                 "column",
