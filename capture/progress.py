@@ -145,6 +145,10 @@ class ProgressBook:
         return self._in_flight_bytes
 
     @property
+    def in_transaction(self) -> bool:
+        return self._open is not None
+
+    @property
     def idle(self) -> bool:
         return self._open is None and not self._transactions
 

@@ -146,8 +146,13 @@ class CaptureService:
                 if isinstance(frame, PrimaryKeepalive):
                     book.keepalive(frame.wal_end)
                     reply = frame.reply_requested
-                    if self._stop_at is not None and frame.wal_end >= self._stop_at:
-                        # The server has decoded past the target: nothing before it is left.
+                    if (
+                        self._stop_at is not None
+                        and frame.wal_end >= self._stop_at
+                        and not book.in_transaction
+                    ):
+                        # Between transactions the server has decoded past the target, so
+                        # nothing before it is left to receive.
                         self._stop.set()
                 elif frame is not None:
                     message = decode(frame.payload)
