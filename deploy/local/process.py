@@ -18,6 +18,11 @@ from pathlib import Path
 
 from deploy.local.errors import LauncherError, ServiceNotReady
 
+# The launcher owns the services it starts: keeping their Popen objects alive (instead of
+# letting them be collected while the child runs) lets stop() reap them, and avoids
+# "subprocess is still running" warnings in long-lived callers such as the test session.
+_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
+
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
@@ -56,6 +61,7 @@ def spawn(
             start_new_session=True,
         )
     pid_file.write_text(f"{proc.pid}\n")
+    _CHILDREN[proc.pid] = proc
     return proc.pid
 
 
@@ -67,6 +73,9 @@ def read_pid(pid_file: Path) -> int | None:
 
 
 def alive(pid: int) -> bool:
+    child = _CHILDREN.get(pid)
+    if child is not None:
+        return child.poll() is None
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -124,6 +133,9 @@ def stop(pid_file: Path, *, what: str, timeout_s: float = 30.0) -> bool:
             break
         time.sleep(0.1)
     pid_file.unlink(missing_ok=True)
+    child = _CHILDREN.pop(pid, None)
+    if child is not None:
+        child.wait()
     return True
 
 
