@@ -115,7 +115,9 @@ class TableCodec:
         )
         self.relation = relation
         self.schemas: TableSchemas = build_table_schemas(description)
-        self.encoder = ChangeEncoder(self.schemas)
+        # The type mapping hands over Avro physical values (ints, unscaled decimal bytes),
+        # so the encoder skips its logical-type conversions.
+        self.encoder = ChangeEncoder(self.schemas, physical_values=True)
         self.topic = table_topic(topic_prefix, relation.namespace, relation.name)
         self.names = self.schemas.field_names
         self.key_indexes = tuple(i for i, c in enumerate(relation.columns) if c.is_key)

@@ -106,7 +106,7 @@ import re
 from binascii import unhexlify
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, date, datetime, time, timedelta
+from datetime import UTC, date, datetime, time
 from typing import Any
 
 from capture.errors import ConfigError, TableError
@@ -126,9 +126,11 @@ SESSION_SETTINGS: dict[str, str] = {
 }
 """GUCs of the replication and snapshot connections. Besides the text forms:
 ``client_encoding`` makes the walsender convert every value to UTF-8 (it converts to
-the *client's* encoding), ``lc_monetary=C`` fixes money's form, and ``search_path`` makes
-``regclass``/``regtype`` values schema-qualified and keeps output functions from
-resolving names through schemas the table owner controls."""
+the *client's* encoding), ``lc_monetary=C`` fixes money's form, and
+``search_path=pg_catalog`` prints ``regclass``/``regproc``/``regtype`` values
+schema-qualified whatever a role's search path is, and keeps user schemas out of the
+name lookups made while values are printed, as PostgreSQL's own subscriber does. Queries
+on the snapshot connection therefore qualify every name."""
 
 Parse = Callable[[bytes], Any]
 
@@ -150,7 +152,8 @@ class ColumnMapping:
     column_type: ColumnType
     parse: Parse
     """Text bytes of one non-null value -> the encoder's input for :attr:`column_type`.
-    Raises :class:`TableError` for a value the contract cannot carry."""
+    Raises :class:`TableError` for a value the contract cannot carry, and
+    :class:`ConfigError` for text not in the form :data:`SESSION_SETTINGS` gives."""
     pg_type_name: str
     """The PostgreSQL type, e.g. ``int4``, ``numeric(10,2)[]``, ``public.mood``."""
 
@@ -177,10 +180,11 @@ class _Site:
 # --- scalar parsers ------------------------------------------------------------------
 
 _TRUE = b"t"
+_HEX_PREFIX = b"\\x"
+_DIGIT_9 = 0x39
 _EPOCH_ORDINAL = date(1970, 1, 1).toordinal()
 _EPOCH_LOCAL = datetime(1970, 1, 1)
 _EPOCH_UTC = datetime(1970, 1, 1, tzinfo=UTC)
-_MICROSECOND = timedelta(microseconds=1)
 _MICROS_PER_DAY = 86_400_000_000
 _INFINITY = b"infinity"
 _NEGATIVE_INFINITY = b"-infinity"
@@ -250,9 +254,11 @@ def _parse_text(site: _Site) -> Parse:
 
 def _parse_bytea(site: _Site) -> Parse:
     def parse(value: bytes) -> bytes:
-        if not value.startswith(b"\\x"):
+        # Escape-form text never starts with \x (a backslash is printed as \\), so the
+        # check rules out silently decoding the wrong form.
+        if value[:2] != _HEX_PREFIX:
             raise site.config_error("bytea_output=hex")
-        return unhexlify(memoryview(value)[2:])
+        return unhexlify(value[2:])
 
     return parse
 
@@ -270,10 +276,13 @@ def _parse_date(site: _Site) -> Parse:
         return _days_from_civil(_astronomical(year, bc), int(month), int(day))
 
     def parse(value: bytes) -> int:
+        # infinity and BC dates end in a letter: no exception on their way to slow().
+        if value[-1] > _DIGIT_9:
+            return slow(value)
         try:
             return date.fromisoformat(value.decode()).toordinal() - _EPOCH_ORDINAL
         except ValueError:
-            return slow(value)
+            return slow(value)  # years after 9999
 
     return parse
 
@@ -321,10 +330,14 @@ def _parse_timestamp(site: _Site, epoch: datetime) -> Parse:
         return micros
 
     def parse(value: bytes) -> int:
+        if value[-1] > _DIGIT_9:  # infinity, BC
+            return slow(value)
         try:
-            return (datetime.fromisoformat(value.decode()) - epoch) // _MICROSECOND
+            since = datetime.fromisoformat(value.decode()) - epoch
         except ValueError:
-            return slow(value)  # BC, years after 9999, infinity
+            return slow(value)  # years after 9999
+        # Cheaper than since // timedelta(microseconds=1).
+        return (since.days * 86_400 + since.seconds) * 1_000_000 + since.microseconds
 
     return parse
 
@@ -354,7 +367,7 @@ def _parse_decimal(site: _Site, precision: int, scale: int) -> Parse:
 
     def parse(value: bytes) -> bytes:
         # Finite numeric text ends in a digit; NaN, Infinity and -Infinity do not.
-        if value[-1] > 0x39:
+        if value[-1] > _DIGIT_9:
             raise site.table_error(
                 f"holds {value.decode()}, which DECIMAL({precision},{scale}) cannot carry: "
                 "make those values NULL or a number, or alter the column to unconstrained "
@@ -491,7 +504,7 @@ class _Scalar:
 _SCALARS: dict[int, _Scalar] = {
     16: _Scalar("bool", ct.BOOLEAN, _parse_bool),
     17: _Scalar("bytea", ct.BYTES, _parse_bytea),
-    18: _Scalar("char", ct.STRING, _parse_text),
+    18: _Scalar('"char"', ct.STRING, _parse_text),
     19: _Scalar("name", ct.STRING, _parse_text),
     20: _Scalar("int8", ct.LONG, _parse_int),
     21: _Scalar("int2", ct.INT, _parse_int),
