@@ -12,7 +12,8 @@ is produced, so a consumer that reads the schema topic first can always decode.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import time
+from dataclasses import dataclass
 from functools import partial
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
@@ -23,7 +24,13 @@ from capture.change_stream import OutgoingRecord, SchemaRecord
 from capture.errors import ConfigError, TransientError
 from capture.progress import ProgressBook, RecordTicket
 from capture.settings import KafkaSettings
-from schemas.control import ControlMessageError, decode_progress
+from schemas.control import (
+    AppliedProgress,
+    ControlMessageError,
+    SlotCheckpoint,
+    decode_control,
+)
+from schemas.lsn import Lsn
 
 _COMPACTED = {"cleanup.policy": "compact"}
 _FLUSH_TIMEOUT_S = 30.0
@@ -80,12 +87,35 @@ class Topics:
 class ChangePublisher:
     """Produces change and schema records and reports deliveries to the book."""
 
-    def __init__(self, settings: KafkaSettings, book: ProgressBook, topics: Topics) -> None:
+    def __init__(
+        self, settings: KafkaSettings, book: ProgressBook, topics: Topics, *, start: Lsn
+    ) -> None:
         self._settings = settings
         self._book = book
         self._topics = topics
         self._producer = Producer(producer_conf(settings))
         self.failure: str | None = None
+        self._checkpoint_sent = start
+        self.durable_checkpoint = start
+        """The highest slot checkpoint known to be in the control topic; the slot is never
+        confirmed past it, so a slot ahead of the checkpoint means someone else moved it."""
+
+    def checkpoint(self, slot: str, lsn: Lsn) -> None:
+        """Write the slot checkpoint ``lsn`` to the control topic (asynchronously)."""
+        if lsn <= self._checkpoint_sent:
+            return
+        self._checkpoint_sent = lsn
+        message = SlotCheckpoint(slot, lsn)
+
+        def delivered(err: KafkaError | None, _msg: Message) -> None:
+            if err is not None:
+                self.failure = self.failure or f"slot checkpoint not written: {err.str()}"
+            elif lsn > self.durable_checkpoint:
+                self.durable_checkpoint = lsn
+
+        self._producer.produce(
+            self._settings.control_topic, message.value(), message.key(), on_delivery=delivered
+        )
 
     def publish_schema(self, record: SchemaRecord) -> None:
         self._topics.ensure(self._settings.schema_topic, compacted=True, partitions=1)
@@ -142,47 +172,87 @@ class ChangePublisher:
             )
 
 
+@dataclass(frozen=True, slots=True)
+class ControlState:
+    """What the control topic said when capture started."""
+
+    checkpoint: Lsn | None
+    """The slot checkpoint capture wrote last, if any."""
+    applied: dict[tuple[str, int], int]
+    """Applied next offset per change-topic partition."""
+
+    def applied_topics(self, topic_prefix: str) -> set[str]:
+        return {
+            t for (t, _), n in self.applied.items() if n > 0 and t.startswith(f"{topic_prefix}.")
+        }
+
+
 class ControlReader:
     """Reads the compacted control topic from the beginning and feeds applied offsets
     to the book. No consumer group: every capture instance needs the whole state."""
 
-    def __init__(self, settings: KafkaSettings, book: ProgressBook, topics: Topics) -> None:
+    def __init__(self, settings: KafkaSettings, topics: Topics) -> None:
         topics.ensure(settings.control_topic, compacted=True)
-        self._book = book
         self._consumer = Consumer(
             {
                 "bootstrap.servers": settings.bootstrap_servers,
                 "group.id": "pgdelta-capture-control",
                 "enable.auto.commit": False,
                 "auto.offset.reset": "earliest",
+                "enable.partition.eof": True,
             }
         )
         metadata = self._consumer.list_topics(settings.control_topic, timeout=10)
-        partitions = metadata.topics[settings.control_topic].partitions
+        self._partitions = sorted(metadata.topics[settings.control_topic].partitions)
         self._consumer.assign(
-            [TopicPartition(settings.control_topic, p, 0) for p in sorted(partitions)]
+            [TopicPartition(settings.control_topic, p, 0) for p in self._partitions]
         )
 
-    def poll(self, max_messages: int = 1000) -> int:
-        """Apply what has arrived; returns how many messages were read."""
-        messages: Iterable[Message] = self._consumer.consume(max_messages, timeout=0)
-        count = 0
-        for message in messages:
-            error = message.error()
-            if error is not None:
-                if error.code() == KafkaError._PARTITION_EOF:
+    def load(self, slot: str, timeout_s: float = 30.0) -> ControlState:
+        """Read the topic to its end; what it says about ``slot`` and the change topics."""
+        at_end: set[int] = set()
+        checkpoint: Lsn | None = None
+        applied: dict[tuple[str, int], int] = {}
+        deadline = time.monotonic() + timeout_s
+        while len(at_end) < len(self._partitions):
+            if time.monotonic() > deadline:
+                raise TransientError("the control topic could not be read to its end in time")
+            for message in self._consumer.consume(1000, timeout=0.5):
+                error = message.error()
+                if error is not None and error.code() == KafkaError._PARTITION_EOF:
+                    at_end.add(message.partition() or 0)
                     continue
-                raise TransientError(f"control topic read failed: {error.str()}")
-            key, value = message.key(), message.value()
-            if key is None or value is None:
-                continue
-            try:
-                progress = decode_progress(key, value)
-            except ControlMessageError as exc:
-                raise ConfigError(str(exc)) from exc
-            self._book.applied(progress.topic, progress.partition, progress.next_offset)
-            count += 1
+                decoded = self._decode(message)
+                if isinstance(decoded, SlotCheckpoint) and decoded.slot == slot:
+                    checkpoint = decoded.confirmed_lsn
+                elif isinstance(decoded, AppliedProgress):
+                    applied[(decoded.topic, decoded.partition)] = decoded.next_offset
+        return ControlState(checkpoint, applied)
+
+    def poll(self, book: ProgressBook, max_messages: int = 1000) -> int:
+        """Feed what has arrived to ``book``; returns how many progress messages were read."""
+        count = 0
+        for message in self._consumer.consume(max_messages, timeout=0):
+            decoded = self._decode(message)
+            if isinstance(decoded, AppliedProgress):
+                book.applied(decoded.topic, decoded.partition, decoded.next_offset)
+                count += 1
         return count
+
+    @staticmethod
+    def _decode(message: Message) -> AppliedProgress | SlotCheckpoint | None:
+        error = message.error()
+        if error is not None:
+            if error.code() == KafkaError._PARTITION_EOF:
+                return None
+            raise TransientError(f"control topic read failed: {error.str()}")
+        key, value = message.key(), message.value()
+        if key is None or value is None:
+            return None
+        try:
+            return decode_control(key, value)
+        except ControlMessageError as exc:
+            raise ConfigError(str(exc)) from exc
 
     def close(self) -> None:
         self._consumer.close()

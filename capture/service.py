@@ -31,15 +31,17 @@ from capture.change_stream import (
 from capture.errors import ConfigError, TransientError
 from capture.pgoutput import Relation, decode
 from capture.progress import ProgressBook
-from capture.publisher import ChangePublisher, ControlReader, Topics
+from capture.publisher import ChangePublisher, ControlReader, ControlState, Topics
 from capture.replication import ReplicationStream
 from capture.replication_protocol import PrimaryKeepalive
 from capture.settings import CaptureSettings
 from capture.source import (
+    SlotState,
     check_server,
     check_tables,
     ensure_publication,
     ensure_slot,
+    find_slot,
     resolve_tables,
 )
 from capture.type_catalog import load_array_dimensions, load_types
@@ -48,6 +50,39 @@ from schemas.lsn import Lsn, format_lsn
 
 log = logging.getLogger(__name__)
 _READ_TIMEOUT_S = 0.1
+
+
+def check_slot_history(
+    slot: SlotState | None, state: ControlState, slot_name: str, topic_prefix: str
+) -> None:
+    """Refuse to stream when the slot's position cannot be trusted.
+
+    - The slot is missing but the lake has applied records of our topics: it was dropped
+      (and would be recreated at the current WAL position), so every change since the
+      lake's last applied transaction would be skipped.
+    - The slot is ahead of capture's last checkpoint: someone advanced it, and WAL in
+      between may never have reached Kafka.
+    """
+    applied = sorted(state.applied_topics(topic_prefix))
+    if slot is None and applied:
+        raise ConfigError(
+            f"replication slot {slot_name} does not exist, but the control topic shows "
+            f"applied changes for {', '.join(applied)}: the slot was dropped, and a new one "
+            "would silently skip every change made since. Resync: stop apply, delete those "
+            "Delta tables and their checkpoints, delete the change and control topics, then "
+            "start capture again (see docs/capture.md: rows older than the new slot are "
+            "re-published only once the initial snapshot exists)"
+        )
+    if (
+        slot is not None
+        and state.checkpoint is not None
+        and slot.confirmed_flush > state.checkpoint
+    ):
+        raise ConfigError(
+            f"replication slot {slot_name} is at {format_lsn(slot.confirmed_flush)}, past the "
+            f"{format_lsn(state.checkpoint)} capture last confirmed: someone else advanced it "
+            "and changes in between may be lost. Resync as for a dropped slot (docs/capture.md)"
+        )
 
 
 class CaptureService:
@@ -85,23 +120,51 @@ class CaptureService:
             if not capturable:
                 raise ConfigError("no table can be captured; see the errors above")
             ensure_publication(catalog, settings.postgres.publication, capturable)
-            slot = ensure_slot(catalog, settings.postgres.slot)
-            log.info(
-                "streaming slot %s from %s (%d tables)",
-                slot.name,
-                format_lsn(slot.confirmed_flush),
-                len(capturable),
-            )
-            self._stream(catalog, password, slot.confirmed_flush)
+            topics = Topics(settings.kafka)
+            control = ControlReader(settings.kafka, topics)
+            try:
+                state = control.load(settings.postgres.slot)
+                check_slot_history(
+                    find_slot(catalog, settings.postgres.slot),
+                    state,
+                    settings.postgres.slot,
+                    settings.kafka.topic_prefix,
+                )
+                slot = ensure_slot(catalog, settings.postgres.slot)
+                log.info(
+                    "streaming slot %s from %s (%d tables)",
+                    slot.name,
+                    format_lsn(slot.confirmed_flush),
+                    len(capturable),
+                )
+                book = ProgressBook(slot.confirmed_flush)
+                for (topic, partition), next_offset in state.applied.items():
+                    book.applied(topic, partition, next_offset)
+                self._stream(catalog, password, book, topics, control)
+            finally:
+                control.close()
 
     def _stream(
-        self, catalog: psycopg.Connection[tuple[object, ...]], password: str | None, start: Lsn
+        self,
+        catalog: psycopg.Connection[tuple[object, ...]],
+        password: str | None,
+        book: ProgressBook,
+        topics: Topics,
+        control: ControlReader,
     ) -> None:
         settings = self._settings
-        book = ProgressBook(start)
-        topics = Topics(settings.kafka)
-        publisher = ChangePublisher(settings.kafka, book, topics)
-        control = ControlReader(settings.kafka, book, topics)
+        start = book.confirmable
+        publisher = ChangePublisher(settings.kafka, book, topics, start=start)
+        slot_name = settings.postgres.slot
+
+        def confirm(reply_requested: bool = False) -> None:
+            # Write-ahead: the checkpoint reaches Kafka before the slot may pass it.
+            publisher.checkpoint(slot_name, book.confirmable)
+            publisher.poll(0)
+            stream.send_status(
+                min(book.confirmable, publisher.durable_checkpoint),
+                reply_requested=reply_requested,
+            )
 
         def describe(relation: Relation) -> Sequence[ColumnMapping]:
             oids = [c.type_oid for c in relation.columns]
@@ -134,7 +197,7 @@ class CaptureService:
         try:
             while not self._stop.is_set():
                 publisher.poll(0)
-                control.poll()
+                control.poll(book)
                 reply = False
                 paused = (
                     book.in_flight_records >= settings.max_in_flight_records
@@ -172,13 +235,17 @@ class CaptureService:
                         reported_errors.add(table)
                 now = time.monotonic()
                 if reply or now - last_status >= settings.status_interval_s:
-                    stream.send_status(book.confirmable)
+                    confirm()
                     last_status = now
             # Graceful stop: everything produced is delivered, then one last update.
             publisher.flush()
-            control.poll()
-            stream.send_status(book.confirmable)
-            log.info("stopped at confirmed %s", format_lsn(book.confirmable))
+            control.poll(book)
+            publisher.checkpoint(slot_name, book.confirmable)
+            publisher.flush()
+            confirm()
+            log.info(
+                "stopped at confirmed %s",
+                format_lsn(min(book.confirmable, publisher.durable_checkpoint)),
+            )
         finally:
-            control.close()
             stream.close()

@@ -180,6 +180,11 @@ def ensure_publication(conn: Connection, name: str, tables: Sequence[TableRef]) 
         )
 
 
+def find_slot(conn: Connection, name: str) -> SlotState | None:
+    """The slot ``name`` if it exists (checked like :func:`ensure_slot`), else None."""
+    return None if _slot_row(conn, name) is None else ensure_slot(conn, name)
+
+
 def ensure_slot(conn: Connection, name: str) -> SlotState:
     """Adopt the logical slot ``name``, or create it (streaming then starts at its
     consistent point)."""

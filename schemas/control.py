@@ -17,6 +17,20 @@ topic is compacted, so the latest message per partition is the state.
 
   LSNs are in PostgreSQL's ``X/X`` text form.
 
+A second kind of message shares the topic: capture's own checkpoint of the LSN it is
+about to confirm to PostgreSQL, written (and delivered) before the status update that
+confirms it.
+
+- key: ``slot:<slot name>`` (``:`` never occurs in a Kafka topic name, so the two kinds
+  of key cannot collide).
+- value: ``{"confirmed_lsn": "X/X"}``.
+
+At start, capture compares the slot with its checkpoint: a slot *ahead* of the
+checkpoint was advanced by someone else, and WAL in between may never have reached
+Kafka; a slot that was just created while the control topic already holds applied
+progress was dropped and recreated. Both refuse to start instead of silently skipping
+data.
+
 A consumer must ignore unknown fields, so fields can be added without a version bump.
 """
 
@@ -59,6 +73,37 @@ class AppliedProgress:
             },
             separators=(",", ":"),
         ).encode()
+
+
+SLOT_KEY_PREFIX = "slot:"
+
+
+@dataclass(frozen=True, slots=True)
+class SlotCheckpoint:
+    slot: str
+    confirmed_lsn: Lsn
+
+    def key(self) -> bytes:
+        return f"{SLOT_KEY_PREFIX}{self.slot}".encode()
+
+    def value(self) -> bytes:
+        return json.dumps({"confirmed_lsn": format_lsn(self.confirmed_lsn)}).encode()
+
+
+def decode_control(key: bytes, value: bytes) -> AppliedProgress | SlotCheckpoint:
+    """Either kind of control-topic message, told apart by its key."""
+    if key.startswith(SLOT_KEY_PREFIX.encode()):
+        try:
+            return SlotCheckpoint(
+                key[len(SLOT_KEY_PREFIX) :].decode(),
+                parse_lsn(json.loads(value)["confirmed_lsn"]),
+            )
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
+            raise ControlMessageError(
+                f"slot checkpoint {key!r} is not in the documented format "
+                f"(schemas/control.py): {exc}"
+            ) from exc
+    return decode_progress(key, value)
 
 
 def decode_progress(key: bytes, value: bytes) -> AppliedProgress:

@@ -19,6 +19,7 @@ import pytest
 from confluent_kafka import Consumer, Producer
 from psycopg import sql
 
+from capture.errors import ConfigError
 from capture.service import CaptureService
 from capture.settings import CaptureSettings, KafkaSettings, PostgresSettings
 from schemas.control import AppliedProgress
@@ -264,3 +265,33 @@ def test_graceful_stop_confirms_nothing_unapplied(
         reader.add_schema_message(schema_msg.key(), schema_msg.value())
     commit_lsn = reader.decode_value(messages[0].value())["commit_lsn"]
     assert _confirmed(pg, unique_name) <= commit_lsn, "the final status confirmed unapplied data"
+
+
+def test_slot_advanced_behind_our_back_is_refused(
+    capture: RunningCapture, pg: Connection, unique_name: str
+) -> None:
+    s = sql.Identifier(capture.schema)
+    # WAL with nothing for us moves the slot by idle confirmation, behind a checkpoint.
+    start = _confirmed(pg, unique_name)
+    pg.execute(sql.SQL("INSERT INTO {}.uncaptured VALUES (1)").format(s))
+    _wait_for(lambda: _confirmed(pg, unique_name) > start, "idle confirmation never came")
+    capture.stop.set()
+    capture.thread.join(30)
+    assert not capture.errors, capture.errors
+
+    _wait_for(lambda: not _slot_active(pg, unique_name), "the walsender never let go")
+    before = _confirmed(pg, unique_name)
+    # A slot advances at most to the flushed WAL, so this commit waits for its flush.
+    pg.execute("SET synchronous_commit = on")
+    pg.execute(sql.SQL("INSERT INTO {}.orders VALUES (7, 'lost?', 1)").format(s))
+    pg.execute("SELECT pg_replication_slot_advance(%s, pg_current_wal_flush_lsn())", [unique_name])
+    assert _confirmed(pg, unique_name) > before
+    # A capture that wrongly started streaming would stop itself after 20 s.
+    timer_stop = threading.Event()
+    timer = threading.Timer(20, timer_stop.set)
+    timer.start()
+    try:
+        with pytest.raises(ConfigError, match="someone else advanced it"):
+            CaptureService(capture.settings, timer_stop).run()
+    finally:
+        timer.cancel()

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from schemas.control import AppliedProgress, ControlMessageError, decode_progress
+from schemas.control import (
+    AppliedProgress,
+    ControlMessageError,
+    SlotCheckpoint,
+    decode_control,
+    decode_progress,
+)
 from schemas.lsn import Lsn
 
 
@@ -51,3 +57,16 @@ def test_topic_names_with_slashes_keep_the_last_segment_as_partition() -> None:
 def test_malformed_messages_raise(key: bytes, value: bytes) -> None:
     with pytest.raises(ControlMessageError, match="documented format"):
         decode_progress(key, value)
+
+
+def test_slot_checkpoint_round_trips_and_is_told_apart() -> None:
+    checkpoint = SlotCheckpoint("cdc_slot", Lsn(0x1_0000_0010))
+    assert checkpoint.key() == b"slot:cdc_slot"
+    assert decode_control(checkpoint.key(), checkpoint.value()) == checkpoint
+    progress = AppliedProgress("cdc.public.orders", 0, 5, None, None, "public.orders", None, None)
+    assert decode_control(progress.key(), progress.value()) == progress
+
+
+def test_malformed_slot_checkpoint_raises() -> None:
+    with pytest.raises(ControlMessageError, match="slot checkpoint"):
+        decode_control(b"slot:x", b'{"confirmed_lsn": "nope"}')
