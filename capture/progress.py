@@ -17,6 +17,11 @@ decoded, and every transaction that committed before it was either sent to us (a
 applied) or had nothing for our publication. Confirming it keeps a quiet database, or a
 publication whose tables are idle, from pinning WAL forever.
 
+Backpressure counts records, not transactions: a record is in flight from the moment it
+is produced until its partition's applied offset passes it. Counting per transaction
+would deadlock on a transaction larger than the bound: reading would pause before its
+commit arrives, and an uncommitted transaction is never released.
+
 Applied offsets follow Kafka's convention: ``applied[tp] = n`` means offsets ``< n`` are
 applied (the end offset of the apply job's last micro-batch for that partition).
 
@@ -43,8 +48,6 @@ class _Transaction:
     end_lsn: Lsn = INVALID_LSN
     committed: bool = False
     pending_deliveries: int = 0
-    records: int = 0
-    encoded_bytes: int = 0
     # Highest offset produced per partition: applying up to it covers the whole transaction.
     high_offsets: dict[TopicPartition, int] = field(default_factory=dict)
 
@@ -68,6 +71,7 @@ class ProgressBook:
         "_next_id",
         "_open",
         "_transactions",
+        "_unapplied",
     )
 
     def __init__(self, start: Lsn) -> None:
@@ -78,6 +82,8 @@ class ProgressBook:
         self._confirmable = start
         self._in_flight_records = 0
         self._in_flight_bytes = 0
+        # Delivered, not yet applied records per partition, in offset order: (offset, bytes).
+        self._unapplied: dict[TopicPartition, deque[tuple[int, int]]] = {}
 
     # -- events from the replication stream ---------------------------------------------
 
@@ -93,8 +99,6 @@ class ProgressBook:
         if self._open is None:
             raise ValueError("a record was produced outside a transaction")
         self._open.pending_deliveries += 1
-        self._open.records += 1
-        self._open.encoded_bytes += encoded_bytes
         self._in_flight_records += 1
         self._in_flight_bytes += encoded_bytes
         return RecordTicket(self._next_id - 1, encoded_bytes)
@@ -120,6 +124,11 @@ class ProgressBook:
         key = (topic, partition)
         if offset > transaction.high_offsets.get(key, -1):
             transaction.high_offsets[key] = offset
+        if offset < self._applied.get(key, 0):
+            self._release(ticket.encoded_bytes)
+        else:
+            # Offsets of one partition are delivered in order (idempotent producer).
+            self._unapplied.setdefault(key, deque()).append((offset, ticket.encoded_bytes))
         self._advance()
 
     def applied(self, topic: str, partition: int, next_offset: int) -> None:
@@ -127,6 +136,9 @@ class ProgressBook:
         key = (topic, partition)
         if next_offset > self._applied.get(key, 0):
             self._applied[key] = next_offset
+            waiting = self._unapplied.get(key)
+            while waiting and waiting[0][0] < next_offset:
+                self._release(waiting.popleft()[1])
             self._advance()
 
     # -- answers ---------------------------------------------------------------------------
@@ -159,6 +171,10 @@ class ProgressBook:
             raise ValueError(f"delivery report for unknown transaction {transaction_id}")
         return self._transactions[index][1]
 
+    def _release(self, encoded_bytes: int) -> None:
+        self._in_flight_records -= 1
+        self._in_flight_bytes -= encoded_bytes
+
     def _advance(self) -> None:
         while self._transactions:
             transaction = self._transactions[0][1]
@@ -168,6 +184,4 @@ class ProgressBook:
                 if offset >= self._applied.get(key, 0):
                     return
             self._transactions.popleft()
-            self._in_flight_records -= transaction.records
-            self._in_flight_bytes -= transaction.encoded_bytes
             self._confirmable = max(self._confirmable, transaction.end_lsn)

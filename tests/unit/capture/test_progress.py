@@ -60,7 +60,7 @@ def test_undelivered_record_blocks_even_if_offsets_look_applied() -> None:
     book.delivered(first, T, 0, 0)
     book.applied(T, 0, 1000)
     assert book.confirmable == 0
-    assert book.in_flight_records == 2
+    assert book.in_flight_records == 1, "the undelivered record is still in flight"
 
 
 def test_open_transaction_blocks_confirmation_and_keepalive() -> None:
@@ -112,3 +112,27 @@ def test_protocol_misuse_raises() -> None:
     book.begin(Lsn(1))
     with pytest.raises(ValueError, match="skipped a commit"):
         book.begin(Lsn(2))
+
+
+def test_records_of_an_open_transaction_are_released_as_applied() -> None:
+    """A transaction larger than the in-flight bound must not deadlock backpressure."""
+    book = ProgressBook(Lsn(0))
+    book.begin(Lsn(100))
+    for offset in range(5):
+        book.delivered(book.produced(10), T, 0, offset)
+    assert (book.in_flight_records, book.in_flight_bytes) == (5, 50)
+    book.applied(T, 0, 3)
+    assert (book.in_flight_records, book.in_flight_bytes) == (2, 20)
+    assert book.confirmable == 0, "still uncommitted"
+    book.commit(Lsn(108))
+    book.applied(T, 0, 5)
+    assert book.confirmable == 108
+    assert book.in_flight_records == 0
+
+
+def test_delivery_after_the_applied_offset_passed_it_is_released_at_once() -> None:
+    book = ProgressBook(Lsn(0))
+    book.applied(T, 0, 10)
+    book.begin(Lsn(100))
+    book.delivered(book.produced(7), T, 0, 4)
+    assert book.in_flight_records == 0
