@@ -1,0 +1,205 @@
+"""Decode a micro-batch of Kafka records on the JVM.
+
+Input: the DataFrame ``foreachBatch`` receives from Spark's Kafka source (``topic``,
+``partition``, ``offset``, ``key``, ``value`` ...). Every non-null value is an Avro
+single-object encoding (docs/wire-contract.md): ``C3 01``, the writer fingerprint in
+bytes 2..9, then the Avro body.
+
+Two steps, both on the JVM, no Python UDF:
+
+1. :func:`survey` -- one small aggregation over the batch: per topic-partition the
+   record count, the next offset, tombstones (null values, skipped: the DELETE before
+   them says everything), records without a single-object header, and the writer
+   fingerprints present. The caller resolves the fingerprints to schema JSON.
+2. :func:`decode_topic` -- per fingerprint, the records are selected by comparing the
+   binary slice ``substring(value, 3, 8)`` with the fingerprint bytes and decoded with
+   ``from_avro(<value after the 10-byte header>, <writer schema JSON>)``. Each group is
+   projected onto the table's columns (a column its schema lacks is null), so records of
+   several writer schemas of one table -- a column added mid-batch -- combine into one
+   DataFrame.
+
+``from_avro`` runs in ``PERMISSIVE`` mode: a body that does not decode comes back
+without an ``op`` and is flagged ``malformed`` instead of failing the whole batch with
+an opaque Spark error, so the caller can name the table and the offset. Java Avro's
+decoder is lenient in two ways this cannot see: bytes after the end of the body are
+ignored, and a body cut inside a trailing number reads the missing bytes as zeros.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as sf
+from pyspark.sql.avro.functions import from_avro
+
+from apply.delta_schema import ColumnSpec, ValueSchema
+from schemas.single_object import (
+    FINGERPRINT_SIZE,
+    HEADER_SIZE,
+    MARKER,
+    Fingerprint,
+    fingerprint_bytes,
+)
+
+_TOMBSTONE = "tombstone"
+_NO_HEADER = "no-header"
+
+# Columns of a decoded DataFrame (besides "partition" and "offset").
+MALFORMED = "malformed"
+OP = "op"
+COMMIT_LSN = "commit_lsn"
+ORDINAL = "ordinal"
+COMMIT_TS = "commit_ts"
+UNCHANGED = "unchanged"
+ROW = "row"
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionSurvey:
+    records: int
+    next_offset: int
+    """Highest offset of the partition in the batch, plus one."""
+    tombstones: int
+    first_without_header: int | None
+    """Offset of the first record whose value is not a single-object encoding."""
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSurvey:
+    topic: str
+    partitions: Mapping[int, PartitionSurvey]
+    fingerprints: frozenset[Fingerprint]
+    """Writer fingerprints of the topic's non-null values in the batch."""
+
+    @property
+    def records(self) -> int:
+        return sum(partition.records for partition in self.partitions.values())
+
+    @property
+    def tombstones(self) -> int:
+        return sum(partition.tombstones for partition in self.partitions.values())
+
+
+@dataclass(slots=True)
+class _Tally:
+    records: int = 0
+    next_offset: int = 0
+    tombstones: int = 0
+    first_without_header: int | None = None
+
+
+def _fingerprint_slice(value: Column) -> Column:
+    return sf.substring(value, len(MARKER) + 1, FINGERPRINT_SIZE)
+
+
+def survey(batch: DataFrame) -> dict[str, TopicSurvey]:
+    """Per topic, what the batch holds (step 1 of the module docstring); one Spark job."""
+    value = sf.col("value")
+    kind = (
+        sf.when(value.isNull(), sf.lit(_TOMBSTONE))
+        .when(
+            (sf.length(value) < HEADER_SIZE)
+            | (sf.substring(value, 1, len(MARKER)) != sf.lit(MARKER)),
+            sf.lit(_NO_HEADER),
+        )
+        .otherwise(sf.lower(sf.hex(_fingerprint_slice(value))))
+    )
+    rows = (
+        batch.groupBy("topic", "partition", kind.alias("kind"))
+        .agg(
+            sf.count(sf.lit(1)).alias("records"),
+            sf.min("offset").alias("first_offset"),
+            sf.max("offset").alias("last_offset"),
+        )
+        .collect()
+    )
+    tallies: dict[str, dict[int, _Tally]] = {}
+    fingerprints: dict[str, set[Fingerprint]] = {}
+    for row in rows:
+        topic, kind_value = row["topic"], row["kind"]
+        tally = tallies.setdefault(topic, {}).setdefault(row["partition"], _Tally())
+        tally.records += row["records"]
+        tally.next_offset = max(tally.next_offset, row["last_offset"] + 1)
+        found = fingerprints.setdefault(topic, set())
+        if kind_value == _TOMBSTONE:
+            tally.tombstones = row["records"]
+        elif kind_value == _NO_HEADER:
+            tally.first_without_header = row["first_offset"]
+        else:
+            found.add(Fingerprint(int.from_bytes(bytes.fromhex(kind_value), "little")))
+    return {
+        topic: TopicSurvey(
+            topic=topic,
+            partitions={
+                partition: PartitionSurvey(
+                    records=tally.records,
+                    next_offset=tally.next_offset,
+                    tombstones=tally.tombstones,
+                    first_without_header=tally.first_without_header,
+                )
+                for partition, tally in partitions.items()
+            },
+            fingerprints=frozenset(fingerprints[topic]),
+        )
+        for topic, partitions in tallies.items()
+    }
+
+
+def decode_topic(
+    batch: DataFrame,
+    topic: str,
+    schemas: Sequence[ValueSchema],
+    columns: Sequence[ColumnSpec],
+) -> DataFrame:
+    """The topic's non-null values decoded (step 2 of the module docstring).
+
+    Columns: ``partition``, ``offset``, ``malformed`` (the body did not decode),
+    ``op``, ``commit_lsn``, ``ordinal``, ``commit_ts`` (timestamp), ``unchanged`` (the
+    Avro names of unchanged TOAST columns) and ``row``: a struct of ``columns`` taken
+    from ``after``, or from ``before`` when there is no ``after`` (a DELETE's key).
+    """
+    if not schemas:
+        raise ValueError("decode_topic needs at least one writer schema")
+    value = sf.col("value")
+    records = batch.where((sf.col("topic") == sf.lit(topic)) & value.isNotNull())
+    body = value.substr(sf.lit(HEADER_SIZE + 1), sf.length(value) - sf.lit(HEADER_SIZE))
+    groups = []
+    for schema in schemas:
+        present = {column.name for column in schema.columns}
+        decoded = records.where(
+            _fingerprint_slice(value) == sf.lit(fingerprint_bytes(schema.fingerprint))
+        ).select(
+            "partition",
+            "offset",
+            from_avro(body, schema.decode_json, {"mode": "PERMISSIVE"}).alias("v"),
+        )
+        image = sf.coalesce(sf.col("v.after"), sf.col("v.before"))
+        row = sf.struct(
+            *[
+                (image[column.name] if column.name in present else sf.lit(None))
+                .cast(column.data_type)
+                .alias(column.name)
+                for column in columns
+            ]
+        )
+        groups.append(
+            decoded.select(
+                "partition",
+                "offset",
+                # PERMISSIVE yields a struct of nulls (older Spark: a null struct) for a
+                # body that does not decode; a decoded record always has its op.
+                sf.col("v.op").isNull().alias(MALFORMED),
+                sf.col("v.op").alias(OP),
+                sf.col("v.commit_lsn").alias(COMMIT_LSN),
+                sf.col("v.ordinal").alias(ORDINAL),
+                sf.col("v.commit_ts").alias(COMMIT_TS),
+                sf.col("v.unchanged_columns").alias(UNCHANGED),
+                row.alias(ROW),
+            )
+        )
+    combined = groups[0]
+    for group in groups[1:]:
+        combined = combined.unionByName(group)
+    return combined

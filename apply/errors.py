@@ -1,0 +1,78 @@
+"""Errors of the apply job, classified by what happens next.
+
+- :class:`TransientError` -- the world may heal: retry the micro-batch. Nothing is lost,
+  because a retried batch is idempotent (see :mod:`apply.merge`): tables that already
+  committed it are skipped by Delta's transaction id, the others apply it.
+
+  :class:`UnknownSchemaError` is one: the batch holds a writer fingerprint the job has
+  not loaded yet. The capture publishes every schema before its first record, so the
+  cure is to read the schema topic to its end again and retry.
+- :class:`TableError` -- one table cannot go on until someone acts: an incompatible
+  schema change (:class:`SchemaChangeError`), a record that does not decode
+  (:class:`BadRecordError`), commit metadata that is not ours
+  (:class:`CommitMetadataError`). Its records stay in Kafka, so nothing is lost while
+  the cause is looked at.
+- :class:`ConfigError` -- the job was started wrong; fatal, with what to change.
+
+Foreign exceptions (Py4J, Spark, Delta) are translated at the boundary with
+``raise X(...) from exc`` so the original stays attached. Messages name the table, the
+Kafka coordinates and the fix, never a row value.
+"""
+
+from __future__ import annotations
+
+
+class PipelineError(Exception):
+    """Base of every error the apply job raises on purpose."""
+
+
+class TransientError(PipelineError):
+    """Retry the micro-batch: the cause is outside the data and may go away."""
+
+
+class ConfigError(PipelineError):
+    """Fatal: the settings or the topics the job reads need a change."""
+
+
+class TableError(PipelineError):
+    """One table is broken until someone acts; its records stay replayable in Kafka."""
+
+    def __init__(self, table: str, message: str) -> None:
+        super().__init__(f"table {table}: {message}")
+        self.table = table
+
+
+class UnknownSchemaError(TransientError):
+    """Records name writer schemas the job has not loaded from the schema topic yet."""
+
+    def __init__(self, topic: str, fingerprints: list[str]) -> None:
+        super().__init__(
+            f"topic {topic} holds records written with schema fingerprint(s) "
+            f"{', '.join(fingerprints)} that are not loaded: read the schema topic to its "
+            "end again and retry the batch"
+        )
+        self.topic = topic
+        self.fingerprints = fingerprints
+
+
+class SchemaChangeError(TableError):
+    """The table's columns changed in a way the Delta table cannot follow."""
+
+
+class BadRecordError(TableError):
+    """A record of the table's topic cannot be decoded with its writer schema."""
+
+    def __init__(self, table: str, topic: str, partition: int, offset: int, reason: str) -> None:
+        super().__init__(
+            table,
+            f"record at {topic}/{partition} offset {offset} {reason}: inspect it (e.g. "
+            f"kcat -C -t {topic} -p {partition} -o {offset} -c 1) and fix the producer; "
+            "the table stays stopped at this record",
+        )
+        self.topic = topic
+        self.partition = partition
+        self.offset = offset
+
+
+class CommitMetadataError(TableError):
+    """The Delta table's newest apply commit carries metadata this job cannot read."""

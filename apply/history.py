@@ -1,0 +1,98 @@
+"""Read apply's state back from a Delta table's commit history.
+
+Every MERGE apply runs carries the table's :class:`~apply.positions.TableState` as the
+commit's ``userMetadata``. Other commits on the table (its creation, added columns,
+``OPTIMIZE``, ``VACUUM``) carry none, so the state is the one of the **newest commit
+that has apply's metadata**. A restarted job needs nothing else: no local files, no
+control topic. A commit Delta skipped as a duplicate (same ``txnAppId`` and
+``txnVersion``) wrote nothing, so it cannot leave a state behind that the data lacks.
+
+Delta keeps commit files for ``delta.logRetentionDuration`` (30 days by default), so
+the newest apply commit is found unless a table has had nothing but maintenance commits
+for longer than that. Then the state is gone: rows still refuse older positions (the
+MERGE's guard), but records the capture publishes again would no longer be recognised
+as replays, and a re-sent INSERT of a row deleted since would bring it back. Run
+maintenance on tables that also receive changes, or resync such a table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from delta.tables import DeltaTable
+from pyspark.sql import Row, SparkSession
+
+from apply.errors import CommitMetadataError
+from apply.positions import StateFormatError, TableState, decode_state
+
+# Most commits are apply's; a first page this long almost always holds the newest one.
+_FIRST_PAGE = 20
+
+
+@dataclass(frozen=True, slots=True)
+class TableHistory:
+    """What apply needs to know about a Delta table before it writes."""
+
+    version: int
+    """The table's newest version."""
+    state: TableState | None
+    """The state in the newest apply commit; None when no MERGE has committed yet."""
+
+
+@dataclass(frozen=True, slots=True)
+class Commit:
+    version: int
+    operation: str
+    metrics: Mapping[str, str]
+    """Delta's ``operationMetrics`` of the commit (values are decimal strings)."""
+    user_metadata: str | None
+
+
+def _newest_state(table: str, rows: Iterable[Row]) -> TableState | None:
+    for row in rows:
+        try:
+            state = decode_state(row["userMetadata"])
+        except StateFormatError as exc:
+            raise CommitMetadataError(table, f"version {row['version']}: {exc}") from exc
+        if state is not None:
+            return state
+    return None
+
+
+def read_history(spark: SparkSession, path: str, table: str) -> TableHistory | None:
+    """The newest version and apply state of the Delta table at ``path``; None when
+    there is no Delta table there yet."""
+    if not DeltaTable.isDeltaTable(spark, path):
+        return None
+    delta = DeltaTable.forPath(spark, path)
+    page = delta.history(_FIRST_PAGE).select("version", "userMetadata").collect()
+    state = _newest_state(table, page)
+    if state is None and len(page) == _FIRST_PAGE:
+        state = _newest_state(table, delta.history().select("version", "userMetadata").collect())
+    return TableHistory(version=int(page[0]["version"]), state=state)
+
+
+def recover_state(spark: SparkSession, path: str, table: str) -> TableState | None:
+    """The applied state of ``table`` as its Delta table at ``path`` records it: what a
+    restarted job resumes from and re-publishes to the control topic."""
+    history = read_history(spark, path, table)
+    return None if history is None else history.state
+
+
+def newest_commit(spark: SparkSession, path: str) -> Commit:
+    """The newest commit of the Delta table at ``path``."""
+    row = (
+        DeltaTable.forPath(spark, path)
+        .history(1)
+        .select("version", "operation", "operationMetrics", "userMetadata")
+        .head()
+    )
+    if row is None:
+        raise ValueError(f"{path} has no commits")
+    return Commit(
+        version=int(row["version"]),
+        operation=str(row["operation"]),
+        metrics=dict(row["operationMetrics"] or {}),
+        user_metadata=row["userMetadata"],
+    )

@@ -1,0 +1,500 @@
+"""The apply job's micro-batch against a real Kafka broker and Delta tables on disk.
+
+Records are made by the contract's own encoder, produced to a topic, and read back with
+``spark.read.format("kafka")`` between explicit offsets: exactly the DataFrame
+``foreachBatch`` hands over. A capture restart is simulated by producing the same
+changes again (same positions, new offsets), a Spark replay by applying the same
+offsets under the same batch id, a job restart by calling ``apply_batch`` again: it
+keeps nothing in memory, so every call starts from what Delta recorded.
+"""
+
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
+
+from apply.batch import ApplyContext, apply_batch
+from apply.delta_schema import COMMIT_LSN_COLUMN, COMMIT_TS_COLUMN, ORDINAL_COLUMN
+from apply.errors import BadRecordError, ConfigError, UnknownSchemaError
+from apply.history import recover_state
+from apply.merge import TXN_APP_ID_CONF, TXN_VERSION_CONF, USER_METADATA_CONF, transaction_app_id
+from apply.positions import PartitionProgress, Position
+from apply.progress import applied_progress
+from apply.tables import TableId, table_path
+from schemas import column_type as ct
+from schemas.change_record import (
+    Change,
+    ChangeEncoder,
+    Column,
+    TableDescription,
+    TableSchemas,
+    build_table_schemas,
+)
+from schemas.column_type import ColumnType
+from schemas.lsn import Lsn
+from schemas.naming import table_topic
+from schemas.operation import Operation
+from schemas.single_object import format_fingerprint, header
+from tests.plugins.services import Services
+
+pytestmark = pytest.mark.slow
+
+INSERT, UPDATE, DELETE, TRUNCATE = (
+    Operation.INSERT,
+    Operation.UPDATE,
+    Operation.DELETE,
+    Operation.TRUNCATE,
+)
+COMMIT_TS = 1_715_941_815_000_000
+
+
+def change(op: Operation, lsn: int, ordinal: int, **images: Any) -> Change:
+    """A change of the transaction committed at ``lsn``; its commit time follows the LSN."""
+    return Change(op, Lsn(lsn), Lsn(lsn + ordinal), lsn, COMMIT_TS + lsn, ordinal, **images)
+
+
+class ChangeTopic:
+    """A fresh change topic and a producer writing to chosen partitions."""
+
+    def __init__(self, services: Services, table: str, partitions: int) -> None:
+        self.name = table_topic("cdc", "public", table)
+        self.bootstrap = services.kafka_bootstrap_servers
+        admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        admin.create_topics([NewTopic(self.name, partitions, 1)])[self.name].result(30)
+        self.producer = Producer(
+            {"bootstrap.servers": self.bootstrap, "enable.idempotence": True, "acks": "all"}
+        )
+        self.offsets = dict.fromkeys(range(partitions), 0)
+
+    def send(self, encoder: ChangeEncoder, partition: int, *changes: Change) -> None:
+        for item in changes:
+            self.raw(partition, encoder.encode_key(item), encoder.encode_value(item))
+            if item.op is DELETE:
+                self.raw(partition, encoder.encode_key(item), None)  # its tombstone
+
+    def raw(self, partition: int, key: bytes, value: bytes | None) -> None:
+        self.producer.produce(self.name, value, key, partition=partition)
+        self.offsets[partition] += 1
+
+    def mark(self) -> dict[int, int]:
+        """Flush, and return the next offset of every partition."""
+        assert self.producer.flush(30) == 0
+        return dict(self.offsets)
+
+    def batch(self, spark: Any, start: dict[int, int], end: dict[int, int]) -> Any:
+        def offsets(marks: dict[int, int]) -> str:
+            return json.dumps({self.name: {str(p): o for p, o in marks.items()}})
+
+        return (
+            spark.read.format("kafka")
+            .option("kafka.bootstrap.servers", self.bootstrap)
+            .option("subscribe", self.name)
+            .option("startingOffsets", offsets(start))
+            .option("endingOffsets", offsets(end))
+            .load()
+        )
+
+
+def context(tmp_path: Path, *schemas: TableSchemas) -> ApplyContext:
+    return ApplyContext(
+        lake_root=str(tmp_path / "lake"),
+        txn_app_id=transaction_app_id(str(tmp_path / "checkpoint")),
+        writer_schemas={s.value_fingerprint: s.value_schema_json for s in schemas},
+    )
+
+
+def rows(spark: Any, path: str, *columns: str) -> dict[int, tuple[Any, ...]]:
+    """The table's rows by id: the given columns or SQL expressions."""
+    table = spark.read.format("delta").load(path)
+    return {row[0]: tuple(row[1:]) for row in table.selectExpr("id", *columns).collect()}
+
+
+def test_changes_replays_and_restart(
+    spark: Any, services: Services, unique_name: str, tmp_path: Path
+) -> None:
+    from delta.tables import DeltaTable  # noqa: PLC0415 - pyspark only when Spark runs
+
+    schemas = build_table_schemas(
+        TableDescription(
+            "public",
+            unique_name,
+            (
+                Column("id", ct.LONG, nullable=False, key=True),
+                Column("note", ct.STRING),
+                Column("amount", ColumnType.decimal(12, 2)),
+            ),
+        )
+    )
+    enc = ChangeEncoder(schemas)
+    ctx = context(tmp_path, schemas)
+    path = table_path(ctx.lake_root, TableId("public", unique_name))
+    # Keys live in partition id % 2; partition 2 is only used to break the contract below.
+    topic = ChangeTopic(services, unique_name, 3)
+    start = topic.mark()
+
+    def row(id_: int, note: str | None, amount: str) -> dict[str, Any]:
+        return {"id": id_, "note": note, "amount": Decimal(amount)}
+
+    update_2 = change(UPDATE, 0x200, 0, after=row(2, None, "2.50"), unchanged_columns=("note",))
+    delete_3 = change(DELETE, 0x200, 1, before={"id": 3}, before_key_only=True)
+    insert_5 = change(INSERT, 0x300, 0, after=row(5, "five", "5.00"))
+    update_5 = change(UPDATE, 0x300, 1, after=row(5, None, "5.50"), unchanged_columns=("note",))
+    topic.send(enc, 1, change(INSERT, 0x100, 0, after=row(1, "n1", "1.00")))
+    topic.send(enc, 0, change(INSERT, 0x100, 1, after=row(2, "n2", "2.00")))
+    topic.send(enc, 1, change(INSERT, 0x100, 2, after=row(3, "n3", "3.00")))
+    topic.send(enc, 0, change(INSERT, 0x100, 3, after=row(4, "n4", "4.00")))
+    topic.send(enc, 0, update_2, update_2)  # a duplicate inside the batch
+    topic.send(enc, 1, delete_3, insert_5, update_5)
+    first = topic.mark()
+
+    result = apply_batch(topic.batch(spark, start, first), 0, ctx)
+
+    assert len(result) == 1
+    applied = result[0]
+    assert (applied.table, applied.topic, applied.path) == (
+        f"public.{unique_name}",
+        topic.name,
+        path,
+    )
+    assert applied.committed
+    assert applied.table_created
+    assert (applied.records, applied.tombstones, applied.replays) == (10, 1, 0)
+    assert (applied.source_rows, applied.superseded) == (5, 4)
+    assert (applied.rows_inserted, applied.rows_updated, applied.rows_deleted) == (4, 0, 0)
+    # Unchanged TOAST: row 2 keeps the note of its INSERT from the same batch, and so
+    # does row 5, updated right after its INSERT.
+    assert rows(spark, path, "note", "amount", COMMIT_LSN_COLUMN, ORDINAL_COLUMN) == {
+        1: ("n1", Decimal("1.00"), 0x100, 0),
+        2: ("n2", Decimal("2.50"), 0x200, 0),
+        4: ("n4", Decimal("4.00"), 0x100, 3),
+        5: ("five", Decimal("5.50"), 0x300, 1),
+    }
+    assert applied.state.partitions == {
+        (topic.name, 0): PartitionProgress(4, Position(Lsn(0x200), 0)),
+        (topic.name, 1): PartitionProgress(6, Position(Lsn(0x300), 1)),
+    }
+    assert (applied.state.table_lsn, applied.state.commit_ts) == (0x300, COMMIT_TS + 0x300)
+    for conf in (TXN_APP_ID_CONF, TXN_VERSION_CONF, USER_METADATA_CONF):
+        assert spark.conf.get(conf, None) is None, f"{conf} must not outlive the MERGE"
+
+    # The capture restarts and publishes transactions 0x200 and 0x300 again; then new
+    # changes arrive, among them an UPDATE of row 4 whose note is unchanged TOAST. A
+    # stale UPDATE of row 2 on a partition with no history breaks the contract on
+    # purpose: only the MERGE's position guard stands between it and row 2.
+    topic.send(enc, 0, update_2)
+    topic.send(enc, 1, delete_3, insert_5, update_5)
+    topic.send(enc, 1, change(UPDATE, 0x400, 0, after=row(1, "n1b", "1.00")))
+    topic.send(
+        enc, 0, change(UPDATE, 0x400, 1, after=row(4, None, "4.40"), unchanged_columns=("note",))
+    )
+    topic.send(enc, 2, change(UPDATE, 0x150, 0, after=row(2, "stale", "0.00")))
+    second = topic.mark()
+
+    result = apply_batch(topic.batch(spark, first, second), 1, ctx)
+
+    applied = result[0]
+    assert applied.committed
+    assert (applied.records, applied.tombstones, applied.replays) == (8, 1, 4)
+    assert (applied.source_rows, applied.superseded) == (3, 0)
+    assert (applied.rows_inserted, applied.rows_updated, applied.rows_deleted) == (0, 2, 0)
+    expected_rows = {
+        1: ("n1b", Decimal("1.00"), 0x400, 0),
+        2: ("n2", Decimal("2.50"), 0x200, 0),
+        4: ("n4", Decimal("4.40"), 0x400, 1),
+        5: ("five", Decimal("5.50"), 0x300, 1),
+    }
+    assert rows(spark, path, "note", "amount", COMMIT_LSN_COLUMN, ORDINAL_COLUMN) == expected_rows
+    assert rows(spark, path, f"unix_micros({COMMIT_TS_COLUMN})")[1] == (COMMIT_TS + 0x400,)
+    expected_state = applied.state
+    assert expected_state.partitions == {
+        (topic.name, 0): PartitionProgress(first[0] + 2, Position(Lsn(0x400), 1)),
+        (topic.name, 1): PartitionProgress(first[1] + 5, Position(Lsn(0x400), 0)),
+        (topic.name, 2): PartitionProgress(1, Position(Lsn(0x150), 0)),
+    }
+    assert [(m.partition, m.next_offset, m.commit_lsn) for m in applied_progress(applied)] == [
+        (0, first[0] + 2, 0x400),
+        (1, first[1] + 5, 0x400),
+        (2, 1, 0x150),
+    ]
+
+    # Spark replays micro-batch 1 after a crash between the Delta commit and its
+    # checkpoint: Delta skips it by txnAppId/txnVersion, no new version. (The replay
+    # filter leaves an empty source, but an empty MERGE commits too: see the
+    # tombstone-only batch below.)
+    versions = DeltaTable.forPath(spark, path).history().count()
+    replayed = apply_batch(topic.batch(spark, first, second), 1, ctx)[0]
+    assert not replayed.committed
+    assert replayed.version == applied.version
+    assert replayed.state == expected_state
+    assert DeltaTable.forPath(spark, path).history().count() == versions
+
+    # A new job (nothing in memory) gets the same records under a new batch id, as after
+    # a lost checkpoint: Delta's history alone tells it they are all replays. The commit
+    # records the offsets and changes no row.
+    restarted = apply_batch(topic.batch(spark, first, second), 2, ctx)[0]
+    assert restarted.committed
+    assert restarted.version == applied.version + 1
+    assert (restarted.replays, restarted.source_rows) == (7, 0)
+    assert restarted.state.partitions == expected_state.partitions
+    assert rows(spark, path, "note", "amount", COMMIT_LSN_COLUMN, ORDINAL_COLUMN) == expected_rows
+    assert recover_state(spark, path, f"public.{unique_name}") == restarted.state
+
+    # Tombstones alone still move their partition's next offset, in a commit of their own.
+    topic.raw(1, enc.encode_key(delete_3), None)
+    fourth = topic.mark()
+    tombstones = apply_batch(topic.batch(spark, second, fourth), 3, ctx)[0]
+    assert tombstones.committed
+    assert (tombstones.records, tombstones.tombstones, tombstones.source_rows) == (1, 1, 0)
+    assert tombstones.state.partitions[(topic.name, 1)] == PartitionProgress(
+        second[1] + 1, Position(Lsn(0x400), 0)
+    )
+
+    # A checkpoint reset in place restarts batch ids under the same txnAppId: Delta would
+    # skip every batch up to the old id, so the job refuses instead of losing them.
+    with pytest.raises(ConfigError, match="use a new checkpoint location"):
+        apply_batch(topic.batch(spark, second, fourth), 0, ctx)
+
+
+def test_truncate_and_added_columns(
+    spark: Any, services: Services, unique_name: str, tmp_path: Path
+) -> None:
+    columns = (Column("id", ct.LONG, nullable=False, key=True), Column("note", ct.STRING))
+    v1 = build_table_schemas(TableDescription("public", unique_name, columns))
+    v2 = build_table_schemas(
+        TableDescription(
+            "public",
+            unique_name,
+            (
+                *columns,
+                Column("seen_at", ct.LOCAL_TIMESTAMP_MICROS),
+                Column("tags", ColumnType.array(ct.STRING)),
+            ),
+        )
+    )
+    enc1, enc2 = ChangeEncoder(v1), ChangeEncoder(v2)
+    ctx = context(tmp_path, v1, v2)
+    path = table_path(ctx.lake_root, TableId("public", unique_name))
+    topic = ChangeTopic(services, unique_name, 3)
+    start = topic.mark()
+    topic.send(enc1, 1, change(INSERT, 0x100, 0, after={"id": 1, "note": "one"}))
+    topic.send(enc1, 0, change(INSERT, 0x100, 1, after={"id": 2, "note": "two"}))
+    first = topic.mark()
+    apply_batch(topic.batch(spark, start, first), 0, ctx)
+
+    # TRUNCATE at (0x300, 0) in partition 1; the same transaction inserts row 3 after
+    # it. Partition 0 still holds changes from before the TRUNCATE (0x200, 0x250),
+    # then row 4 from after it.
+    topic.send(enc1, 0, change(UPDATE, 0x200, 0, after={"id": 2, "note": "zwei"}))
+    topic.send(enc1, 0, change(INSERT, 0x250, 0, after={"id": 5, "note": "late"}))
+    topic.send(enc1, 1, change(TRUNCATE, 0x300, 0))
+    topic.send(enc1, 1, change(INSERT, 0x300, 1, after={"id": 3, "note": "three"}))
+    topic.send(enc1, 0, change(INSERT, 0x400, 0, after={"id": 4, "note": "four"}))
+    second = topic.mark()
+
+    truncated = apply_batch(topic.batch(spark, first, second), 1, ctx)[0]
+
+    assert rows(spark, path, "note") == {3: ("three",), 4: ("four",)}
+    assert truncated.truncates == 1
+    assert (truncated.source_rows, truncated.superseded) == (2, 2)
+    assert (truncated.rows_inserted, truncated.rows_deleted, truncated.rows_truncated) == (
+        2,
+        2,
+        2,
+    )
+    assert truncated.state.truncated_at == Position(Lsn(0x300), 0)
+
+    # One batch with two writer schemas: v2 adds two columns mid-batch. A change from
+    # before the TRUNCATE arrives late on partition 2 and must stay erased.
+    topic.send(enc1, 1, change(UPDATE, 0x500, 0, after={"id": 3, "note": "drei"}))
+    topic.send(
+        enc2,
+        0,
+        change(INSERT, 0x600, 0, after={"id": 6, "note": "six", "seen_at": 86_400_000_000}),
+        change(UPDATE, 0x600, 1, after={"id": 4, "note": "vier", "tags": ["a", None]}),
+    )
+    topic.send(enc1, 2, change(INSERT, 0x280, 0, after={"id": 7, "note": "erased"}))
+    third = topic.mark()
+
+    evolved = apply_batch(topic.batch(spark, second, third), 2, ctx)[0]
+
+    assert evolved.columns_added == ("seen_at", "tags")
+    table = spark.read.format("delta").load(path)
+    assert {f.name: f.dataType.simpleString() for f in table.schema.fields} == {
+        "id": "bigint",
+        "note": "string",
+        "seen_at": "timestamp_ntz",
+        "tags": "array<string>",
+        COMMIT_LSN_COLUMN: "bigint",
+        ORDINAL_COLUMN: "bigint",
+        COMMIT_TS_COLUMN: "timestamp",
+    }
+    assert rows(spark, path, "note", "cast(seen_at as string)", "tags") == {
+        3: ("drei", None, None),
+        4: ("vier", None, ["a", None]),
+        6: ("six", "1970-01-02 00:00:00", None),
+    }
+    assert evolved.superseded == 1  # row 7, changed before the TRUNCATE
+    assert evolved.state.truncated_at == Position(Lsn(0x300), 0)
+
+
+TYPES_TABLE = (
+    Column("id", ct.LONG, nullable=False, key=True),
+    Column("flag", ct.BOOLEAN),
+    Column("small", ct.INT),
+    Column("ratio", ct.FLOAT),
+    Column("score", ct.DOUBLE),
+    Column("blob", ct.BYTES),
+    Column("Order Note", ct.STRING),
+    Column("amount", ColumnType.decimal(12, 2)),
+    Column("wide", ColumnType.decimal(38, 10)),
+    Column("day", ct.DATE),
+    Column("clock", ct.TIME_MICROS),
+    Column("at", ct.TIMESTAMP_MICROS),
+    Column("local", ct.LOCAL_TIMESTAMP_MICROS),
+    Column("ref", ct.UUID),
+    Column("tags", ColumnType.array(ct.STRING)),
+    Column("grid", ColumnType.array(ColumnType.array(ct.INT))),
+)
+
+
+def test_every_column_type_lands_in_delta(
+    spark: Any, services: Services, unique_name: str, tmp_path: Path
+) -> None:
+    schemas = build_table_schemas(TableDescription("public", unique_name, TYPES_TABLE))
+    enc = ChangeEncoder(schemas)
+    ctx = context(tmp_path, schemas)
+    path = table_path(ctx.lake_root, TableId("public", unique_name))
+    topic = ChangeTopic(services, unique_name, 1)
+    start = topic.mark()
+    full = {
+        "id": 1,
+        "flag": True,
+        "small": -7,
+        "ratio": 0.5,
+        "score": 2.25,
+        "blob": b"\x00\xff",
+        "_pg_Order_20Note": "naïve ☃",
+        "amount": Decimal("1234.50"),
+        "wide": Decimal("-1234567890123456789012345678.0123456789"),
+        "day": 19_782,
+        "clock": 37_815_123_456,
+        "at": 1_715_941_815_123_456,
+        "local": 1_715_941_815_123_456,
+        "ref": "5f0c7a6e-7c3e-4c1e-9a39-2a4b2f0d2f11",
+        "tags": ["a", None, ""],
+        "grid": [[1, None], []],
+    }
+    # PostgreSQL's infinities and 24:00:00 land exactly.
+    extremes = {
+        "id": 2,
+        "day": ct.DATE_POSITIVE_INFINITY,
+        "clock": 86_400_000_000,
+        "at": ct.TIMESTAMP_NEGATIVE_INFINITY,
+        "local": ct.TIMESTAMP_POSITIVE_INFINITY,
+    }
+    topic.send(
+        enc, 0, change(INSERT, 0x100, 0, after=full), change(INSERT, 0x100, 1, after=extremes)
+    )
+    end = topic.mark()
+
+    apply_batch(topic.batch(spark, start, end), 0, ctx)
+
+    table = spark.read.format("delta").load(path)
+    assert {f.name: f.dataType.simpleString() for f in table.schema.fields} == {
+        "id": "bigint",
+        "flag": "boolean",
+        "small": "int",
+        "ratio": "float",
+        "score": "double",
+        "blob": "binary",
+        "_pg_Order_20Note": "string",
+        "amount": "decimal(12,2)",
+        "wide": "decimal(38,10)",
+        "day": "date",
+        "clock": "bigint",
+        "at": "timestamp",
+        "local": "timestamp_ntz",
+        "ref": "string",
+        "tags": "array<string>",
+        "grid": "array<array<int>>",
+        COMMIT_LSN_COLUMN: "bigint",
+        ORDINAL_COLUMN: "bigint",
+        COMMIT_TS_COLUMN: "timestamp",
+    }
+    got = rows(
+        spark,
+        path,
+        "flag",
+        "small",
+        "ratio",
+        "score",
+        "blob",
+        "_pg_Order_20Note",
+        "amount",
+        "wide",
+        "unix_date(day)",
+        "clock",
+        "unix_micros(at)",
+        "unix_micros(cast(local as timestamp))",
+        "ref",
+        "tags",
+        "grid",
+    )
+    assert got[1][:4] == (True, -7, 0.5, 2.25)
+    assert bytes(got[1][4]) == b"\x00\xff"
+    assert got[1][5:] == (
+        "naïve ☃",
+        Decimal("1234.50"),
+        Decimal("-1234567890123456789012345678.0123456789"),
+        19_782,
+        37_815_123_456,
+        1_715_941_815_123_456,
+        1_715_941_815_123_456,
+        "5f0c7a6e-7c3e-4c1e-9a39-2a4b2f0d2f11",
+        ["a", None, ""],
+        [[1, None], []],
+    )
+    assert got[2][8:12] == (
+        ct.DATE_POSITIVE_INFINITY,
+        86_400_000_000,
+        ct.TIMESTAMP_NEGATIVE_INFINITY,
+        ct.TIMESTAMP_POSITIVE_INFINITY,
+    )
+
+
+def test_undecodable_batches_write_nothing(
+    spark: Any, services: Services, unique_name: str, tmp_path: Path
+) -> None:
+    schemas = build_table_schemas(
+        TableDescription("public", unique_name, (Column("id", ct.LONG, key=True),))
+    )
+    enc = ChangeEncoder(schemas)
+    ctx = context(tmp_path, schemas)
+    path = Path(table_path(ctx.lake_root, TableId("public", unique_name)))
+    topic = ChangeTopic(services, unique_name, 1)
+    start = topic.mark()
+    topic.send(enc, 0, change(INSERT, 0x100, 0, after={"id": 1}))
+    good = topic.mark()
+    # An operation index beyond the enum, under the header of a known schema.
+    topic.raw(0, b"k", header(schemas.value_fingerprint) + b"\x14")
+    cut = topic.mark()
+    topic.raw(0, b"k", b"not avro")
+    end = topic.mark()
+
+    unknown = context(tmp_path)  # no writer schemas loaded yet
+    with pytest.raises(UnknownSchemaError, match=format_fingerprint(schemas.value_fingerprint)):
+        apply_batch(topic.batch(spark, start, good), 0, unknown)
+    with pytest.raises(BadRecordError) as malformed:
+        apply_batch(topic.batch(spark, start, cut), 0, ctx)
+    assert (malformed.value.partition, malformed.value.offset) == (0, good[0])
+    with pytest.raises(BadRecordError) as headless:
+        apply_batch(topic.batch(spark, start, end), 0, ctx)
+    assert headless.value.offset == cut[0]
+    assert not path.exists()
