@@ -1,0 +1,112 @@
+"""Kafka side of the apply job: writer schemas in, applied progress out.
+
+- :class:`SchemaCatalog` reads the schema topic (compacted, keyed by fingerprint) to its
+  end, at start and again whenever a batch names a fingerprint it has not seen.
+- :class:`ProgressPublisher` publishes :class:`~schemas.control.AppliedProgress` to the
+  control topic after each Delta commit, with an idempotent ``acks=all`` producer and a
+  synchronous flush: capture confirms WAL only from what it reads there, so a message
+  lost here would only delay confirmation, never lose data, and the next batch (or the
+  restart, from Delta's commit metadata) publishes it again.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
+from confluent_kafka.cimpl import TopicPartition
+
+from apply.errors import TransientError
+from apply.settings import KafkaSettings
+from schemas.control import AppliedProgress
+from schemas.errors import SchemaMessageError
+from schemas.schema_topic import read_schema_message
+from schemas.single_object import Fingerprint
+
+_PUBLISH_ATTEMPTS = 3
+
+
+class SchemaCatalog:
+    """Writer schema JSON by fingerprint, from the schema topic."""
+
+    def __init__(self, settings: KafkaSettings) -> None:
+        self._settings = settings
+        self.schemas: dict[Fingerprint, str] = {}
+
+    def refresh(self, timeout_s: float = 30.0) -> dict[Fingerprint, str]:
+        consumer = Consumer(
+            {
+                "bootstrap.servers": self._settings.bootstrap_servers,
+                "group.id": "pgdelta-apply-schemas",
+                "enable.auto.commit": False,
+                "enable.partition.eof": True,
+            }
+        )
+        try:
+            metadata = consumer.list_topics(self._settings.schema_topic, timeout=10)
+            topic = metadata.topics.get(self._settings.schema_topic)
+            if topic is None or topic.error is not None or not topic.partitions:
+                return self.schemas  # nothing published yet
+            partitions = sorted(topic.partitions)
+            consumer.assign([TopicPartition(self._settings.schema_topic, p, 0) for p in partitions])
+            at_end: set[int] = set()
+            deadline = time.monotonic() + timeout_s
+            while len(at_end) < len(partitions):
+                if time.monotonic() > deadline:
+                    raise TransientError("the schema topic could not be read to its end in time")
+                for message in consumer.consume(1000, timeout=0.5):
+                    error = message.error()
+                    if error is not None:
+                        if error.code() == KafkaError._PARTITION_EOF:
+                            at_end.add(message.partition() or 0)
+                            continue
+                        raise TransientError(f"schema topic read failed: {error.str()}")
+                    key, value = message.key(), message.value()
+                    if key is None or value is None:
+                        continue
+                    try:
+                        fingerprint, schema_json = read_schema_message(key, value)
+                    except SchemaMessageError:
+                        continue  # not a record of this contract; the message says so in logs
+                    self.schemas[fingerprint] = schema_json
+        except KafkaException as exc:
+            raise TransientError(f"cannot read the schema topic: {exc}") from exc
+        finally:
+            consumer.close()
+        return self.schemas
+
+
+class ProgressPublisher:
+    def __init__(self, settings: KafkaSettings) -> None:
+        self._topic = settings.control_topic
+        self._producer = Producer(
+            {
+                "bootstrap.servers": settings.bootstrap_servers,
+                "enable.idempotence": True,
+                "acks": "all",
+                "linger.ms": 0,
+            }
+        )
+
+    def publish(self, messages: Iterable[AppliedProgress]) -> None:
+        pending = list(messages)
+        for attempt in range(_PUBLISH_ATTEMPTS):
+            failed: list[bytes] = []
+
+            def report(err: KafkaError | None, msg: Message, failed: list[bytes] = failed) -> None:
+                if err is not None:
+                    failed.append(msg.key() or b"")
+
+            for message in pending:
+                self._producer.produce(
+                    self._topic, message.value(), message.key(), on_delivery=report
+                )
+            if self._producer.flush(30) == 0 and not failed:
+                return
+            if failed:
+                pending = [m for m in pending if m.key() in set(failed)]
+            time.sleep(0.5 * 2**attempt)
+        raise TransientError(
+            f"{len(pending)} applied-progress messages could not be published to {self._topic}"
+        )

@@ -1,0 +1,198 @@
+"""The whole pipeline: PostgreSQL -> capture -> Kafka -> apply (Spark) -> Delta, and the
+applied LSNs back to the slot.
+
+The Delta tables must equal the source tables (row for row, unchanged TOAST values
+kept), and the slot must advance past the workload once apply has published its
+progress.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from confluent_kafka import Consumer
+from psycopg import sql
+
+from apply.app import ApplyJob
+from apply.settings import ApplySettings, LakeSettings, TriggerSettings
+from apply.settings import KafkaSettings as ApplyKafka
+from capture.service import CaptureService
+from capture.settings import CaptureSettings, KafkaSettings, PostgresSettings
+from schemas.lsn import parse_lsn
+from tests.plugins.services import Services
+
+pytestmark = pytest.mark.slow
+Connection = psycopg.Connection[tuple[object, ...]]
+BIG = "x" * 20_000  # stored out of line (TOAST), so an UPDATE of another column omits it
+
+
+def _wait(predicate: Callable[[], bool], what: str, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.2)
+
+
+def _count(bootstrap: str, topics: list[str]) -> int:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"c{time.time_ns()}"})
+    try:
+        total = 0
+        for topic in topics:
+            meta = consumer.list_topics(topic, timeout=10).topics.get(topic)
+            if meta is None or meta.error is not None:
+                continue
+            from confluent_kafka.cimpl import TopicPartition  # noqa: PLC0415
+
+            for p in meta.partitions:
+                low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+                total += high - low
+        return total
+    finally:
+        consumer.close()
+
+
+def _confirmed(pg: Connection, slot: str) -> int:
+    row = pg.execute(
+        "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s", [slot]
+    ).fetchone()
+    assert row is not None
+    return parse_lsn(str(row[0]))
+
+
+def test_source_tables_land_in_delta_and_the_slot_follows(
+    spark: Any, services: Services, pg: Connection, unique_name: str, tmp_path: Path
+) -> None:
+    schema = unique_name
+    s = sql.Identifier(schema)
+    pg.execute(sql.SQL("CREATE SCHEMA {}").format(s))
+    pg.execute(
+        sql.SQL(
+            "CREATE TABLE {s}.orders (id bigint PRIMARY KEY, note text, amount numeric(10,2), "
+            "body text);"
+            "CREATE TABLE {s}.items (order_id bigint, line int, sku text, "
+            "PRIMARY KEY (order_id, line))"
+        ).format(s=s)
+    )
+    prefix = unique_name
+    capture_settings = CaptureSettings(
+        postgres=PostgresSettings(
+            dsn=services.postgres_dsn,
+            slot=unique_name,
+            publication=unique_name,
+            tables=[f"{schema}.orders", f"{schema}.items"],
+        ),
+        kafka=KafkaSettings(
+            bootstrap_servers=services.kafka_bootstrap_servers,
+            topic_prefix=prefix,
+            control_topic=f"{prefix}._control",
+            schema_topic=f"{prefix}._schemas",
+            partitions=2,
+        ),
+        status_interval_s=0.3,
+    )
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def run_capture() -> None:
+        try:
+            CaptureService(capture_settings, stop).run()
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    thread = threading.Thread(target=run_capture, daemon=True)
+    thread.start()
+    try:
+        _wait(
+            lambda: (
+                bool(
+                    pg.execute(
+                        "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s AND active",
+                        [unique_name],
+                    ).fetchone()
+                )
+                or bool(errors)
+            ),
+            "capture never started",
+        )
+        assert not errors, errors
+
+        pg.execute(
+            sql.SQL(
+                "INSERT INTO {}.orders SELECT g, 'n' || g, g / 4.0, "
+                "CASE WHEN g = 1 THEN %s END FROM generate_series(1, 200) g"
+            ).format(s),
+            [BIG],
+        )
+        pg.execute(
+            sql.SQL("INSERT INTO {}.items SELECT g, 1, 'sku' FROM generate_series(1, 50) g").format(
+                s
+            )
+        )
+        pg.execute(sql.SQL("UPDATE {}.orders SET note = 'toast kept' WHERE id = 1").format(s))
+        pg.execute(sql.SQL("UPDATE {}.orders SET amount = amount + 1 WHERE id % 3 = 0").format(s))
+        pg.execute(sql.SQL("DELETE FROM {}.orders WHERE id % 10 = 0").format(s))
+        pg.execute(sql.SQL("UPDATE {}.orders SET id = 1000 WHERE id = 7").format(s))
+        pg.execute(sql.SQL("TRUNCATE {}.items").format(s))
+        pg.execute(sql.SQL("INSERT INTO {}.items VALUES (9, 9, 'after truncate')").format(s))
+        workload_end = parse_lsn(
+            str(pg.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()[0])  # type: ignore[index]
+        )
+        topics = [f"{prefix}.{schema}.orders", f"{prefix}.{schema}.items"]
+        # 200 + 50 inserts, 1 + 66 updates, 20 deletes, key change (2), truncate, insert
+        expected = 200 + 50 + 1 + 66 + 20 + 2 + 1 + 1
+        _wait(
+            lambda: _count(services.kafka_bootstrap_servers, topics) >= expected, "capture lagged"
+        )
+        assert _confirmed(pg, unique_name) < workload_end, "confirmed before anything was applied"
+
+        apply_settings = ApplySettings(
+            kafka=ApplyKafka(
+                bootstrap_servers=services.kafka_bootstrap_servers,
+                topic_prefix=prefix,
+                control_topic=f"{prefix}._control",
+                schema_topic=f"{prefix}._schemas",
+            ),
+            lake=LakeSettings(root=str(tmp_path / "lake"), checkpoint_root=str(tmp_path / "cp")),
+            trigger=TriggerSettings(mode="available_now"),
+        )
+        ApplyJob(apply_settings, spark).run(threading.Event())
+
+        orders = {
+            r["id"]: (r["note"], r["amount"], r["body"])
+            for r in spark.read.format("delta")
+            .load(str(tmp_path / "lake" / schema / "orders"))
+            .collect()
+        }
+        source = {
+            r[0]: (r[1], r[2], r[3])
+            for r in pg.execute(
+                sql.SQL("SELECT id, note, amount, body FROM {}.orders").format(s)
+            ).fetchall()
+        }
+        assert orders == source
+        assert orders[1] == ("toast kept", Decimal("0.25"), BIG)
+        items = [
+            (r["order_id"], r["line"], r["sku"])
+            for r in spark.read.format("delta")
+            .load(str(tmp_path / "lake" / schema / "items"))
+            .collect()
+        ]
+        assert items == [(9, 9, "after truncate")]
+
+        _wait(lambda: _confirmed(pg, unique_name) >= workload_end, "the slot did not follow apply")
+        assert not errors, errors
+    finally:
+        stop.set()
+        thread.join(30)
+        pg.execute(
+            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+            "WHERE slot_name = %s AND NOT active",
+            [unique_name],
+        )
