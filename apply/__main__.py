@@ -8,33 +8,15 @@ import logging
 import signal
 import sys
 import threading
-from pathlib import Path
 
 from pydantic import ValidationError
 
 from apply.app import ApplyJob
 from apply.errors import ConfigError
 from apply.settings import ApplySettings
-from apply.spark_jars import JarsMissing, spark_jars
+from apply.spark_jars import configured_jars
 from apply.spark_session import build_session
 from deploy.settings_reference import settings_table
-
-LOCAL_JARS = Path(__file__).resolve().parents[1] / ".local" / "jars" / "spark"
-
-
-def jars_for(settings: ApplySettings) -> list[str]:
-    """Exact jars if given, else a jar directory filtered against the pyspark wheel, else
-    what `make jars` resolved in this checkout."""
-    if settings.spark.jars is not None:
-        return settings.spark.jars
-    directory = Path(settings.spark.jars_dir) if settings.spark.jars_dir else LOCAL_JARS
-    try:
-        return spark_jars(directory)
-    except JarsMissing:
-        raise ConfigError(
-            f"no Spark jars in {directory}: run `make jars`, or set APPLY_SPARK__JARS_DIR "
-            "(or APPLY_SPARK__JARS) to the Kafka connector and Delta jars"
-        ) from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"invalid apply settings:\n{exc}", file=sys.stderr)
         return 2
     try:
-        jars = jars_for(settings)
+        jars = configured_jars(settings.spark)
     except ConfigError as exc:
         log.error("configuration error: %s", exc)  # noqa: TRY400 - the message is the help
         return 2

@@ -12,10 +12,17 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from apply.errors import ConfigError
+from apply.settings import SparkSettings
+
 _VERSION_SUFFIX = re.compile(r"-\d[\w.]*(?:-\d+)?$")
 # Libraries that must move as one family: a single member at another version than the
 # wheel's (say jackson-datatype-jdk8 2.13 beside jackson-databind 2.20) breaks at run time.
 _WHEEL_FAMILIES = ("jackson-", "shims")
+
+
+LOCAL_JARS = Path(__file__).resolve().parents[1] / ".local" / "jars" / "spark"
+"""Where `make jars` puts them in a checkout."""
 
 
 class JarsMissing(Exception):  # noqa: N818 - reads as a sentence at the raise site
@@ -44,3 +51,18 @@ def spark_jars(directory: Path, wheel_jars: Path | None = None) -> list[str]:
         for j in resolved
         if artifact_name(j) not in shipped and not artifact_name(j).startswith(_WHEEL_FAMILIES)
     ]
+
+
+def configured_jars(settings: SparkSettings) -> list[str]:
+    """Exact jars if given, else a jar directory filtered against the pyspark wheel, else
+    what `make jars` resolved in this checkout."""
+    if settings.jars is not None:
+        return settings.jars
+    directory = Path(settings.jars_dir) if settings.jars_dir else LOCAL_JARS
+    try:
+        return spark_jars(directory)
+    except JarsMissing:
+        raise ConfigError(
+            f"no Spark jars in {directory}: run `make jars`, or set APPLY_SPARK__JARS_DIR "
+            "(or APPLY_SPARK__JARS) to the Kafka connector and Delta jars"
+        ) from None

@@ -2,8 +2,9 @@
 
 1. starts PostgreSQL and Kafka (``deploy.local``), creates two demo tables;
 2. runs the capture service, writes a short workload (inserts, updates, deletes);
-3. reads the change topics back with the contract reader and rebuilds each table;
-4. applies the records to Delta tables and reports what landed next to the source.
+3. waits until the change records are on Kafka;
+4. runs the apply job (catch-up trigger) into Delta tables, and prints what landed next
+   to the source, and how far the slot was confirmed once apply reported back.
 
 Every run starts clean: demo tables, slot, topics and lake are recreated.
 """
@@ -14,18 +15,23 @@ import shutil
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 import psycopg
 from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import TopicPartition
 from psycopg import sql
 
+from apply.app import ApplyJob
+from apply.settings import ApplySettings, LakeSettings, SparkSettings, TriggerSettings
+from apply.settings import KafkaSettings as ApplyKafka
+from apply.spark_jars import configured_jars
+from apply.spark_session import build_session
 from capture.service import CaptureService
 from capture.settings import CaptureSettings, KafkaSettings, PostgresSettings
 from deploy.local import stack
 from deploy.local.jars import PROJECT_ROOT, resolve
-from schemas.reader import ContractReader
+from schemas.lsn import Lsn, format_lsn, parse_lsn
 
 SCHEMA = "demo"
 SLOT = "demo_slot"
@@ -82,47 +88,20 @@ def reset_kafka(bootstrap: str) -> None:
         future.result(30)
 
 
-def read_back(bootstrap: str, settings: KafkaSettings, expected: int) -> dict[str, Any]:
-    """Consume the change topics and rebuild each table in position order."""
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"demo-reader-{time.time_ns()}",
-            "auto.offset.reset": "earliest",
-        }
-    )
-    reader = ContractReader(settings.schema_topic)
-    topics = [f"{PREFIX}.{SCHEMA}.{t}" for t in TABLES]
-    consumer.subscribe([settings.schema_topic, *topics])
-    records: list[tuple[dict[str, Any], str, bytes]] = []
-    deadline = time.monotonic() + 120
-    pending: list[Any] = []
+def topic_records(bootstrap: str, topic: str) -> int:
+    """Records in a topic right now (high minus low watermark over its partitions)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "demo-counter"})
     try:
-        while len(records) < expected and time.monotonic() < deadline:
-            message = consumer.poll(0.5)
-            if message is None or message.error() is not None:
-                continue
-            if message.topic() == settings.schema_topic:
-                reader.add_schema_message(message.key() or b"", message.value())
-                continue
-            pending.append(message)
-            still: list[Any] = []
-            for m in pending:
-                if reader.fingerprint(m.value()) in reader:
-                    records.append((reader.decode_value(m.value()), m.topic(), m.key()))
-                else:
-                    still.append(m)
-            pending = still
+        metadata = consumer.list_topics(topic, timeout=10).topics.get(topic)
+        if metadata is None or metadata.error is not None:
+            return 0
+        total = 0
+        for partition in metadata.partitions:
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
+            total += high - low
+        return total
     finally:
         consumer.close()
-    records.sort(key=lambda r: (r[0]["commit_lsn"], r[0]["ordinal"]))
-    tables: dict[str, dict[bytes, Any]] = {t: {} for t in topics}
-    for value, topic, key in records:
-        if value["op"] == "DELETE":
-            tables[topic].pop(key, None)
-        else:
-            tables[topic][key] = value["after"]
-    return {"records": len(records), "tables": tables}
 
 
 def wait(predicate: Callable[[], bool], what: str, timeout_s: float = 60) -> None:
@@ -177,21 +156,56 @@ def main() -> None:
 
         say("workload: 500 customers, 2000 orders, updates, deletes")
         workload(conn)
+        end = _wal_lsn(conn)
+        topics = {t: f"{PREFIX}.{SCHEMA}.{t}" for t in TABLES}
         expected = _count_changes()
-        rebuilt = read_back(state.kafka.bootstrap_servers, kafka, expected)
-        stop.set()
-        thread.join(30)
+        wait(
+            lambda: (
+                sum(topic_records(state.kafka.bootstrap_servers, t) for t in topics.values())
+                >= expected
+            ),
+            "capture to publish the workload",
+        )
+        say(f"{expected} change records on Kafka: {', '.join(topics.values())}")
 
-        say(f"{rebuilt['records']} change records read back from Kafka")
-        print()
-        print(f"  {'table':<18}{'rows in PostgreSQL':>20}{'rows rebuilt from Kafka':>26}")
-        for table in TABLES:
-            source = conn.execute(
-                sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(SCHEMA, table))
-            ).fetchone()
-            rows = len(rebuilt["tables"][f"{PREFIX}.{SCHEMA}.{table}"])
-            print(f"  {SCHEMA + '.' + table:<18}{source[0] if source else '?':>20}{rows:>26}")
-        print()
+        say("running apply (python -m apply, trigger available_now) into Delta")
+        lake = DEMO_ROOT / "lake"
+        apply_settings = ApplySettings(
+            kafka=ApplyKafka(
+                bootstrap_servers=state.kafka.bootstrap_servers,
+                topic_prefix=PREFIX,
+                control_topic=kafka.control_topic,
+                schema_topic=kafka.schema_topic,
+            ),
+            lake=LakeSettings(root=str(lake), checkpoint_root=str(DEMO_ROOT / "checkpoints")),
+            trigger=TriggerSettings(mode="available_now"),
+            spark=SparkSettings(master="local[2]", conf={"spark.sql.shuffle.partitions": "2"}),
+        )
+        spark = build_session(apply_settings.spark, configured_jars(apply_settings.spark))
+        spark.sparkContext.setLogLevel("ERROR")
+        try:
+            ApplyJob(apply_settings, spark).run(threading.Event())
+            wait(lambda: _confirmed(conn) >= end, "the slot to follow the applied LSN", 60)
+            print()
+            print(f"  {'table':<18}{'PostgreSQL rows':>16}{'Kafka records':>15}{'Delta rows':>12}")
+            for table in TABLES:
+                source = conn.execute(
+                    sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(SCHEMA, table))
+                ).fetchone()
+                records = topic_records(state.kafka.bootstrap_servers, topics[table])
+                delta = spark.read.format("delta").load(str(lake / SCHEMA / table)).count()
+                name = f"{SCHEMA}.{table}"
+                print(f"  {name:<18}{source[0] if source else '?':>16}{records:>15}{delta:>12}")
+            print()
+            say(
+                f"slot {SLOT} confirmed up to {format_lsn(_confirmed(conn))} (workload ended at "
+                f"{format_lsn(end)}): WAL is released only once Delta has the data"
+            )
+            say(f"Delta tables under {lake}")
+        finally:
+            spark.stop()
+            stop.set()
+            thread.join(30)
         say("stack left running: `make down` stops it")
 
 
@@ -200,6 +214,20 @@ def _slot_active(conn: psycopg.Connection[tuple[object, ...]]) -> bool:
         "SELECT active FROM pg_replication_slots WHERE slot_name = %s", [SLOT]
     ).fetchone()
     return bool(row and row[0])
+
+
+def _wal_lsn(conn: psycopg.Connection[tuple[object, ...]]) -> Lsn:
+    row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
+    assert row is not None
+    return parse_lsn(str(row[0]))
+
+
+def _confirmed(conn: psycopg.Connection[tuple[object, ...]]) -> Lsn:
+    row = conn.execute(
+        "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s", [SLOT]
+    ).fetchone()
+    assert row is not None
+    return parse_lsn(str(row[0]))
 
 
 def _count_changes() -> int:
