@@ -50,6 +50,7 @@ from schemas.lsn import Lsn, format_lsn
 
 log = logging.getLogger(__name__)
 _READ_TIMEOUT_S = 0.1
+_POLL_INTERVAL_S = 0.005
 
 
 def check_slot_history(
@@ -195,9 +196,8 @@ class CaptureService:
         last_status = 0.0
         reported_errors: set[str] = set()
         try:
+            last_poll = 0.0
             while not self._stop.is_set():
-                publisher.poll(0)
-                control.poll(book)
                 reply = False
                 paused = (
                     book.in_flight_records >= settings.max_in_flight_records
@@ -230,10 +230,17 @@ class CaptureService:
                             book.commit(out.end_lsn)
                             if self._stop_at is not None and out.end_lsn >= self._stop_at:
                                 self._stop.set()
+                now = time.monotonic()
+                # Delivery reports and control messages are served every few milliseconds,
+                # not per frame: at full speed a frame is a few microseconds of work, and
+                # polling both clients per frame cost more than decoding it.
+                if frame is None or now - last_poll >= _POLL_INTERVAL_S:
+                    publisher.poll(0)
+                    control.poll(book)
                     for table in changes.errored.keys() - reported_errors:
                         log.error("table errored: %s", changes.errored[table])
                         reported_errors.add(table)
-                now = time.monotonic()
+                    last_poll = now
                 if reply or now - last_status >= settings.status_interval_s:
                     confirm()
                     last_status = now
