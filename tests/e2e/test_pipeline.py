@@ -23,9 +23,8 @@ from psycopg import sql
 from apply.app import ApplyJob
 from apply.settings import ApplySettings, LakeSettings, TriggerSettings
 from apply.settings import KafkaSettings as ApplyKafka
-from capture.service import CaptureService
-from capture.settings import CaptureSettings, KafkaSettings, PostgresSettings
 from schemas.lsn import parse_lsn
+from tests.plugins.capture import CaptureThread, capture_settings
 from tests.plugins.services import Services
 
 pytestmark = pytest.mark.slow
@@ -81,48 +80,13 @@ def test_source_tables_land_in_delta_and_the_slot_follows(
         ).format(s=s)
     )
     prefix = unique_name
-    capture_settings = CaptureSettings(
-        postgres=PostgresSettings(
-            dsn=services.postgres_dsn,
-            slot=unique_name,
-            publication=unique_name,
-            tables=[f"{schema}.orders", f"{schema}.items"],
-        ),
-        kafka=KafkaSettings(
-            bootstrap_servers=services.kafka_bootstrap_servers,
-            topic_prefix=prefix,
-            control_topic=f"{prefix}._control",
-            schema_topic=f"{prefix}._schemas",
-            partitions=2,
-        ),
-        status_interval_s=0.3,
-    )
-    stop = threading.Event()
-    errors: list[BaseException] = []
-
-    def run_capture() -> None:
-        try:
-            CaptureService(capture_settings, stop).run()
-        except BaseException as exc:  # surfaced below
-            errors.append(exc)
-
-    thread = threading.Thread(target=run_capture, daemon=True)
-    thread.start()
-    try:
-        _wait(
-            lambda: (
-                bool(
-                    pg.execute(
-                        "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s AND active",
-                        [unique_name],
-                    ).fetchone()
-                )
-                or bool(errors)
-            ),
-            "capture never started",
+    runner = CaptureThread(
+        capture_settings(
+            services, unique_name, [f"{schema}.orders", f"{schema}.items"], status_interval_s=0.3
         )
-        assert not errors, errors
-
+    )
+    runner.start(pg)
+    try:
         pg.execute(
             sql.SQL(
                 "INSERT INTO {}.orders SELECT g, 'n' || g, g / 4.0, "
@@ -187,12 +151,6 @@ def test_source_tables_land_in_delta_and_the_slot_follows(
         assert items == [(9, 9, "after truncate")]
 
         _wait(lambda: _confirmed(pg, unique_name) >= workload_end, "the slot did not follow apply")
-        assert not errors, errors
+        assert not runner.errors, runner.errors
     finally:
-        stop.set()
-        thread.join(30)
-        pg.execute(
-            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
-            "WHERE slot_name = %s AND NOT active",
-            [unique_name],
-        )
+        runner.close(pg)

@@ -21,10 +21,11 @@ from psycopg import sql
 
 from capture.errors import ConfigError
 from capture.service import CaptureService
-from capture.settings import CaptureSettings, KafkaSettings, PostgresSettings
+from capture.settings import CaptureSettings
 from schemas.control import AppliedProgress
 from schemas.lsn import Lsn, parse_lsn
 from schemas.reader import ContractReader
+from tests.plugins.capture import CaptureThread, capture_settings, slot_active
 from tests.plugins.services import Services
 
 Connection = psycopg.Connection[tuple[object, ...]]
@@ -32,11 +33,19 @@ Connection = psycopg.Connection[tuple[object, ...]]
 
 @dataclass
 class RunningCapture:
-    settings: CaptureSettings
-    stop: threading.Event
-    thread: threading.Thread
-    errors: list[BaseException]
+    runner: CaptureThread
     schema: str
+
+    @property
+    def settings(self) -> CaptureSettings:
+        return self.runner.settings
+
+    @property
+    def errors(self) -> list[BaseException]:
+        return self.runner.errors
+
+    def stop_and_join(self) -> None:
+        self.runner.join()
 
 
 @pytest.fixture
@@ -51,53 +60,12 @@ def capture(services: Services, pg: Connection, unique_name: str) -> Iterator[Ru
             "CREATE TABLE {s}.uncaptured (id int PRIMARY KEY)"
         ).format(s=sql.Identifier(schema))
     )
-    settings = CaptureSettings(
-        postgres=PostgresSettings(
-            dsn=services.postgres_dsn,
-            slot=unique_name,
-            publication=unique_name,
-            tables=[f"{schema}.orders", f"{schema}.items"],
-        ),
-        kafka=KafkaSettings(
-            bootstrap_servers=services.kafka_bootstrap_servers,
-            topic_prefix=unique_name,
-            control_topic=f"{unique_name}._control",
-            schema_topic=f"{unique_name}._schemas",
-            partitions=2,
-        ),
-        status_interval_s=0.2,
+    runner = CaptureThread(
+        capture_settings(services, unique_name, [f"{schema}.orders", f"{schema}.items"])
     )
-    stop = threading.Event()
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            CaptureService(settings, stop).run()
-        except BaseException as exc:  # surfaced by the test
-            errors.append(exc)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not _slot_active(pg, unique_name):
-        assert not errors, errors
-        assert time.monotonic() < deadline, "capture never started streaming"
-        time.sleep(0.1)
-    yield RunningCapture(settings, stop, thread, errors, schema)
-    stop.set()
-    thread.join(30)
-    pg.execute(
-        "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
-        "WHERE slot_name = %s AND NOT active",
-        [unique_name],
-    )
-
-
-def _slot_active(pg: Connection, slot: str) -> bool:
-    row = pg.execute(
-        "SELECT active FROM pg_replication_slots WHERE slot_name = %s", [slot]
-    ).fetchone()
-    return bool(row and row[0])
+    runner.start(pg)
+    yield RunningCapture(runner, schema)
+    runner.close(pg)
 
 
 def _confirmed(pg: Connection, slot: str) -> Lsn:
@@ -253,9 +221,9 @@ def test_graceful_stop_confirms_nothing_unapplied(
     topic = f"{unique_name}.{capture.schema}.orders"
     messages = _consume_all(services.kafka_bootstrap_servers, [topic], 500)
     assert len(messages) == 500
-    capture.stop.set()
-    capture.thread.join(30)
-    assert not capture.thread.is_alive()
+    capture.stop_and_join()
+    assert capture.runner.thread is not None
+    assert not capture.runner.thread.is_alive()
     assert not capture.errors, capture.errors
 
     reader = ContractReader(capture.settings.kafka.schema_topic)
@@ -275,11 +243,10 @@ def test_slot_advanced_behind_our_back_is_refused(
     start = _confirmed(pg, unique_name)
     pg.execute(sql.SQL("INSERT INTO {}.uncaptured VALUES (1)").format(s))
     _wait_for(lambda: _confirmed(pg, unique_name) > start, "idle confirmation never came")
-    capture.stop.set()
-    capture.thread.join(30)
+    capture.stop_and_join()
     assert not capture.errors, capture.errors
 
-    _wait_for(lambda: not _slot_active(pg, unique_name), "the walsender never let go")
+    _wait_for(lambda: not slot_active(pg, unique_name), "the walsender never let go")
     before = _confirmed(pg, unique_name)
     # A slot advances at most to the flushed WAL, so this commit waits for its flush.
     pg.execute("SET synchronous_commit = on")

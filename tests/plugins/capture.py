@@ -1,0 +1,88 @@
+"""Run the capture service in a background thread of the test process.
+
+Shared by the integration and end-to-end tests: settings named after the test (slot,
+publication, topic prefix, control and schema topics), a start that waits until the
+slot is streaming, and a stop that joins the thread and drops the slot.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import psycopg
+
+from capture.service import CaptureService
+from capture.settings import CaptureSettings, KafkaSettings, PostgresSettings
+from tests.plugins.services import Services
+
+Connection = psycopg.Connection[tuple[object, ...]]
+
+
+def capture_settings(
+    services: Services, name: str, tables: Sequence[str], **overrides: float
+) -> CaptureSettings:
+    """Settings whose every slot, publication and topic name derives from ``name``."""
+    return CaptureSettings(
+        postgres=PostgresSettings(
+            dsn=services.postgres_dsn, slot=name, publication=name, tables=list(tables)
+        ),
+        kafka=KafkaSettings(
+            bootstrap_servers=services.kafka_bootstrap_servers,
+            topic_prefix=name,
+            control_topic=f"{name}._control",
+            schema_topic=f"{name}._schemas",
+            partitions=2,
+        ),
+        status_interval_s=overrides.get("status_interval_s", 0.2),
+    )
+
+
+def slot_active(pg: Connection, slot: str) -> bool:
+    row = pg.execute(
+        "SELECT active FROM pg_replication_slots WHERE slot_name = %s", [slot]
+    ).fetchone()
+    return bool(row and row[0])
+
+
+@dataclass
+class CaptureThread:
+    settings: CaptureSettings
+    stop: threading.Event = field(default_factory=threading.Event)
+    errors: list[BaseException] = field(default_factory=list)
+    thread: threading.Thread | None = None
+
+    def start(self, pg: Connection, timeout_s: float = 30) -> None:
+        def run() -> None:
+            try:
+                CaptureService(self.settings, self.stop).run()
+            except BaseException as exc:  # surfaced by the test through self.errors
+                self.errors.append(exc)
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not slot_active(pg, self.settings.postgres.slot):
+            assert not self.errors, self.errors
+            assert time.monotonic() < deadline, "capture never started streaming"
+            time.sleep(0.1)
+
+    def join(self, timeout_s: float = 30) -> None:
+        self.stop.set()
+        if self.thread is not None:
+            self.thread.join(timeout_s)
+
+    def close(self, pg: Connection) -> None:
+        """Stop, and drop the slot once the walsender has let go of it."""
+        self.join()
+        slot = self.settings.postgres.slot
+        deadline = time.monotonic() + 20
+        while slot_active(pg, slot) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        pg.execute(
+            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+            "WHERE slot_name = %s AND NOT active",
+            [slot],
+        )
