@@ -46,11 +46,19 @@ def checkpoint_location(settings: ApplySettings) -> str:
     return settings.lake.checkpoint_root.rstrip("/") + "/apply"
 
 
+def replication_lag_s(result: TableResult, now_unix_s: float) -> float | None:
+    """Seconds between the newest applied source commit and now: how far the table lags."""
+    commit_ts = result.state.commit_ts
+    return None if commit_ts is None else max(0.0, now_unix_s - commit_ts / 1_000_000)
+
+
 def log_results(batch_id: int, results: list[TableResult], started: float) -> None:
+    now = time.time()
     for r in results:
+        lag = replication_lag_s(r, now)
         log.info(
             "batch %d table %s: records=%d replays=%d superseded=%d inserted=%d "
-            "updated=%d deleted=%d version=%d committed=%s duration=%.2fs",
+            "updated=%d deleted=%d version=%d committed=%s duration=%.2fs lag=%s",
             batch_id,
             r.table,
             r.records,
@@ -62,6 +70,7 @@ def log_results(batch_id: int, results: list[TableResult], started: float) -> No
             r.version,
             r.committed,
             time.monotonic() - started,
+            "n/a" if lag is None else f"{lag:.1f}s",
         )
 
 
