@@ -1,5 +1,8 @@
 """``python -m capture``: read settings, wire the service, run it until SIGTERM/SIGINT.
 
+``python -m capture status`` prints each table's state; ``python -m capture resync
+TABLE...`` requests a new snapshot of tables at the next start (:mod:`capture.admin`).
+
 Exit codes: 0 after a graceful stop, 2 for a configuration error (nothing to retry: the
 message says what to change), 3 for a stream this version cannot decode.
 """
@@ -14,7 +17,8 @@ import threading
 
 from pydantic import ValidationError
 
-from capture.errors import ConfigError, ProtocolError
+from capture import admin
+from capture.errors import ConfigError, ProtocolError, TransientError
 from capture.retry import run_with_retry
 from capture.service import CaptureService
 from capture.settings import CaptureSettings
@@ -22,18 +26,40 @@ from deploy.settings_reference import settings_table
 
 
 def main(argv: list[str] | None = None) -> int:
-    argparse.ArgumentParser(
+    parser = argparse.ArgumentParser(
         prog="python -m capture",
         description="Stream PostgreSQL logical replication to per-table Avro topics on Kafka.",
         epilog=settings_table(CaptureSettings, "settings (environment variables)"),
         formatter_class=argparse.RawDescriptionHelpFormatter,
-    ).parse_args(argv)
+    )
+    commands = parser.add_subparsers(dest="command")
+    commands.add_parser("run", help="stream (the default)")
+    commands.add_parser("status", help="print each table's state from the control topic")
+    resync = commands.add_parser(
+        "resync", help="snapshot tables again at the next start (after fixing an errored one)"
+    )
+    resync.add_argument("tables", nargs="+", metavar="SCHEMA.TABLE")
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
         settings = CaptureSettings()
     except ValidationError as exc:
         print(f"invalid capture settings:\n{exc}", file=sys.stderr)
         return 2
+    try:
+        if args.command == "status":
+            print(admin.format_statuses(admin.table_statuses(settings)))
+            return 0
+        if args.command == "resync":
+            for request in admin.request_resync(settings, args.tables):
+                print(f"{request.table}: resync requested; restart capture to start it")
+            return 0
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except TransientError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
 
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):

@@ -22,6 +22,14 @@ is produced until its partition's applied offset passes it. Counting per transac
 would deadlock on a transaction larger than the bound: reading would pause before its
 commit arrives, and an uncommitted transaction is never released.
 
+A table being snapshotted *pins* the book (:meth:`ProgressBook.pin`): its streamed
+changes are held back until its snapshot is in Kafka, so the transactions carrying them
+are not in the lake even when the book has seen the rest of them applied. A pin keeps
+``confirmable`` at most at the value it had when the pin was taken, until the pin is
+sealed (the table's snapshot and held-back changes are all produced) and every record
+produced under it is applied. Transactions keep being tracked and released as usual, so
+the book stays small however long a snapshot runs; only the slot waits.
+
 Applied offsets follow Kafka's convention: ``applied[tp] = n`` means offsets ``< n`` are
 applied (the end offset of the apply job's last micro-batch for that partition).
 
@@ -52,9 +60,22 @@ class _Transaction:
     high_offsets: dict[TopicPartition, int] = field(default_factory=dict)
 
 
+@dataclass(slots=True)
+class _Pin:
+    """Records produced outside the stream's transactions (a snapshot and the changes
+    held back behind it) that the slot must wait for."""
+
+    floor: Lsn
+    sealed: bool = False
+    pending_deliveries: int = 0
+    high_offsets: dict[TopicPartition, int] = field(default_factory=dict)
+
+
 @dataclass(frozen=True, slots=True)
 class RecordTicket:
-    """Handed out when a record is produced; handed back with its delivery report."""
+    """Handed out when a record is produced; handed back with its delivery report.
+
+    ``transaction`` is a transaction id (>= 0) or a pin id (< 0)."""
 
     transaction: int
     encoded_bytes: int
@@ -69,7 +90,9 @@ class ProgressBook:
         "_in_flight_bytes",
         "_in_flight_records",
         "_next_id",
+        "_next_pin",
         "_open",
+        "_pins",
         "_transactions",
         "_unapplied",
     )
@@ -84,6 +107,8 @@ class ProgressBook:
         self._in_flight_bytes = 0
         # Delivered, not yet applied records per partition, in offset order: (offset, bytes).
         self._unapplied: dict[TopicPartition, deque[tuple[int, int]]] = {}
+        self._pins: dict[int, _Pin] = {}
+        self._next_pin = -1
 
     # -- events from the replication stream ---------------------------------------------
 
@@ -111,6 +136,37 @@ class ProgressBook:
         self._open = None
         self._advance()
 
+    # -- pins: records produced outside the stream's transactions ------------------------
+
+    def pin(self) -> int:
+        """Hold ``confirmable`` where it is until the returned pin is released."""
+        pin_id = self._next_pin
+        self._next_pin -= 1
+        self._pins[pin_id] = _Pin(self._confirmable)
+        return pin_id
+
+    def produced_under(self, pin_id: int, encoded_bytes: int) -> RecordTicket:
+        """A record belonging to ``pin_id`` was handed to the producer."""
+        pin = self._pins.get(pin_id)
+        if pin is None or pin.sealed:
+            raise ValueError(f"pin {pin_id} is released or sealed")
+        pin.pending_deliveries += 1
+        self._in_flight_records += 1
+        self._in_flight_bytes += encoded_bytes
+        return RecordTicket(pin_id, encoded_bytes)
+
+    def seal(self, pin_id: int) -> None:
+        """No more records come under ``pin_id``; it goes once they are all applied."""
+        pin = self._pins.get(pin_id)
+        if pin is None:
+            raise ValueError(f"pin {pin_id} is already released")
+        pin.sealed = True
+        self._release_pins()
+
+    def unpin(self, pin_id: int) -> None:
+        """Release ``pin_id`` now: what it held no longer matters (the table errored)."""
+        self._pins.pop(pin_id, None)
+
     def keepalive(self, wal_end: Lsn) -> None:
         """The server reported how far it has decoded; confirmable when we hold nothing."""
         if self._open is None and not self._transactions and wal_end > self._confirmable:
@@ -119,17 +175,25 @@ class ProgressBook:
     # -- events from Kafka -----------------------------------------------------------------
 
     def delivered(self, ticket: RecordTicket, topic: str, partition: int, offset: int) -> None:
-        transaction = self._find(ticket.transaction)
-        transaction.pending_deliveries -= 1
         key = (topic, partition)
-        if offset > transaction.high_offsets.get(key, -1):
-            transaction.high_offsets[key] = offset
+        owner: _Transaction | _Pin | None
+        if ticket.transaction >= 0:
+            owner = self._find(ticket.transaction)
+        else:
+            owner = self._pins.get(ticket.transaction)  # None once unpinned: nothing to track
+        if owner is not None:
+            owner.pending_deliveries -= 1
+            if offset > owner.high_offsets.get(key, -1):
+                owner.high_offsets[key] = offset
         if offset < self._applied.get(key, 0):
             self._release(ticket.encoded_bytes)
         else:
             # Offsets of one partition are delivered in order (idempotent producer).
             self._unapplied.setdefault(key, deque()).append((offset, ticket.encoded_bytes))
-        self._advance()
+        if ticket.transaction >= 0:
+            self._advance()
+        else:
+            self._release_pins()
 
     def applied(self, topic: str, partition: int, next_offset: int) -> None:
         """The apply job has applied every offset below ``next_offset`` of that partition."""
@@ -140,13 +204,20 @@ class ProgressBook:
             while waiting and waiting[0][0] < next_offset:
                 self._release(waiting.popleft()[1])
             self._advance()
+            self._release_pins()
 
     # -- answers ---------------------------------------------------------------------------
 
     @property
     def confirmable(self) -> Lsn:
         """The LSN that may be sent as ``flush`` in the next standby status update."""
+        if self._pins:
+            return min(self._confirmable, *(p.floor for p in self._pins.values()))
         return self._confirmable
+
+    @property
+    def pinned(self) -> bool:
+        return bool(self._pins)
 
     @property
     def in_flight_records(self) -> int:
@@ -174,6 +245,15 @@ class ProgressBook:
     def _release(self, encoded_bytes: int) -> None:
         self._in_flight_records -= 1
         self._in_flight_bytes -= encoded_bytes
+
+    def _release_pins(self) -> None:
+        for pin_id, pin in list(self._pins.items()):
+            if (
+                pin.sealed
+                and pin.pending_deliveries == 0
+                and all(o < self._applied.get(k, 0) for k, o in pin.high_offsets.items())
+            ):
+                del self._pins[pin_id]
 
     def _advance(self) -> None:
         while self._transactions:

@@ -13,7 +13,7 @@ is produced, so a consumer that reads the schema topic first can always decode.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
@@ -26,8 +26,10 @@ from capture.progress import ProgressBook, RecordTicket
 from capture.settings import KafkaSettings
 from schemas.control import (
     AppliedProgress,
+    ControlMessage,
     ControlMessageError,
     SlotCheckpoint,
+    TableStatus,
     decode_control,
 )
 from schemas.lsn import Lsn
@@ -117,6 +119,16 @@ class ChangePublisher:
             self._settings.control_topic, message.value(), message.key(), on_delivery=delivered
         )
 
+    def publish_status(self, status: TableStatus) -> None:
+        """Persist a table's state on the control topic (asynchronously; a lost status
+        only means a table is snapshotted again, see capture/table_states.py)."""
+        self._producer.produce(
+            self._settings.control_topic,
+            status.value(),
+            status.key(),
+            on_delivery=self._status_report,
+        )
+
     def publish_schema(self, record: SchemaRecord) -> None:
         self._topics.ensure(self._settings.schema_topic, compacted=True, partitions=1)
         self._producer.produce(
@@ -124,10 +136,12 @@ class ChangePublisher:
         )
         self.flush()
 
-    def publish(self, record: OutgoingRecord) -> None:
+    def publish(self, record: OutgoingRecord, *, pin: int | None = None) -> None:
+        """Produce ``record`` as part of the open transaction, or of ``pin`` (a snapshot
+        record, or a change held back behind one; see ProgressBook.pin)."""
         self._topics.ensure(record.topic)
         size = len(record.key) + (len(record.value) if record.value is not None else 0)
-        ticket = self._book.produced(size)
+        ticket = self._book.produced(size) if pin is None else self._book.produced_under(pin, size)
         headers: list[tuple[str, str | bytes | None]] = list(record.headers)
         report = partial(self._report, ticket)
         while True:
@@ -165,6 +179,10 @@ class ChangePublisher:
         if err is not None:
             self.failure = self.failure or f"schema publication failed: {err.str()}"
 
+    def _status_report(self, err: KafkaError | None, _msg: Message) -> None:
+        if err is not None:
+            self.failure = self.failure or f"table status not written: {err.str()}"
+
     def _raise_on_failure(self) -> None:
         if self.failure is not None:
             raise TransientError(
@@ -180,6 +198,8 @@ class ControlState:
     """The slot checkpoint capture wrote last, if any."""
     applied: dict[tuple[str, int], int]
     """Applied next offset per change-topic partition."""
+    tables: dict[str, TableStatus] = field(default_factory=dict)
+    """The last status of each table of the slot."""
 
     def applied_topics(self, topic_prefix: str) -> set[str]:
         return {
@@ -213,6 +233,7 @@ class ControlReader:
         at_end: set[int] = set()
         checkpoint: Lsn | None = None
         applied: dict[tuple[str, int], int] = {}
+        tables: dict[str, TableStatus] = {}
         deadline = time.monotonic() + timeout_s
         while len(at_end) < len(self._partitions):
             if time.monotonic() > deadline:
@@ -227,7 +248,9 @@ class ControlReader:
                     checkpoint = decoded.confirmed_lsn
                 elif isinstance(decoded, AppliedProgress):
                     applied[(decoded.topic, decoded.partition)] = decoded.next_offset
-        return ControlState(checkpoint, applied)
+                elif isinstance(decoded, TableStatus) and decoded.slot == slot:
+                    tables[decoded.table] = decoded
+        return ControlState(checkpoint, applied, tables)
 
     def poll(self, book: ProgressBook, max_messages: int = 1000) -> int:
         """Feed what has arrived to ``book``; returns how many progress messages were read."""
@@ -240,7 +263,7 @@ class ControlReader:
         return count
 
     @staticmethod
-    def _decode(message: Message) -> AppliedProgress | SlotCheckpoint | None:
+    def _decode(message: Message) -> ControlMessage | None:
         error = message.error()
         if error is not None:
             if error.code() == KafkaError._PARTITION_EOF:

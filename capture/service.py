@@ -35,6 +35,7 @@ from capture.publisher import ChangePublisher, ControlReader, ControlState, Topi
 from capture.replication import ReplicationStream
 from capture.replication_protocol import PrimaryKeepalive
 from capture.settings import CaptureSettings
+from capture.snapshot import SnapshotRun
 from capture.source import (
     SlotState,
     check_server,
@@ -44,8 +45,11 @@ from capture.source import (
     find_slot,
     resolve_tables,
 )
+from capture.table_flow import TableFlow, now_micros
+from capture.table_states import TableStates
 from capture.type_catalog import load_array_dimensions, load_types
 from capture.typemap import SESSION_SETTINGS, ColumnMapping, libpq_options, map_column
+from schemas.control import TableState, TableStatus
 from schemas.lsn import Lsn, format_lsn
 
 log = logging.getLogger(__name__)
@@ -84,6 +88,26 @@ def check_slot_history(
             f"{format_lsn(state.checkpoint)} capture last confirmed: someone else advanced it "
             "and changes in between may be lost. Resync as for a dropped slot (docs/capture.md)"
         )
+
+
+def describe_columns(
+    conn: psycopg.Connection[tuple[object, ...]], relation: Relation
+) -> Sequence[ColumnMapping]:
+    """The contract type and parser of each column of ``relation``, from the catalog."""
+    types = load_types(conn, [c.type_oid for c in relation.columns])
+    dims = load_array_dimensions(conn, relation.oid)
+    table = f"{relation.namespace}.{relation.name}"
+    return [
+        map_column(
+            c.type_oid,
+            c.type_modifier,
+            types,
+            table=table,
+            column=c.name,
+            dimensions=dims.get(c.name, 1),
+        )
+        for c in relation.columns
+    ]
 
 
 class CaptureService:
@@ -132,16 +156,37 @@ class CaptureService:
                     settings.kafka.topic_prefix,
                 )
                 slot = ensure_slot(catalog, settings.postgres.slot)
+                states = TableStates(
+                    settings.postgres.slot,
+                    state.tables,
+                    snapshot_new=settings.snapshot_mode == "initial",
+                    clock=now_micros,
+                )
+                statuses = states.add(t.qualified for t in capturable)
+                for table, problem in problems.items():
+                    if table.qualified not in states or (
+                        states.state(table.qualified) is not TableState.ERRORED
+                    ):
+                        statuses.append(states.errored(table.qualified, str(problem)))
                 log.info(
-                    "streaming slot %s from %s (%d tables)",
+                    "streaming slot %s from %s (%d tables; %d to snapshot)",
                     slot.name,
                     format_lsn(slot.confirmed_flush),
                     len(capturable),
+                    len(states.in_state(TableState.PENDING)),
                 )
                 book = ProgressBook(slot.confirmed_flush)
                 for (topic, partition), next_offset in state.applied.items():
                     book.applied(topic, partition, next_offset)
-                self._stream(catalog, password, book, topics, control)
+                self._stream(
+                    catalog,
+                    password,
+                    book=book,
+                    topics=topics,
+                    control=control,
+                    states=states,
+                    statuses=statuses,
+                )
             finally:
                 control.close()
 
@@ -149,14 +194,19 @@ class CaptureService:
         self,
         catalog: psycopg.Connection[tuple[object, ...]],
         password: str | None,
+        *,
         book: ProgressBook,
         topics: Topics,
         control: ControlReader,
+        states: TableStates,
+        statuses: list[TableStatus],
     ) -> None:
         settings = self._settings
         start = book.confirmable
         publisher = ChangePublisher(settings.kafka, book, topics, start=start)
         slot_name = settings.postgres.slot
+        for status in statuses:
+            publisher.publish_status(status)
 
         def confirm(reply_requested: bool = False) -> None:
             # Write-ahead: the checkpoint reaches Kafka before the slot may pass it.
@@ -167,24 +217,32 @@ class CaptureService:
                 reply_requested=reply_requested,
             )
 
-        def describe(relation: Relation) -> Sequence[ColumnMapping]:
-            oids = [c.type_oid for c in relation.columns]
-            types = load_types(catalog, oids)
-            dims = load_array_dimensions(catalog, relation.oid)
-            table = f"{relation.namespace}.{relation.name}"
-            return [
-                map_column(
-                    c.type_oid,
-                    c.type_modifier,
-                    types,
-                    table=table,
-                    column=c.name,
-                    dimensions=dims.get(c.name, 1),
-                )
-                for c in relation.columns
-            ]
+        def start_run(tables: list[str], truncate: list[str]) -> SnapshotRun:
+            run = SnapshotRun(
+                dsn=settings.postgres.dsn,
+                password=password,
+                slot=slot_name,
+                tables=tables,
+                truncate=truncate,
+                describe=describe_columns,
+                topic_prefix=settings.kafka.topic_prefix,
+            )
+            run.start()
+            return run
 
-        changes = ChangeStream(describe, settings.kafka.topic_prefix, settings.tombstones)
+        changes = ChangeStream(
+            lambda relation: describe_columns(catalog, relation),
+            settings.kafka.topic_prefix,
+            settings.tombstones,
+        )
+        flow = TableFlow(
+            states,
+            book=book,
+            publisher=publisher,
+            changes=changes,
+            start_run=start_run,
+            spool_dir=settings.spool_dir,
+        )
         stream = ReplicationStream.start(
             settings.postgres.dsn,
             password=password,
@@ -194,7 +252,7 @@ class CaptureService:
             settings=SESSION_SETTINGS,
         )
         last_status = 0.0
-        reported_errors: set[str] = set()
+        commit_lsn = start
         try:
             last_poll = 0.0
             while not self._stop.is_set():
@@ -213,6 +271,7 @@ class CaptureService:
                         self._stop_at is not None
                         and frame.wal_end >= self._stop_at
                         and not book.in_transaction
+                        and not flow.busy
                     ):
                         # Between transactions the server has decoded past the target, so
                         # nothing before it is left to receive.
@@ -221,14 +280,19 @@ class CaptureService:
                     message = decode(frame.payload)
                     for out in changes.handle(message, frame.wal_start):
                         if isinstance(out, OutgoingRecord):
-                            publisher.publish(out)
+                            flow.route(out, commit_lsn)
                         elif isinstance(out, SchemaRecord):
                             publisher.publish_schema(out)
                         elif isinstance(out, TransactionStarted):
+                            commit_lsn = out.commit_lsn
                             book.begin(out.commit_lsn)
                         elif isinstance(out, TransactionCommitted):
                             book.commit(out.end_lsn)
-                            if self._stop_at is not None and out.end_lsn >= self._stop_at:
+                            if (
+                                self._stop_at is not None
+                                and out.end_lsn >= self._stop_at
+                                and not flow.busy
+                            ):
                                 self._stop.set()
                 now = time.monotonic()
                 # Delivery reports and control messages are served every few milliseconds,
@@ -237,14 +301,14 @@ class CaptureService:
                 if frame is None or now - last_poll >= _POLL_INTERVAL_S:
                     publisher.poll(0)
                     control.poll(book)
-                    for table in changes.errored.keys() - reported_errors:
-                        log.error("table errored: %s", changes.errored[table])
-                        reported_errors.add(table)
+                    if not paused:
+                        flow.step()
                     last_poll = now
                 if reply or now - last_status >= settings.status_interval_s:
                     confirm()
                     last_status = now
             # Graceful stop: everything produced is delivered, then one last update.
+            flow.close()
             publisher.flush()
             control.poll(book)
             publisher.checkpoint(slot_name, book.confirmable)
@@ -255,4 +319,5 @@ class CaptureService:
                 format_lsn(min(book.confirmable, publisher.durable_checkpoint)),
             )
         finally:
+            flow.close()
             stream.close()

@@ -8,6 +8,9 @@ Environment variables use the ``CAPTURE_`` prefix and ``__`` between nested name
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -64,4 +67,16 @@ class CaptureSettings(BaseSettings):
     )
     max_in_flight_bytes: int = Field(
         256 * 1024 * 1024, ge=1, description="same bound in encoded bytes"
+    )
+    snapshot_mode: Literal["initial", "never"] = Field(
+        "initial",
+        description=(
+            "initial: publish each table's existing rows (snapshot) before its changes, at "
+            "first start and for tables added later; never: only changes made after the "
+            "slot was created"
+        ),
+    )
+    spool_dir: Path | None = Field(
+        None,
+        description="where changes held back during a snapshot are spooled (default: system temp)",
     )

@@ -31,11 +31,21 @@ Kafka; a slot that was just created while the control topic already holds applie
 progress was dropped and recreated. Both refuse to start instead of silently skipping
 data.
 
+A third kind holds the state of each captured table, written by capture on every
+transition and by ``python -m capture resync`` (which sets ``pending``):
+
+- key: ``table:<slot name>:<schema>.<table>`` (slot names never contain ``:``).
+- value: ``{"state": ..., "snapshot_lsn": "X/X" or null, "message": str or null,
+  "updated_at": micros}``. ``state`` is one of :class:`TableState`; ``snapshot_lsn`` is
+  the position of the table's snapshot rows (streamed changes at or below it are in the
+  snapshot and never published); ``message`` says why a table is errored.
+
 A consumer must ignore unknown fields, so fields can be added without a version bump.
 """
 
 from __future__ import annotations
 
+import enum
 import json
 from dataclasses import dataclass
 
@@ -90,8 +100,58 @@ class SlotCheckpoint:
         return json.dumps({"confirmed_lsn": format_lsn(self.confirmed_lsn)}).encode()
 
 
-def decode_control(key: bytes, value: bytes) -> AppliedProgress | SlotCheckpoint:
-    """Either kind of control-topic message, told apart by its key."""
+TABLE_KEY_PREFIX = "table:"
+
+
+class TableState(enum.Enum):
+    """Where a captured table is in its life; docs/capture.md has the transitions."""
+
+    PENDING = "pending"
+    """Known, not snapshotted yet (new, or a resync was requested)."""
+    SNAPSHOT = "snapshot"
+    """Its rows are being copied; streamed changes are held back meanwhile."""
+    CATCH_UP = "catch_up"
+    """The snapshot is in Kafka; held-back changes are being published."""
+    STREAMING = "streaming"
+    """Every change is published as it is decoded."""
+    ERRORED = "errored"
+    """Not published any more until a resync; ``message`` says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class TableStatus:
+    slot: str
+    table: str
+    state: TableState
+    snapshot_lsn: Lsn | None
+    message: str | None
+    updated_at: int
+    """Microseconds since 1970-01-01 UTC."""
+
+    def key(self) -> bytes:
+        return f"{TABLE_KEY_PREFIX}{self.slot}:{self.table}".encode()
+
+    def value(self) -> bytes:
+        return json.dumps(
+            {
+                "state": self.state.value,
+                "snapshot_lsn": (
+                    None if self.snapshot_lsn is None else format_lsn(self.snapshot_lsn)
+                ),
+                "message": self.message,
+                "updated_at": self.updated_at,
+            },
+            separators=(",", ":"),
+        ).encode()
+
+
+ControlMessage = AppliedProgress | SlotCheckpoint | TableStatus
+
+
+def decode_control(key: bytes, value: bytes) -> ControlMessage:
+    """Any kind of control-topic message, told apart by its key."""
+    if key.startswith(TABLE_KEY_PREFIX.encode()):
+        return _decode_table_status(key, value)
     if key.startswith(SLOT_KEY_PREFIX.encode()):
         try:
             return SlotCheckpoint(
@@ -124,4 +184,25 @@ def decode_progress(key: bytes, value: bytes) -> AppliedProgress:
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
         raise ControlMessageError(
             f"control message {key!r} is not in the documented format (schemas/control.py): {exc}"
+        ) from exc
+
+
+def _decode_table_status(key: bytes, value: bytes) -> TableStatus:
+    slot, separator, table = key[len(TABLE_KEY_PREFIX) :].decode(errors="replace").partition(":")
+    if not separator or not slot or not table:
+        raise ControlMessageError(f"table status key {key!r} is not table:<slot>:<schema>.<table>")
+    try:
+        fields = json.loads(value)
+        snapshot_lsn, message = fields["snapshot_lsn"], fields["message"]
+        return TableStatus(
+            slot=slot,
+            table=table,
+            state=TableState(fields["state"]),
+            snapshot_lsn=None if snapshot_lsn is None else parse_lsn(snapshot_lsn),
+            message=None if message is None else str(message),
+            updated_at=int(fields["updated_at"]),
+        )
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
+        raise ControlMessageError(
+            f"table status {key!r} is not in the documented format (schemas/control.py): {exc}"
         ) from exc

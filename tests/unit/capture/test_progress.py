@@ -136,3 +136,50 @@ def test_delivery_after_the_applied_offset_passed_it_is_released_at_once() -> No
     book.begin(Lsn(100))
     book.delivered(book.produced(7), T, 0, 4)
     assert book.in_flight_records == 0
+
+
+def test_a_pin_holds_the_slot_until_its_records_are_applied() -> None:
+    book = ProgressBook(Lsn(10))
+    pin = book.pin()
+    _tx(book, 100, 108, [(T, 0, 0)])
+    snapshot_row = book.produced_under(pin, 50)
+    book.applied(T, 0, 1)
+    assert book.confirmable == 10, "a change of the pinned table may be held in that transaction"
+    book.delivered(snapshot_row, U, 0, 0)
+    book.seal(pin)
+    assert book.confirmable == 10, "sealed, but the snapshot row is not applied yet"
+    assert book.in_flight_records == 1
+    book.applied(U, 0, 1)
+    assert book.confirmable == 108
+    assert not book.pinned
+    assert book.in_flight_records == 0
+
+
+def test_a_pin_also_caps_idle_confirmation() -> None:
+    book = ProgressBook(Lsn(10))
+    pin = book.pin()
+    book.keepalive(Lsn(500))
+    assert book.confirmable == 10
+    book.seal(pin)
+    assert book.confirmable == 500, "an empty sealed pin goes at once"
+
+
+def test_unpin_releases_at_once_and_late_deliveries_are_harmless() -> None:
+    book = ProgressBook(Lsn(10))
+    pin = book.pin()
+    ticket = book.produced_under(pin, 10)
+    book.keepalive(Lsn(40))
+    book.unpin(pin)
+    assert book.confirmable == 40
+    book.delivered(ticket, U, 0, 3)
+    book.applied(U, 0, 4)
+    assert book.in_flight_records == 0
+
+
+def test_a_sealed_pin_takes_no_more_records() -> None:
+    book = ProgressBook(Lsn(0))
+    pin = book.pin()
+    book.produced_under(pin, 1)
+    book.seal(pin)
+    with pytest.raises(ValueError, match="sealed"):
+        book.produced_under(pin, 1)

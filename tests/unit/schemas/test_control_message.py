@@ -8,6 +8,8 @@ from schemas.control import (
     AppliedProgress,
     ControlMessageError,
     SlotCheckpoint,
+    TableState,
+    TableStatus,
     decode_control,
     decode_progress,
 )
@@ -70,3 +72,25 @@ def test_slot_checkpoint_round_trips_and_is_told_apart() -> None:
 def test_malformed_slot_checkpoint_raises() -> None:
     with pytest.raises(ControlMessageError, match="slot checkpoint"):
         decode_control(b"slot:x", b'{"confirmed_lsn": "nope"}')
+
+
+def test_table_status_round_trip() -> None:
+    status = TableStatus(
+        slot="cdc_slot",
+        table="public.orders",
+        state=TableState.SNAPSHOT,
+        snapshot_lsn=Lsn(0x16B3747),
+        message=None,
+        updated_at=1_700_000_000_000_000,
+    )
+    assert status.key() == b"table:cdc_slot:public.orders"
+    assert b'"state":"snapshot"' in status.value()
+    assert b'"snapshot_lsn":"0/16B3747"' in status.value()
+    assert decode_control(status.key(), status.value()) == status
+
+
+def test_table_status_that_is_not_the_format_is_rejected() -> None:
+    with pytest.raises(ControlMessageError, match="table:<slot>"):
+        decode_control(b"table:no-table-part", b"{}")
+    with pytest.raises(ControlMessageError, match="documented format"):
+        decode_control(b"table:s:public.t", b'{"state": "sleeping"}')

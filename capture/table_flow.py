@@ -1,0 +1,213 @@
+"""Where each decoded record goes, and the snapshot runs that decide it: the capture
+loop's per-table side.
+
+:class:`TableFlow` owns the table states (:mod:`capture.table_states`), the held-back
+changes (:mod:`capture.held_changes`), one pin per table that is not streaming yet
+(:meth:`capture.progress.ProgressBook.pin`) and the snapshot run in progress
+(:mod:`capture.snapshot`). The capture loop calls :meth:`TableFlow.route` for every
+record it decodes and :meth:`TableFlow.step` between frames; both run in the loop's
+thread, so the book and the producer are only ever touched from there.
+
+Per key, records reach the topic in position order: a table's changes are held from
+the moment it is pending, its snapshot rows (position ``C - 1``) are produced before any
+of them, and held changes go out oldest first, the ones at or below ``C - 1`` dropped
+(the snapshot holds them). The table's pin keeps the slot from being confirmed past a
+change that is held, so a restart streams every held change again.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from capture.change_stream import ChangeStream, OutgoingRecord, SchemaRecord
+from capture.errors import TableError
+from capture.held_changes import HeldChanges
+from capture.progress import ProgressBook
+from capture.publisher import ChangePublisher
+from capture.snapshot import (
+    RunFailed,
+    RunFinished,
+    SnapshotRecords,
+    SnapshotRun,
+    SnapshotTaken,
+    TableCopied,
+    TableFailed,
+)
+from capture.table_states import Route, TableStates
+from schemas.control import TableState, TableStatus
+from schemas.lsn import Lsn
+
+log = logging.getLogger(__name__)
+
+StartRun = Callable[[list[str], list[str]], SnapshotRun]
+"""Starts a snapshot run over the tables, truncating the second list's first."""
+_ITEMS_PER_STEP = 8
+_RELEASE_PER_STEP = 2000
+
+
+class TableFlow:
+    def __init__(
+        self,
+        states: TableStates,
+        *,
+        book: ProgressBook,
+        publisher: ChangePublisher,
+        changes: ChangeStream,
+        start_run: StartRun,
+        spool_dir: Path | None,
+    ) -> None:
+        self._states = states
+        self._book = book
+        self._publisher = publisher
+        self._changes = changes
+        self._start_run = start_run
+        self._spool_dir = spool_dir
+        self._held: dict[str, HeldChanges] = {}
+        self._pins: dict[str, int] = {}
+        self._published_schemas: set[bytes] = set()
+        self._run: SnapshotRun | None = None
+        for table in states.in_state(TableState.PENDING):
+            self._hold(table)
+        for table, message in states.errors().items():
+            changes.errored[table] = TableError(table, message)
+
+    # -- the hot path ----------------------------------------------------------------------
+
+    def route(self, record: OutgoingRecord, commit_lsn: Lsn) -> None:
+        """Publish, hold back or drop one streamed record of the open transaction."""
+        table = record.table
+        if table not in self._states:
+            self._publish_status(self._states.discover(table))
+            if self._states.state(table) is TableState.PENDING:
+                self._hold(table)
+        route = self._states.route(table, commit_lsn)
+        if route is Route.PUBLISH:
+            self._publisher.publish(record)
+        elif route is Route.HOLD:
+            self._held[table].hold(commit_lsn, record)
+
+    # -- between frames --------------------------------------------------------------------
+
+    def step(self) -> None:
+        """A bounded slice of snapshot and catch-up work; call when not paused."""
+        self._report_stream_errors()
+        if self._run is None:
+            pending = self._states.in_state(TableState.PENDING)
+            if pending:
+                truncate = [t for t in pending if self._states.needs_truncate(t)]
+                self._run = self._start_run(pending, truncate)
+        if self._run is not None:
+            for _ in range(_ITEMS_PER_STEP):
+                try:
+                    item = self._run.items.get_nowait()
+                except queue.Empty:
+                    break
+                self._handle(item)
+                if self._run is None:
+                    break
+        for table in self._states.in_state(TableState.CATCH_UP):
+            self._catch_up(table)
+
+    @property
+    def busy(self) -> bool:
+        """Whether snapshot or catch-up work is left."""
+        return self._run is not None or bool(self._held)
+
+    def close(self) -> None:
+        if self._run is not None:
+            self._run.cancel()
+            self._run = None
+        for spool in self._held.values():
+            spool.close()
+        self._held.clear()
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _handle(
+        self,
+        item: SnapshotTaken | SnapshotRecords | TableCopied | TableFailed | RunFailed | RunFinished,
+    ) -> None:
+        states = self._states
+        if isinstance(item, SnapshotRecords):
+            if states.state(item.table) is not TableState.SNAPSHOT:
+                return  # the table errored meanwhile: its snapshot no longer matters
+            for schema in item.schemas:
+                if schema.key not in self._published_schemas:
+                    self._publish_schema(schema)
+            pin = self._pins[item.table]
+            for record in item.records:
+                self._publisher.publish(record, pin=pin)
+        elif isinstance(item, SnapshotTaken):
+            for table in item.tables:
+                if states.state(table) is TableState.PENDING:
+                    self._publish_status(states.snapshot_started(table, item.snapshot_lsn))
+            # Durable before the first snapshot record: a table with no status never had
+            # one produced, which is what lets its first snapshot skip the TRUNCATE.
+            self._publisher.flush()
+        elif isinstance(item, TableCopied):
+            if states.state(item.table) is TableState.SNAPSHOT:
+                # Catch-up may only be persisted once every snapshot row is in Kafka:
+                # a restart treats the table as snapshotted from then on.
+                self._publisher.flush()
+                self._publish_status(states.snapshot_done(item.table))
+                log.info("snapshot of %s: %d rows published", item.table, item.rows)
+        elif isinstance(item, TableFailed):
+            self._errored(item.error.table, str(item.error))
+        elif isinstance(item, RunFailed):
+            raise item.error
+        else:
+            self._run = None
+
+    def _catch_up(self, table: str) -> None:
+        spool = self._held[table]
+        snapshot_lsn = self._states.snapshot_lsn(table)
+        pin = self._pins[table]
+        for commit_lsn, record in spool.release(_RELEASE_PER_STEP):
+            if snapshot_lsn is None or commit_lsn > snapshot_lsn:
+                self._publisher.publish(record, pin=pin)
+        if not spool:
+            spool.close()
+            del self._held[table]
+            self._book.seal(self._pins.pop(table))
+            self._publish_status(self._states.caught_up(table))
+            log.info("table %s is streaming", table)
+
+    def _hold(self, table: str) -> None:
+        if table not in self._held:
+            self._held[table] = HeldChanges(self._spool_dir)
+            self._pins[table] = self._book.pin()
+
+    def _errored(self, table: str, message: str) -> None:
+        if self._states.state(table) is TableState.ERRORED:
+            return
+        log.error("table errored: %s", message)
+        self._publish_status(self._states.errored(table, message))
+        self._changes.errored.setdefault(table, TableError(table, message))
+        spool = self._held.pop(table, None)
+        if spool is not None:
+            spool.close()
+        pin = self._pins.pop(table, None)
+        if pin is not None:
+            self._book.unpin(pin)
+
+    def _report_stream_errors(self) -> None:
+        for table, error in list(self._changes.errored.items()):
+            if table not in self._states:
+                self._states.discover(table)  # errored before its first record
+            if self._states.state(table) is not TableState.ERRORED:
+                self._errored(table, str(error))
+
+    def _publish_status(self, status: TableStatus) -> None:
+        self._publisher.publish_status(status)
+
+    def _publish_schema(self, schema: SchemaRecord) -> None:
+        self._publisher.publish_schema(schema)
+        self._published_schemas.add(schema.key)
+
+
+def now_micros() -> int:
+    return time.time_ns() // 1000

@@ -1,0 +1,180 @@
+"""The state of every captured table, and what it means for its streamed changes: pure.
+
+States (:class:`~schemas.control.TableState`) and what moves a table between them:
+
+- ``pending``: known, not snapshotted. New tables start here (``snapshot_mode=initial``),
+  and ``python -m capture resync`` puts a table back here. A table found pending or
+  mid-snapshot at start is snapshotted again from scratch.
+- ``snapshot``: a snapshot run copies the table at a consistent point ``C`` of a fresh
+  exported snapshot (:mod:`capture.snapshot`); its rows are published at position
+  ``snapshot_lsn = C - 1``.
+- ``catch_up``: every snapshot row is delivered to Kafka; the changes held back during
+  the snapshot are being published, oldest first.
+- ``streaming``: every change is published as it is decoded.
+- ``errored``: not published until an operator fixes the cause and requests a resync.
+
+What happens to a streamed change of a table (:meth:`TableStates.route`):
+
+- ``errored`` -> skipped (the change stream does not even encode it);
+- commit LSN ``<= snapshot_lsn`` -> dropped, in every state: the snapshot holds its effect
+  (the exported snapshot sees exactly the transactions that commit before ``C``);
+- ``pending``, ``snapshot``, ``catch_up`` -> held back, so no change of a key ever reaches
+  the topic before that key's snapshot row (which would then overwrite it with older
+  data);
+- ``streaming`` -> published.
+
+Why ``C - 1``: a transaction whose commit record starts exactly at ``C`` is not in the
+snapshot, so its changes (positions ``(C, ordinal)``) must sort after every snapshot row,
+and nothing at or below ``C - 1`` is left to stream once the snapshot is taken.
+
+Statuses are persisted on the control topic (:class:`~schemas.control.TableStatus`) by
+the service; this module only decides and returns them.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from schemas.control import TableState, TableStatus
+from schemas.lsn import Lsn
+
+
+class Route(enum.Enum):
+    PUBLISH = "publish"
+    HOLD = "hold"
+    DROP = "drop"
+    SKIP = "skip"
+
+
+_HOLDING = frozenset({TableState.PENDING, TableState.SNAPSHOT, TableState.CATCH_UP})
+
+
+@dataclass(frozen=True, slots=True)
+class _Table:
+    state: TableState
+    snapshot_lsn: Lsn | None = None
+    message: str | None = None
+    fresh: bool = False
+    """Never snapshotted under this slot: no record of it can be in Kafka yet."""
+
+
+class TableStates:
+    """The tables of one slot and their states; every transition returns the status to
+    persist."""
+
+    __slots__ = ("_clock", "_slot", "_snapshot_new", "_tables")
+
+    def __init__(
+        self,
+        slot: str,
+        persisted: Mapping[str, TableStatus],
+        *,
+        snapshot_new: bool,
+        clock: Callable[[], int],
+    ) -> None:
+        """``persisted``: the statuses the control topic holds for ``slot``; ``clock``:
+        microseconds since the epoch, for ``updated_at``."""
+        self._slot = slot
+        self._snapshot_new = snapshot_new
+        self._clock = clock
+        self._tables: dict[str, _Table] = {}
+        for table, status in persisted.items():
+            if status.state in (TableState.STREAMING, TableState.CATCH_UP):
+                # The snapshot is in Kafka; held-back changes were never confirmed, so the
+                # slot streams them again.
+                self._tables[table] = _Table(TableState.STREAMING, status.snapshot_lsn)
+            elif status.state is TableState.ERRORED:
+                self._tables[table] = _Table(TableState.ERRORED, None, status.message)
+            else:
+                # A snapshot cut short is taken again from scratch.
+                self._tables[table] = _Table(TableState.PENDING)
+
+    # -- membership ----------------------------------------------------------------------
+
+    def add(self, tables: Iterable[str]) -> list[TableStatus]:
+        """Tables captured from now on; returns the statuses of the new ones."""
+        return [self.discover(t) for t in tables if t not in self._tables]
+
+    def discover(self, table: str) -> TableStatus:
+        """A table seen for the first time (configured, or first met in the stream)."""
+        state = TableState.PENDING if self._snapshot_new else TableState.STREAMING
+        return self._set(table, _Table(state, fresh=True))
+
+    def __contains__(self, table: object) -> bool:
+        return table in self._tables
+
+    # -- transitions ---------------------------------------------------------------------
+
+    def snapshot_started(self, table: str, snapshot_lsn: Lsn) -> TableStatus:
+        self._expect(table, TableState.PENDING)
+        return self._set(table, _Table(TableState.SNAPSHOT, snapshot_lsn))
+
+    def snapshot_done(self, table: str) -> TableStatus:
+        current = self._expect(table, TableState.SNAPSHOT)
+        return self._set(table, _Table(TableState.CATCH_UP, current.snapshot_lsn))
+
+    def caught_up(self, table: str) -> TableStatus:
+        current = self._expect(table, TableState.CATCH_UP)
+        return self._set(table, _Table(TableState.STREAMING, current.snapshot_lsn))
+
+    def errored(self, table: str, message: str) -> TableStatus:
+        return self._set(table, _Table(TableState.ERRORED, None, message))
+
+    # -- questions -----------------------------------------------------------------------
+
+    def route(self, table: str, commit_lsn: Lsn) -> Route:
+        current = self._tables.get(table)
+        if current is None:
+            raise KeyError(f"{table} is not a captured table; discover it first")
+        if current.state is TableState.ERRORED:
+            return Route.SKIP
+        if current.snapshot_lsn is not None and commit_lsn <= current.snapshot_lsn:
+            return Route.DROP
+        if current.state in _HOLDING:
+            return Route.HOLD
+        return Route.PUBLISH
+
+    def state(self, table: str) -> TableState:
+        return self._tables[table].state
+
+    def snapshot_lsn(self, table: str) -> Lsn | None:
+        return self._tables[table].snapshot_lsn
+
+    def needs_truncate(self, table: str) -> bool:
+        """Whether the table's snapshot must start with a TRUNCATE: records of an earlier
+        snapshot or stream may be in Kafka (a resync, or a snapshot cut short)."""
+        return not self._tables[table].fresh
+
+    def in_state(self, state: TableState) -> list[str]:
+        return sorted(t for t, s in self._tables.items() if s.state is state)
+
+    def errors(self) -> dict[str, str]:
+        """Errored tables and why, for the change stream to skip them."""
+        return {
+            t: s.message or "errored"
+            for t, s in self._tables.items()
+            if s.state is TableState.ERRORED
+        }
+
+    def _expect(self, table: str, state: TableState) -> _Table:
+        current = self._tables.get(table)
+        if current is None or current.state is not state:
+            found = "unknown" if current is None else current.state.value
+            raise ValueError(f"{table} is {found}, not {state.value}")
+        return current
+
+    def _set(self, table: str, value: _Table) -> TableStatus:
+        self._tables[table] = value
+        return self._status(table, value)
+
+    def _status(self, table: str, value: _Table) -> TableStatus:
+        return TableStatus(
+            slot=self._slot,
+            table=table,
+            state=value.state,
+            snapshot_lsn=value.snapshot_lsn,
+            message=value.message,
+            updated_at=self._clock(),
+        )

@@ -1,0 +1,83 @@
+"""Table states: transitions, what survives a restart, where a streamed change goes."""
+
+from __future__ import annotations
+
+import pytest
+
+from capture.table_states import Route, TableStates
+from schemas.control import TableState, TableStatus
+from schemas.lsn import Lsn
+
+SLOT = "cdc_slot"
+
+
+def _states(
+    persisted: dict[str, TableStatus] | None = None, *, snapshot_new: bool = True
+) -> TableStates:
+    return TableStates(SLOT, persisted or {}, snapshot_new=snapshot_new, clock=lambda: 7)
+
+
+def _status(table: str, state: TableState, lsn: int | None = None) -> TableStatus:
+    return TableStatus(SLOT, table, state, None if lsn is None else Lsn(lsn), None, 1)
+
+
+def test_a_new_table_is_held_until_caught_up_and_then_published() -> None:
+    states = _states()
+    (pending,) = states.add(["public.t"])
+    assert (pending.state, pending.slot, pending.updated_at) == (TableState.PENDING, SLOT, 7)
+    assert states.route("public.t", Lsn(50)) is Route.HOLD
+    assert states.snapshot_started("public.t", Lsn(99)).snapshot_lsn == 99
+    assert states.route("public.t", Lsn(99)) is Route.DROP, "at the snapshot position: in it"
+    assert states.route("public.t", Lsn(100)) is Route.HOLD
+    assert states.snapshot_done("public.t").state is TableState.CATCH_UP
+    assert states.route("public.t", Lsn(100)) is Route.HOLD, "behind the held changes"
+    streaming = states.caught_up("public.t")
+    assert (streaming.state, streaming.snapshot_lsn) == (TableState.STREAMING, 99)
+    assert states.route("public.t", Lsn(100)) is Route.PUBLISH
+    assert states.route("public.t", Lsn(98)) is Route.DROP, "a re-streamed change the snapshot has"
+
+
+def test_snapshot_never_streams_new_tables_at_once() -> None:
+    states = _states(snapshot_new=False)
+    (status,) = states.add(["public.t"])
+    assert status.state is TableState.STREAMING
+    assert states.route("public.t", Lsn(1)) is Route.PUBLISH
+
+
+def test_restart_redoes_cut_short_snapshots_and_keeps_the_rest() -> None:
+    states = _states(
+        {
+            "public.a": _status("public.a", TableState.SNAPSHOT, 40),
+            "public.b": _status("public.b", TableState.CATCH_UP, 40),
+            "public.c": _status("public.c", TableState.STREAMING, 30),
+            "public.d": TableStatus(SLOT, "public.d", TableState.ERRORED, None, "bad", 1),
+            "public.e": _status("public.e", TableState.PENDING),
+        }
+    )
+    assert states.add(["public.a", "public.b", "public.c", "public.d", "public.e"]) == []
+    assert states.in_state(TableState.PENDING) == ["public.a", "public.e"]
+    assert states.route("public.a", Lsn(10)) is Route.HOLD, "the old snapshot LSN is void"
+    assert states.needs_truncate("public.a"), "rows of the cut-short snapshot may be in Kafka"
+    assert states.needs_truncate("public.e"), "a resync replaces what the lake holds"
+    assert states.route("public.b", Lsn(41)) is Route.PUBLISH, "catch-up resumes as streaming"
+    assert states.route("public.c", Lsn(30)) is Route.DROP
+    assert states.route("public.d", Lsn(99)) is Route.SKIP
+    assert states.errors() == {"public.d": "bad"}
+
+
+def test_a_table_met_first_needs_no_truncate() -> None:
+    states = _states()
+    states.discover("public.new")
+    assert not states.needs_truncate("public.new")
+
+
+def test_errored_from_any_state_and_transitions_are_checked() -> None:
+    states = _states()
+    states.add(["public.t"])
+    with pytest.raises(ValueError, match="pending, not snapshot"):
+        states.snapshot_done("public.t")
+    status = states.errored("public.t", "NaN in numeric(5,2)")
+    assert (status.state, status.message) == (TableState.ERRORED, "NaN in numeric(5,2)")
+    assert states.route("public.t", Lsn(1)) is Route.SKIP
+    with pytest.raises(KeyError):
+        states.route("public.unknown", Lsn(1))
