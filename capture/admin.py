@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from confluent_kafka import Producer
 
 from capture.errors import ConfigError, TransientError
-from capture.publisher import ControlReader, Topics
+from capture.publisher import ControlReader, Topics, producer_conf
 from capture.settings import CaptureSettings
 from capture.source import TableRef
 from capture.table_flow import now_micros
@@ -64,9 +64,9 @@ def request_resync(settings: CaptureSettings, tables: Sequence[str]) -> list[Tab
         for t in tables
     ]
     Topics(settings.kafka).ensure(settings.kafka.control_topic, compacted=True)
-    producer = Producer(
-        {"bootstrap.servers": settings.kafka.bootstrap_servers, "enable.idempotence": True}
-    )
+    # The service's producer settings, partitioner included: a status key must land in
+    # the partition the service writes it to, or the newest write would not win.
+    producer = Producer(producer_conf(settings.kafka))
     failures: list[str] = []
     for request in requests:
         producer.produce(

@@ -92,7 +92,17 @@ class TransactionCommitted:
     end_lsn: Lsn
 
 
-Output = OutgoingRecord | SchemaRecord | TransactionStarted | TransactionCommitted
+@dataclass(frozen=True, slots=True)
+class ChangeFailed:
+    """A change could not be turned into a record (with
+    :attr:`ChangeStream.defer_errors`). The caller decides: a snapshot may turn out to
+    hold the change, and then the failure never mattered."""
+
+    table: str
+    error: TableError
+
+
+Output = OutgoingRecord | SchemaRecord | TransactionStarted | TransactionCommitted | ChangeFailed
 
 
 class TableCodec:
@@ -170,6 +180,9 @@ class ChangeStream:
     tombstones: bool = False
     codecs: dict[int, TableCodec] = field(default_factory=dict)
     errored: dict[str, TableError] = field(default_factory=dict)
+    defer_errors: bool = False
+    """Hand failed changes out (:class:`ChangeFailed`) instead of erroring the table at
+    once: the caller knows whether a snapshot already holds the change."""
     _published_schemas: set[int] = field(default_factory=set)
     _tx: _Transaction | None = None
 
@@ -218,10 +231,12 @@ class ChangeStream:
             return
         try:
             yield from self._changes(codec, message, change_lsn)
-        except TableError as exc:
-            self.errored[table] = exc
-        except ChangeEncodingError as exc:
-            self.errored[table] = TableError(table, str(exc))
+        except (TableError, ChangeEncodingError) as exc:
+            error = exc if isinstance(exc, TableError) else TableError(table, str(exc))
+            if self.defer_errors:
+                yield ChangeFailed(table, error)
+            else:
+                self.errored[table] = error
 
     def _changes(
         self, codec: TableCodec, message: Insert | Update | Delete, change_lsn: Lsn

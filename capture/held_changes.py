@@ -18,6 +18,7 @@ from __future__ import annotations
 import struct
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
@@ -26,6 +27,20 @@ from schemas.lsn import Lsn
 
 # commit LSN, then the lengths of topic, table, key, value (-1 = None), header count.
 _RECORD = struct.Struct(">QHHIiH")
+# A held failure (a change that could not be encoded) has this topic length; its table
+# and message follow in the table and key fields.
+_FAILURE = 0xFFFF
+
+
+@dataclass(frozen=True, slots=True)
+class HeldFailure:
+    """A change of the table that could not be encoded, held in its place: it errors
+    the table only if the snapshot does not contain it."""
+
+    table: str
+    message: str
+
+
 _HEADER = struct.Struct(">HI")
 
 
@@ -65,13 +80,21 @@ class HeldChanges:
         for name, header_value in record.headers:
             encoded = name.encode()
             parts += [_HEADER.pack(len(encoded), len(header_value)), encoded, header_value]
-        data = b"".join(parts)
+        self._append(b"".join(parts))
+
+    def hold_failure(self, commit_lsn: Lsn, failure: HeldFailure) -> None:
+        table, message = failure.table.encode(), failure.message.encode()
+        self._append(
+            _RECORD.pack(commit_lsn, _FAILURE, len(table), len(message), -1, 0) + table + message
+        )
+
+    def _append(self, data: bytes) -> None:
         self._file.seek(self._write_at)
         self._file.write(data)
         self._write_at += len(data)
         self._count += 1
 
-    def release(self, limit: int) -> Iterator[tuple[Lsn, OutgoingRecord]]:
+    def release(self, limit: int) -> Iterator[tuple[Lsn, OutgoingRecord | HeldFailure]]:
         """Up to ``limit`` of the oldest records, removed from the spool."""
         self._file.flush()
         for _ in range(min(limit, self._count)):
@@ -79,6 +102,11 @@ class HeldChanges:
             commit_lsn, topic_n, table_n, key_n, value_n, header_n = _RECORD.unpack(
                 self._read(_RECORD.size)
             )
+            if topic_n == _FAILURE:
+                failure = HeldFailure(self._read(table_n).decode(), self._read(key_n).decode())
+                self._consumed()
+                yield commit_lsn, failure
+                continue
             topic = self._read(topic_n).decode()
             table = self._read(table_n).decode()
             key = self._read(key_n)
@@ -87,14 +115,17 @@ class HeldChanges:
             for _ in range(header_n):
                 name_n, header_value_n = _HEADER.unpack(self._read(_HEADER.size))
                 headers.append((self._read(name_n).decode(), self._read(header_value_n)))
-            self._read_at = self._file.tell()
-            self._count -= 1
-            if self._count == 0:
-                # Empty again: start over so a long catch-up does not grow the file.
-                self._file.seek(0)
-                self._file.truncate()
-                self._read_at = self._write_at = 0
+            self._consumed()
             yield commit_lsn, OutgoingRecord(topic, key, value, headers, table)
+
+    def _consumed(self) -> None:
+        self._read_at = self._file.tell()
+        self._count -= 1
+        if self._count == 0:
+            # Empty again: start over so a long catch-up does not grow the file.
+            self._file.seek(0)
+            self._file.truncate()
+            self._read_at = self._write_at = 0
 
     def _read(self, size: int) -> bytes:
         data = self._file.read(size)

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 import psycopg
 
 from capture.change_stream import (
+    ChangeFailed,
     ChangeStream,
     OutgoingRecord,
     SchemaRecord,
@@ -286,6 +287,8 @@ class CaptureService:
                         elif isinstance(out, TransactionStarted):
                             commit_lsn = out.commit_lsn
                             book.begin(out.commit_lsn)
+                        elif isinstance(out, ChangeFailed):
+                            flow.route_failure(out, commit_lsn)
                         elif isinstance(out, TransactionCommitted):
                             book.commit(out.end_lsn)
                             if (

@@ -23,9 +23,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from capture.change_stream import ChangeStream, OutgoingRecord, SchemaRecord
+from capture.change_stream import ChangeFailed, ChangeStream, OutgoingRecord, SchemaRecord
 from capture.errors import TableError
-from capture.held_changes import HeldChanges
+from capture.held_changes import HeldChanges, HeldFailure
 from capture.progress import ProgressBook
 from capture.publisher import ChangePublisher
 from capture.snapshot import (
@@ -74,6 +74,9 @@ class TableFlow:
             self._hold(table)
         for table, message in states.errors().items():
             changes.errored[table] = TableError(table, message)
+        # A change that cannot be encoded may be one a snapshot already holds (the stream
+        # can lag behind the snapshot), so :meth:`route_failure` decides, not the stream.
+        changes.defer_errors = True
 
     # -- the hot path ----------------------------------------------------------------------
 
@@ -81,14 +84,25 @@ class TableFlow:
         """Publish, hold back or drop one streamed record of the open transaction."""
         table = record.table
         if table not in self._states:
-            self._publish_status(self._states.discover(table))
-            if self._states.state(table) is TableState.PENDING:
-                self._hold(table)
+            self._discover(table)
         route = self._states.route(table, commit_lsn)
         if route is Route.PUBLISH:
             self._publisher.publish(record)
         elif route is Route.HOLD:
             self._held[table].hold(commit_lsn, record)
+
+    def route_failure(self, failed: ChangeFailed, commit_lsn: Lsn) -> None:
+        """A change that could not be encoded errors its table only if it is newer than
+        the table's snapshot (for a held table: once the snapshot position is known)."""
+        if failed.table not in self._states:
+            self._discover(failed.table)
+        route = self._states.route(failed.table, commit_lsn)
+        if route is Route.HOLD:
+            self._held[failed.table].hold_failure(
+                commit_lsn, HeldFailure(failed.table, str(failed.error))
+            )
+        elif route is Route.PUBLISH:
+            self._errored(failed.table, str(failed.error))
 
     # -- between frames --------------------------------------------------------------------
 
@@ -167,14 +181,24 @@ class TableFlow:
         snapshot_lsn = self._states.snapshot_lsn(table)
         pin = self._pins[table]
         for commit_lsn, record in spool.release(_RELEASE_PER_STEP):
-            if snapshot_lsn is None or commit_lsn > snapshot_lsn:
-                self._publisher.publish(record, pin=pin)
+            if snapshot_lsn is not None and commit_lsn <= snapshot_lsn:
+                continue  # the snapshot holds its effect
+            if isinstance(record, HeldFailure):
+                self._errored(table, record.message)
+                return
+            self._publisher.publish(record, pin=pin)
         if not spool:
             spool.close()
             del self._held[table]
             self._book.seal(self._pins.pop(table))
             self._publish_status(self._states.caught_up(table))
             log.info("table %s is streaming", table)
+
+    def _discover(self, table: str) -> None:
+        """A table first met in the stream (e.g. created in a captured schema)."""
+        self._publish_status(self._states.discover(table))
+        if self._states.state(table) is TableState.PENDING:
+            self._hold(table)
 
     def _hold(self, table: str) -> None:
         if table not in self._held:

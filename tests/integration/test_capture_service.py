@@ -16,17 +16,16 @@ from typing import Any
 
 import psycopg
 import pytest
-from confluent_kafka import Consumer, Producer
 from psycopg import sql
 
 from capture.errors import ConfigError
 from capture.service import CaptureService
 from capture.settings import CaptureSettings
-from schemas.control import AppliedProgress
 from schemas.lsn import Lsn, parse_lsn
 from schemas.reader import ContractReader
 from tests.plugins.capture import CaptureThread, capture_settings, slot_active
 from tests.plugins.services import Services
+from tests.plugins.topics import consume_all, replay, report_applied
 
 Connection = psycopg.Connection[tuple[object, ...]]
 
@@ -76,52 +75,6 @@ def _confirmed(pg: Connection, slot: str) -> Lsn:
     return parse_lsn(str(row[0]))
 
 
-def _consume_all(bootstrap: str, topics: list[str], expected: int) -> list[Any]:
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"reader-{time.time()}",
-            "auto.offset.reset": "earliest",
-        }
-    )
-    consumer.subscribe(topics)
-    messages: list[Any] = []
-    deadline = time.monotonic() + 60
-    try:
-        while len(messages) < expected and time.monotonic() < deadline:
-            msg = consumer.poll(0.5)
-            if msg is None or msg.error() is not None:
-                continue
-            messages.append(msg)
-    finally:
-        consumer.close()
-    return messages
-
-
-def _replay(
-    reader: ContractReader, messages: list[Any]
-) -> dict[str, dict[tuple[Any, ...], dict[str, Any]]]:
-    """Rebuild each table from its records, applied in position order."""
-    changes = [(reader.decode_value(m.value()), m) for m in messages if m.value() is not None]
-    changes.sort(key=lambda vm: (vm[0]["commit_lsn"], vm[0]["ordinal"]))
-    tables: dict[str, dict[tuple[Any, ...], dict[str, Any]]] = {}
-    for value, message in changes:
-        rows = tables.setdefault(message.topic(), {})
-        op = value["op"]
-        if op == "TRUNCATE":
-            rows.clear()
-            continue
-        key = tuple(sorted(reader.decode_key(message.key()).items()))
-        if op == "DELETE":
-            rows.pop(key, None)
-        else:
-            after = dict(value["after"])
-            for name in value["unchanged_columns"]:
-                after[name] = rows[key][name]
-            rows[key] = after
-    return tables
-
-
 def _wait_for(predicate: Any, what: str, timeout_s: float = 30) -> None:
     deadline = time.monotonic() + timeout_s
     while not predicate():
@@ -159,16 +112,16 @@ def test_changes_round_trip_and_slot_follows_the_control_topic(
     )
     # orders: 3 inserts, update, key change (delete + insert), delete
     # items: 3 inserts, delete, truncate, insert
-    messages = _consume_all(services.kafka_bootstrap_servers, [orders_topic, items_topic], 13)
+    messages = consume_all(services.kafka_bootstrap_servers, [orders_topic, items_topic], 13)
     assert len(messages) == 13, [m.topic() for m in messages]
     assert not capture.errors
 
     reader = ContractReader(capture.settings.kafka.schema_topic)
-    for schema_msg in _consume_all(
+    for schema_msg in consume_all(
         services.kafka_bootstrap_servers, [capture.settings.kafka.schema_topic], 4
     ):
         reader.add_schema_message(schema_msg.key(), schema_msg.value())
-    tables = _replay(reader, messages)
+    tables = replay(reader, messages)
 
     def key(**cols: Any) -> tuple[Any, ...]:
         return tuple(sorted(cols.items()))
@@ -190,16 +143,7 @@ def test_changes_round_trip_and_slot_follows_the_control_topic(
     assert start <= _confirmed(pg, unique_name) <= first_commit
 
     # Report every partition as applied up to its end: the slot catches up.
-    producer = Producer({"bootstrap.servers": services.kafka_bootstrap_servers})
-    ends: dict[tuple[str, int], int] = {}
-    for m in messages:
-        ends[(m.topic(), m.partition())] = max(
-            ends.get((m.topic(), m.partition()), 0), m.offset() + 1
-        )
-    for (topic, partition), next_offset in ends.items():
-        progress = AppliedProgress(topic, partition, next_offset, None, None, "t", None, None)
-        producer.produce(capture.settings.kafka.control_topic, progress.value(), progress.key())
-    assert producer.flush(10) == 0
+    report_applied(services.kafka_bootstrap_servers, capture.settings.kafka.control_topic, messages)
     _wait_for(lambda: _confirmed(pg, unique_name) >= last_end, "slot never reached the applied LSN")
 
     # Idle: writes to an uncaptured table move WAL; the slot follows without new records.
@@ -219,7 +163,7 @@ def test_graceful_stop_confirms_nothing_unapplied(
         sql.SQL("INSERT INTO {}.orders SELECT g, 'n', 1 FROM generate_series(1, 500) g").format(s)
     )
     topic = f"{unique_name}.{capture.schema}.orders"
-    messages = _consume_all(services.kafka_bootstrap_servers, [topic], 500)
+    messages = consume_all(services.kafka_bootstrap_servers, [topic], 500)
     assert len(messages) == 500
     capture.stop_and_join()
     assert capture.runner.thread is not None
@@ -227,7 +171,7 @@ def test_graceful_stop_confirms_nothing_unapplied(
     assert not capture.errors, capture.errors
 
     reader = ContractReader(capture.settings.kafka.schema_topic)
-    for schema_msg in _consume_all(
+    for schema_msg in consume_all(
         services.kafka_bootstrap_servers, [capture.settings.kafka.schema_topic], 2
     ):
         reader.add_schema_message(schema_msg.key(), schema_msg.value())

@@ -1,0 +1,264 @@
+"""Snapshots against the real PostgreSQL and Kafka.
+
+- A table with rows is snapshotted at first start while writers keep changing it; the
+  topic replays to the source table, and per key no record is older than one before it
+  in the partition (no snapshot row after a newer change).
+- The slot waits for the snapshot to be applied, also while the source is idle.
+- A table added to a running setup is snapshotted while the others keep streaming; a
+  table that errors is visible as errored, the others go on; after the fix, a resync
+  re-snapshots it starting with a TRUNCATE, and the topic replays to the source again.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+from confluent_kafka import Consumer, TopicPartition
+from psycopg import sql
+
+from capture import admin
+from capture.settings import CaptureSettings
+from schemas.control import TableState
+from schemas.lsn import Lsn, parse_lsn
+from schemas.reader import ContractReader
+from tests.plugins.capture import CaptureThread, capture_settings
+from tests.plugins.services import Services
+from tests.plugins.topics import replay, report_applied, schema_reader
+
+Connection = psycopg.Connection[tuple[object, ...]]
+
+
+def _wait(predicate: Callable[[], bool], what: str, timeout_s: float = 90) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.2)
+
+
+def _state(settings: CaptureSettings, table: str) -> TableState | None:
+    statuses = {s.table: s for s in admin.table_statuses(settings)}
+    status = statuses.get(table)
+    return None if status is None else status.state
+
+
+def _read_to_end(bootstrap: str, topic: str) -> list[Any]:
+    """Every message of ``topic`` up to its current end, per partition in offset order."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"end-{time.time()}"})
+    try:
+        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p))[1] for p in partitions}
+        consumer.assign([TopicPartition(topic, p, 0) for p in partitions if ends[p] > 0])
+        messages: list[Any] = []
+        done = {p for p, end in ends.items() if end == 0}
+        deadline = time.monotonic() + 60
+        while len(done) < len(partitions) and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None or msg.error() is not None:
+                continue
+            messages.append(msg)
+            partition, offset = msg.partition() or 0, msg.offset() or 0
+            if offset + 1 >= ends[partition]:
+                done.add(partition)
+        assert len(done) == len(partitions), f"{topic} could not be read to its end"
+        return messages
+    finally:
+        consumer.close()
+
+
+def _assert_per_key_order(reader: ContractReader, messages: list[Any]) -> None:
+    """Within a partition, each key's positions only grow: nothing older follows newer."""
+    last: dict[tuple[int, bytes], tuple[int, int]] = {}
+    for m in messages:
+        if m.value() is None:
+            continue
+        value = reader.decode_value(m.value())
+        position = (value["commit_lsn"], value["ordinal"])
+        slot = (m.partition(), m.key())
+        assert slot not in last or last[slot] < position, (
+            f"partition {m.partition()}: {value['op']} at {position} after {last[slot]}"
+        )
+        last[slot] = position
+
+
+def _source_rows(pg: Connection, table: sql.Composable, columns: str) -> dict[Any, Any]:
+    rows = pg.execute(sql.SQL("SELECT {} FROM {}").format(sql.SQL(columns), table)).fetchall()
+    return {r[0]: r for r in rows}
+
+
+def _confirmed(pg: Connection, slot: str) -> Lsn:
+    row = pg.execute(
+        "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s", [slot]
+    ).fetchone()
+    assert row is not None
+    return parse_lsn(str(row[0]))
+
+
+def _current_lsn(pg: Connection) -> Lsn:
+    row = pg.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+    assert row is not None
+    return parse_lsn(str(row[0]))
+
+
+def test_snapshot_under_concurrent_writes_keeps_per_key_order(
+    services: Services, pg: Connection, unique_name: str
+) -> None:
+    schema = sql.Identifier(unique_name)
+    table = sql.Identifier(unique_name, "t")
+    pg.execute(sql.SQL("CREATE SCHEMA {}").format(schema))
+    pg.execute(sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, n int, note text)").format(table))
+    pg.execute(
+        sql.SQL(
+            "INSERT INTO {} SELECT g, 0, CASE g % 4 WHEN 0 THEN NULL WHEN 1 THEN E'tab\\there' "
+            "WHEN 2 THEN E'line\\nbreak \\\\ slash' ELSE 'plain' END "
+            "FROM generate_series(1, 5000) g"
+        ).format(table)
+    )
+    stop_writing = threading.Event()
+
+    def write() -> None:
+        rng = random.Random(7)
+        next_id = 5001
+        with psycopg.connect(services.postgres_dsn, autocommit=True) as conn:
+            while not stop_writing.is_set():
+                key = rng.randint(1, 5000)
+                conn.execute(sql.SQL("UPDATE {} SET n = n + 1 WHERE id = %s").format(table), [key])
+                if key % 5 == 0:
+                    conn.execute(sql.SQL("DELETE FROM {} WHERE id = %s").format(table), [key])
+                    conn.execute(
+                        sql.SQL("INSERT INTO {} VALUES (%s, 1, 'new')").format(table), [next_id]
+                    )
+                    next_id += 1
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    settings = capture_settings(services, unique_name, [f"{unique_name}.t"])
+    runner = CaptureThread(settings)
+    try:
+        runner.start(pg)
+        _wait(
+            lambda: _state(settings, f"{unique_name}.t") is TableState.STREAMING,
+            "the table never reached streaming",
+        )
+        time.sleep(1.0)  # changes made after the catch-up stream straight through
+        stop_writing.set()
+        writer.join(10)
+        marker_end = _current_lsn(pg)
+        time.sleep(1.0)
+        runner.join()
+        assert not runner.errors, runner.errors
+
+        topic = f"{unique_name}.{unique_name}.t"
+        messages = _read_to_end(services.kafka_bootstrap_servers, topic)
+        reader = schema_reader(services.kafka_bootstrap_servers, settings.kafka.schema_topic, 2)
+        values = [reader.decode_value(m.value()) for m in messages]
+        reads = [v for v in values if v["op"] == "READ"]
+        assert len(reads) >= 5000, "every row of the snapshot is published"
+        assert not [v for v in values if v["op"] == "TRUNCATE"], (
+            "a first snapshot truncates nothing"
+        )
+        (status,) = [s for s in admin.table_statuses(settings) if s.table == f"{unique_name}.t"]
+        assert status.snapshot_lsn is not None
+        assert {v["commit_lsn"] for v in reads} == {status.snapshot_lsn}
+        assert all(v["commit_lsn"] > status.snapshot_lsn for v in values if v["op"] != "READ")
+        assert any(v["op"] == "UPDATE" for v in values), "changes during the run streamed too"
+        _assert_per_key_order(reader, messages)
+
+        lake = replay(reader, messages)[topic]
+        source = _source_rows(pg, table, "id, n, note")
+        assert {k[0][1]: (r["id"], r["n"], r["note"]) for k, r in lake.items()} == source
+
+        # The slot waits for the snapshot rows too: nothing is applied, so it has not
+        # moved past where the table was pinned, however much WAL went by.
+        start_lsn = min(v["commit_lsn"] for v in values)
+        assert _confirmed(pg, unique_name) <= start_lsn
+        assert _confirmed(pg, unique_name) < marker_end
+    finally:
+        stop_writing.set()
+        runner.close(pg)
+
+
+def test_added_table_errored_table_and_resync(
+    services: Services, pg: Connection, unique_name: str
+) -> None:
+    name = unique_name
+    a, b = sql.Identifier(name, "a"), sql.Identifier(name, "b")
+    pg.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(name)))
+    pg.execute(sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, v int)").format(a))
+    pg.execute(sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, amount numeric(6,2))").format(b))
+    pg.execute(sql.SQL("CREATE TABLE {}.quiet (id int PRIMARY KEY)").format(sql.Identifier(name)))
+    pg.execute(sql.SQL("INSERT INTO {} SELECT g, g FROM generate_series(1, 50) g").format(a))
+    pg.execute(sql.SQL("INSERT INTO {} SELECT g, g / 4.0 FROM generate_series(1, 80) g").format(b))
+    topic_a, topic_b = f"{name}.{name}.a", f"{name}.{name}.b"
+    bootstrap = services.kafka_bootstrap_servers
+    only_a = capture_settings(services, name, [f"{name}.a"])
+    both = capture_settings(services, name, [f"{name}.a", f"{name}.b"])
+    runner = CaptureThread(only_a)
+    try:
+        # 1. Only a: snapshotted, then streaming. The slot waits for its snapshot rows
+        #    to be applied even while the database is idle, then follows.
+        runner.start(pg)
+        _wait(lambda: _state(only_a, f"{name}.a") is TableState.STREAMING, "a never streamed")
+        pg.execute(sql.SQL("INSERT INTO {}.quiet VALUES (1)").format(sql.Identifier(name)))
+        idle_end = _current_lsn(pg)
+        time.sleep(1.5)
+        snapshot_a = _read_to_end(bootstrap, topic_a)
+        assert len(snapshot_a) == 50
+        assert _confirmed(pg, name) < idle_end, "unapplied snapshot rows must pin the slot"
+        report_applied(bootstrap, only_a.kafka.control_topic, snapshot_a)
+        _wait(lambda: _confirmed(pg, name) >= idle_end, "the slot never followed once applied")
+        runner.join()
+
+        # 2. b is added: snapshotted while a streams; then b errors (NaN in a
+        #    numeric(6,2) column has no Avro decimal) and a keeps streaming.
+        runner = CaptureThread(both)
+        runner.start(pg)
+        pg.execute(sql.SQL("UPDATE {} SET v = -v WHERE id <= 10").format(a))
+        pg.execute(sql.SQL("UPDATE {} SET amount = amount + 1 WHERE id <= 10").format(b))
+        _wait(lambda: _state(both, f"{name}.b") is TableState.STREAMING, "b never streamed")
+        pg.execute(sql.SQL("UPDATE {} SET amount = 'NaN' WHERE id = 80").format(b))
+        pg.execute(sql.SQL("INSERT INTO {} VALUES (1000, 1000)").format(a))
+        _wait(lambda: _state(both, f"{name}.b") is TableState.ERRORED, "b never errored")
+        (status_b,) = [s for s in admin.table_statuses(both) if s.table == f"{name}.b"]
+        assert status_b.message is not None
+        assert "NaN" in status_b.message
+        _wait(
+            lambda: (
+                any(m.value() is not None for m in _read_to_end(bootstrap, topic_a)[50:])
+                and len(_read_to_end(bootstrap, topic_a)) >= 50 + 10 + 1
+            ),
+            "a stopped streaming when b errored",
+        )
+        runner.join()
+        assert not runner.errors, runner.errors
+
+        # 3. Fix, resync, restart: b starts over with a TRUNCATE and a new snapshot.
+        pg.execute(sql.SQL("UPDATE {} SET amount = 1 WHERE id = 80").format(b))
+        admin.request_resync(both, [f"{name}.b"])
+        assert _state(both, f"{name}.b") is TableState.PENDING
+        runner = CaptureThread(both)
+        runner.start(pg)
+        pg.execute(sql.SQL("DELETE FROM {} WHERE id = 1").format(b))
+        _wait(lambda: _state(both, f"{name}.b") is TableState.STREAMING, "b never streamed again")
+        time.sleep(1.0)
+        runner.join()
+        assert not runner.errors, runner.errors
+
+        reader = schema_reader(bootstrap, both.kafka.schema_topic, 4)
+        messages_b = _read_to_end(bootstrap, topic_b)
+        ops_b = [reader.decode_value(m.value())["op"] for m in messages_b]
+        assert "TRUNCATE" in ops_b, "a resync starts with a TRUNCATE"
+        messages_a = _read_to_end(bootstrap, topic_a)
+        lake = replay(reader, messages_a + messages_b)
+        assert {k[0][1]: (r["id"], r["v"]) for k, r in lake[topic_a].items()} == _source_rows(
+            pg, a, "id, v"
+        )
+        assert {k[0][1]: (r["id"], r["amount"]) for k, r in lake[topic_b].items()} == _source_rows(
+            pg, b, "id, amount"
+        )
+    finally:
+        runner.close(pg)

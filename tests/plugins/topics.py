@@ -1,0 +1,81 @@
+"""Reading change topics back in tests: consume, decode, replay, report as applied."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from confluent_kafka import Consumer, Producer
+
+from schemas.control import AppliedProgress
+from schemas.reader import ContractReader
+
+Tables = dict[str, dict[tuple[Any, ...], dict[str, Any]]]
+
+
+def consume_all(
+    bootstrap: str, topics: list[str], expected: int, timeout_s: float = 60
+) -> list[Any]:
+    """Messages of ``topics`` from the beginning, until ``expected`` arrived or time ran out."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"reader-{time.time()}",
+            "auto.offset.reset": "earliest",
+        }
+    )
+    consumer.subscribe(topics)
+    messages: list[Any] = []
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(messages) < expected and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None or msg.error() is not None:
+                continue
+            messages.append(msg)
+    finally:
+        consumer.close()
+    return messages
+
+
+def schema_reader(bootstrap: str, schema_topic: str, expected: int) -> ContractReader:
+    reader = ContractReader(schema_topic)
+    for message in consume_all(bootstrap, [schema_topic], expected):
+        reader.add_schema_message(message.key(), message.value())
+    return reader
+
+
+def replay(reader: ContractReader, messages: list[Any]) -> Tables:
+    """Rebuild each table from its records, applied in position order."""
+    changes = [(reader.decode_value(m.value()), m) for m in messages if m.value() is not None]
+    changes.sort(key=lambda vm: (vm[0]["commit_lsn"], vm[0]["ordinal"]))
+    tables: Tables = {}
+    for value, message in changes:
+        rows = tables.setdefault(message.topic(), {})
+        op = value["op"]
+        if op == "TRUNCATE":
+            rows.clear()
+            continue
+        key = tuple(sorted(reader.decode_key(message.key()).items()))
+        if op == "DELETE":
+            rows.pop(key, None)
+        else:
+            after = dict(value["after"])
+            for name in value["unchanged_columns"]:
+                after[name] = rows[key][name]
+            rows[key] = after
+    return tables
+
+
+def report_applied(bootstrap: str, control_topic: str, messages: Iterable[Any]) -> None:
+    """Tell capture, as the apply job would, that every one of ``messages`` is applied."""
+    ends: dict[tuple[str, int], int] = {}
+    for m in messages:
+        tp = (m.topic(), m.partition())
+        ends[tp] = max(ends.get(tp, 0), m.offset() + 1)
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for (topic, partition), next_offset in ends.items():
+        progress = AppliedProgress(topic, partition, next_offset, None, None, "t", None, None)
+        producer.produce(control_topic, progress.value(), progress.key())
+    assert producer.flush(10) == 0
