@@ -42,6 +42,8 @@ def _env(services: Services, name: str) -> dict[str, str]:
             "CAPTURE_KAFKA__SCHEMA_TOPIC": f"{name}._schemas",
             "CAPTURE_KAFKA__PARTITIONS": "2",
             "CAPTURE_STATUS_INTERVAL_S": "0.5",
+            # Streaming is what this file is about: no snapshot folding early inserts.
+            "CAPTURE_SNAPSHOT_MODE": "never",
         }
     )
     return env

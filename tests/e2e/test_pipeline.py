@@ -23,6 +23,8 @@ from psycopg import sql
 from apply.app import ApplyJob
 from apply.settings import ApplySettings, LakeSettings, TriggerSettings
 from apply.settings import KafkaSettings as ApplyKafka
+from capture import admin
+from schemas.control import TableState
 from schemas.lsn import parse_lsn
 from tests.plugins.capture import CaptureThread, capture_settings
 from tests.plugins.services import Services
@@ -76,17 +78,34 @@ def test_source_tables_land_in_delta_and_the_slot_follows(
             "CREATE TABLE {s}.orders (id bigint PRIMARY KEY, note text, amount numeric(10,2), "
             "body text);"
             "CREATE TABLE {s}.items (order_id bigint, line int, sku text, "
-            "PRIMARY KEY (order_id, line))"
+            "PRIMARY KEY (order_id, line));"
+            "CREATE TABLE {s}.customers (id int PRIMARY KEY, name text, since date)"
         ).format(s=s)
     )
-    prefix = unique_name
-    runner = CaptureThread(
-        capture_settings(
-            services, unique_name, [f"{schema}.orders", f"{schema}.items"], status_interval_s=0.3
-        )
+    # Rows that exist before capture starts reach the lake through the initial snapshot.
+    pg.execute(
+        sql.SQL(
+            "INSERT INTO {}.customers SELECT g, E'c\\t' || g, DATE '2020-01-01' + g "
+            "FROM generate_series(1, 300) g"
+        ).format(s)
     )
+    prefix = unique_name
+    settings = capture_settings(
+        services,
+        unique_name,
+        [f"{schema}.orders", f"{schema}.items", f"{schema}.customers"],
+        status_interval_s=0.3,
+        snapshot_mode="initial",
+    )
+    runner = CaptureThread(settings)
     runner.start(pg)
     try:
+        _wait(
+            lambda: {s.state for s in admin.table_statuses(settings)} == {TableState.STREAMING},
+            "the initial snapshot never finished",
+        )
+        pg.execute(sql.SQL("UPDATE {}.customers SET name = 'renamed' WHERE id <= 5").format(s))
+        pg.execute(sql.SQL("DELETE FROM {}.customers WHERE id > 295").format(s))
         pg.execute(
             sql.SQL(
                 "INSERT INTO {}.orders SELECT g, 'n' || g, g / 4.0, "
@@ -113,6 +132,13 @@ def test_source_tables_land_in_delta_and_the_slot_follows(
         expected = 200 + 50 + 1 + 66 + 20 + 2 + 1 + 1
         _wait(
             lambda: _count(services.kafka_bootstrap_servers, topics) >= expected, "capture lagged"
+        )
+        _wait(
+            lambda: (
+                _count(services.kafka_bootstrap_servers, [f"{prefix}.{schema}.customers"])
+                >= 300 + 5 + 5
+            ),
+            "capture lagged on the snapshotted table",
         )
         assert _confirmed(pg, unique_name) < workload_end, "confirmed before anything was applied"
 
@@ -149,6 +175,19 @@ def test_source_tables_land_in_delta_and_the_slot_follows(
             .collect()
         ]
         assert items == [(9, 9, "after truncate")]
+        customers = {
+            r["id"]: (r["name"], r["since"])
+            for r in spark.read.format("delta")
+            .load(str(tmp_path / "lake" / schema / "customers"))
+            .collect()
+        }
+        assert customers == {
+            r[0]: (r[1], r[2])
+            for r in pg.execute(
+                sql.SQL("SELECT id, name, since FROM {}.customers").format(s)
+            ).fetchall()
+        }
+        assert len(customers) == 295
 
         _wait(lambda: _confirmed(pg, unique_name) >= workload_end, "the slot did not follow apply")
         assert not runner.errors, runner.errors

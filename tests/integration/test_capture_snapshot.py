@@ -136,7 +136,9 @@ def test_snapshot_under_concurrent_writes_keeps_per_key_order(
 
     writer = threading.Thread(target=write, daemon=True)
     writer.start()
-    settings = capture_settings(services, unique_name, [f"{unique_name}.t"])
+    settings = capture_settings(
+        services, unique_name, [f"{unique_name}.t"], snapshot_mode="initial"
+    )
     runner = CaptureThread(settings)
     try:
         runner.start(pg)
@@ -195,8 +197,8 @@ def test_added_table_errored_table_and_resync(
     pg.execute(sql.SQL("INSERT INTO {} SELECT g, g / 4.0 FROM generate_series(1, 80) g").format(b))
     topic_a, topic_b = f"{name}.{name}.a", f"{name}.{name}.b"
     bootstrap = services.kafka_bootstrap_servers
-    only_a = capture_settings(services, name, [f"{name}.a"])
-    both = capture_settings(services, name, [f"{name}.a", f"{name}.b"])
+    only_a = capture_settings(services, name, [f"{name}.a"], snapshot_mode="initial")
+    both = capture_settings(services, name, [f"{name}.a", f"{name}.b"], snapshot_mode="initial")
     runner = CaptureThread(only_a)
     try:
         # 1. Only a: snapshotted, then streaming. The slot waits for its snapshot rows

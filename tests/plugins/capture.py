@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 import psycopg
 
@@ -22,9 +23,17 @@ Connection = psycopg.Connection[tuple[object, ...]]
 
 
 def capture_settings(
-    services: Services, name: str, tables: Sequence[str], **overrides: float
+    services: Services,
+    name: str,
+    tables: Sequence[str],
+    *,
+    status_interval_s: float = 0.2,
+    snapshot_mode: Literal["initial", "never"] = "never",
 ) -> CaptureSettings:
-    """Settings whose every slot, publication and topic name derives from ``name``."""
+    """Settings whose every slot, publication and topic name derives from ``name``.
+
+    Snapshots are off unless asked for: most tests assert the exact changes they make,
+    and a snapshot taken after some of them would fold those into READ records."""
     return CaptureSettings(
         postgres=PostgresSettings(
             dsn=services.postgres_dsn, slot=name, publication=name, tables=list(tables)
@@ -36,7 +45,8 @@ def capture_settings(
             schema_topic=f"{name}._schemas",
             partitions=2,
         ),
-        status_interval_s=overrides.get("status_interval_s", 0.2),
+        status_interval_s=status_interval_s,
+        snapshot_mode=snapshot_mode,
     )
 
 
