@@ -76,8 +76,8 @@ def check_slot_history(
             f"applied changes for {', '.join(applied)}: the slot was dropped, and a new one "
             "would silently skip every change made since. Resync: stop apply, delete those "
             "Delta tables and their checkpoints, delete the change and control topics, then "
-            "start capture again (see docs/capture.md: rows older than the new slot are "
-            "re-published only once the initial snapshot exists)"
+            "start capture again with CAPTURE_SNAPSHOT_MODE=initial, which snapshots every "
+            "table anew (docs/capture.md)"
         )
     if (
         slot is not None

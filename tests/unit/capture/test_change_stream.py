@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from capture.change_stream import (
+    ChangeFailed,
     ChangeStream,
     OutgoingRecord,
     Output,
@@ -150,6 +151,23 @@ def test_key_change_with_unsent_toast_errors_the_table_with_the_fix() -> None:
     new = _tuple((T, b"2"), (T, b"x"), (U, None))
     _run(stream, [ORDERS, *_tx(Update(None, ORDERS.oid, key, None, new))])
     assert "REPLICA IDENTITY FULL" in str(stream.errored["public.orders"])
+
+
+def test_deferred_errors_hand_the_failure_out_and_keep_the_table() -> None:
+    stream = ChangeStream(_describe, "cdc", defer_errors=True)
+    key = _tuple((T, b"1"), (N, None), (N, None))
+    bad = _tuple((T, b"2"), (T, b"x"), (U, None))
+    good = _tuple((T, b"3"), (T, b"x"), (T, b"y"))
+    outputs = _run(
+        stream,
+        [ORDERS, *_tx(Update(None, ORDERS.oid, key, None, bad), Insert(None, ORDERS.oid, good))],
+    )
+    failures = [o for o in outputs if isinstance(o, ChangeFailed)]
+    assert [f.table for f in failures] == ["public.orders"]
+    assert "REPLICA IDENTITY FULL" in str(failures[0].error)
+    assert not stream.errored, "the caller decides whether the table errors"
+    _, records = _records(outputs)
+    assert len(records) == 1, "the next change of the table is still encoded"
 
 
 def test_truncate_record_per_captured_table_and_tombstones() -> None:
