@@ -253,6 +253,7 @@ class CaptureService:
             settings=SESSION_SETTINGS,
         )
         last_status = 0.0
+        last_refresh = time.monotonic()
         commit_lsn = start
         try:
             last_poll = 0.0
@@ -307,6 +308,13 @@ class CaptureService:
                     if not paused:
                         flow.step()
                     last_poll = now
+                if (
+                    settings.postgres.schemas
+                    and settings.table_refresh_s > 0
+                    and now - last_refresh >= settings.table_refresh_s
+                ):
+                    self._add_new_tables(catalog, flow)
+                    last_refresh = now
                 if reply or now - last_status >= settings.status_interval_s:
                     confirm()
                     last_status = now
@@ -324,3 +332,25 @@ class CaptureService:
         finally:
             flow.close()
             stream.close()
+
+    def _add_new_tables(
+        self, catalog: psycopg.Connection[tuple[object, ...]], flow: TableFlow
+    ) -> None:
+        """Tables created in a captured schema since the start join the capture: held
+        and pinned first, then added to the publication, then snapshotted."""
+        postgres = self._settings.postgres
+        try:
+            found = resolve_tables(catalog, [], postgres.schemas)
+            new = [t for t in found if not flow.known(t.qualified)]
+            if not new:
+                return
+            problems = check_tables(catalog, new)
+        except psycopg.OperationalError as exc:
+            raise TransientError(f"cannot look for new tables: {exc}") from exc
+        for table, problem in problems.items():
+            flow.errored(table.qualified, str(problem))
+        capturable = [t for t in new if t not in problems]
+        if capturable:
+            log.info("new tables: %s", ", ".join(t.qualified for t in capturable))
+            flow.add_tables([t.qualified for t in capturable])
+            ensure_publication(catalog, postgres.publication, capturable)

@@ -80,3 +80,11 @@ class CaptureSettings(BaseSettings):
         None,
         description="where changes held back during a snapshot are spooled (default: system temp)",
     )
+    table_refresh_s: float = Field(
+        30.0,
+        ge=0,
+        description=(
+            "how often the captured schemas are searched for new tables, which are then "
+            "added to the publication and snapshotted while the rest streams (0: only at start)"
+        ),
+    )

@@ -104,6 +104,22 @@ class TableFlow:
         elif route is Route.PUBLISH:
             self._errored(failed.table, str(failed.error))
 
+    def add_tables(self, tables: list[str]) -> None:
+        """Tables to capture from now on, e.g. created since the start in a captured
+        schema. Call before they join the publication, so their first change is held."""
+        for table in tables:
+            if table not in self._states:
+                self._discover(table)
+
+    def known(self, table: str) -> bool:
+        return table in self._states
+
+    def errored(self, table: str, message: str) -> None:
+        """A table found unfit for capture (e.g. no replica identity)."""
+        if table not in self._states:
+            self._states.discover(table)
+        self._errored(table, message)
+
     # -- between frames --------------------------------------------------------------------
 
     def step(self) -> None:

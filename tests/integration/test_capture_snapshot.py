@@ -264,3 +264,47 @@ def test_added_table_errored_table_and_resync(
         )
     finally:
         runner.close(pg)
+
+
+def test_a_table_created_in_a_captured_schema_joins_while_running(
+    services: Services, pg: Connection, unique_name: str
+) -> None:
+    name = unique_name
+    pg.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(name)))
+    pg.execute(sql.SQL("CREATE TABLE {}.first (id int PRIMARY KEY)").format(sql.Identifier(name)))
+    settings = capture_settings(services, name, [], snapshot_mode="initial").model_copy(
+        update={
+            "postgres": capture_settings(services, name, []).postgres.model_copy(
+                update={"tables": [], "schemas": [name]}
+            ),
+            "table_refresh_s": 0.5,
+        }
+    )
+    runner = CaptureThread(settings)
+    try:
+        runner.start(pg)
+        _wait(lambda: _state(settings, f"{name}.first") is TableState.STREAMING, "never started")
+        late = sql.Identifier(name, "late")
+        pg.execute(sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, v text)").format(late))
+        pg.execute(
+            sql.SQL("INSERT INTO {} SELECT g, 'v' || g FROM generate_series(1, 40) g").format(late)
+        )
+        _wait(lambda: _state(settings, f"{name}.late") is TableState.STREAMING, "late never joined")
+        pg.execute(sql.SQL("UPDATE {} SET v = 'changed' WHERE id <= 3").format(late))
+        pg.execute(sql.SQL("DELETE FROM {} WHERE id = 40").format(late))
+        topic = f"{name}.{name}.late"
+        _wait(
+            lambda: len(_read_to_end(services.kafka_bootstrap_servers, topic)) >= 40 + 3 + 1,
+            "changes after the join never arrived",
+        )
+        runner.join()
+        assert not runner.errors, runner.errors
+        reader = schema_reader(services.kafka_bootstrap_servers, settings.kafka.schema_topic, 4)
+        messages = _read_to_end(services.kafka_bootstrap_servers, topic)
+        _assert_per_key_order(reader, messages)
+        lake = replay(reader, messages)[topic]
+        assert {k[0][1]: (r["id"], r["v"]) for k, r in lake.items()} == _source_rows(
+            pg, late, "id, v"
+        )
+    finally:
+        runner.close(pg)
