@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from capture.errors import TableError
 from capture.pgoutput import (
@@ -45,7 +45,6 @@ from capture.pgoutput import (
 )
 from capture.typemap import ColumnMapping
 from schemas.change_record import (
-    Change,
     ChangeEncoder,
     Column,
     TableDescription,
@@ -53,7 +52,7 @@ from schemas.change_record import (
     build_table_schemas,
 )
 from schemas.errors import ChangeEncodingError
-from schemas.headers import Headers, change_headers, tombstone_headers
+from schemas.headers import Headers, position_headers, record_headers
 from schemas.lsn import Lsn
 from schemas.naming import table_topic
 from schemas.operation import Operation
@@ -102,13 +101,26 @@ class ChangeFailed:
     error: TableError
 
 
+_ROW_CHANGES = (Insert, Update, Delete)
+
 Output = OutgoingRecord | SchemaRecord | TransactionStarted | TransactionCommitted | ChangeFailed
 
 
 class TableCodec:
     """Everything needed to turn one relation's tuples into records."""
 
-    __slots__ = ("_parsers", "encoder", "key_indexes", "names", "relation", "schemas", "topic")
+    __slots__ = (
+        "_all_text",
+        "_columns",
+        "_parsers",
+        "_table",
+        "encoder",
+        "key_indexes",
+        "names",
+        "relation",
+        "schemas",
+        "topic",
+    )
 
     def __init__(
         self, relation: Relation, mappings: Sequence[ColumnMapping], topic_prefix: str
@@ -132,10 +144,13 @@ class TableCodec:
         self.names = self.schemas.field_names
         self.key_indexes = tuple(i for i, c in enumerate(relation.columns) if c.is_key)
         self._parsers = tuple(m.parse for m in mappings)
+        self._columns = tuple(zip(self.names, self._parsers, strict=True))
+        self._all_text = (ColumnKind.TEXT,) * len(self.names)
+        self._table = f"{relation.namespace}.{relation.name}"
 
     @property
     def table(self) -> str:
-        return f"{self.relation.namespace}.{self.relation.name}"
+        return self._table
 
     def row(self, data: TupleData) -> tuple[dict[str, Any], tuple[str, ...]]:
         """The row image of ``data`` and the names of its unchanged-TOAST columns."""
@@ -146,6 +161,12 @@ class TableCodec:
                 "the stream and the relation cache disagree; restart capture",
             )
         row: dict[str, Any] = {}
+        if data.kinds == self._all_text:
+            # Every column sent as text, the usual case: nothing is null or unchanged.
+            texts = cast("tuple[bytes, ...]", data.values)
+            for (name, parse), text in zip(self._columns, texts, strict=True):
+                row[name] = parse(text)
+            return row, ()
         unchanged: list[str] = []
         for name, kind, value, parse in zip(
             self.names, data.kinds, data.values, self._parsers, strict=True
@@ -171,6 +192,10 @@ class _Transaction:
     ordinal: int = 0
 
 
+def _as_sent(relation: Relation) -> Relation:
+    return relation
+
+
 @dataclass(slots=True)
 class ChangeStream:
     """Turns pgoutput messages into :data:`Output` items, in order."""
@@ -180,6 +205,8 @@ class ChangeStream:
     tombstones: bool = False
     codecs: dict[int, TableCodec] = field(default_factory=dict)
     errored: dict[str, TableError] = field(default_factory=dict)
+    rekey: Callable[[Relation], Relation] = _as_sent
+    """Chooses the key columns of a Relation (see capture.source.key_by_primary_key)."""
     defer_errors: bool = False
     """Hand failed changes out (:class:`ChangeFailed`) instead of erroring the table at
     once: the caller knows whether a snapshot already holds the change."""
@@ -188,27 +215,32 @@ class ChangeStream:
 
     def handle(self, message: Message, change_lsn: Lsn) -> Iterator[Output]:
         """Outputs for one message; ``change_lsn`` is its XLogData ``wal_start``."""
-        if isinstance(message, Insert | Update | Delete):
-            yield from self._row_change(message, change_lsn)
+        # One list per message rather than nested generators: a frame is a few
+        # microseconds of work, and each generator level cost a sizeable share of it.
+        out: list[Output] = []
+        if isinstance(message, _ROW_CHANGES):
+            self._row_change(message, change_lsn, out)
         elif isinstance(message, Begin):
             self._tx = _Transaction(
                 message.final_lsn, message.xid, pg_micros_to_unix_micros(message.commit_time)
             )
-            yield TransactionStarted(message.final_lsn)
+            out.append(TransactionStarted(message.final_lsn))
         elif isinstance(message, Commit):
             self._tx = None
-            yield TransactionCommitted(message.end_lsn)
+            out.append(TransactionCommitted(message.end_lsn))
         elif isinstance(message, Relation):
             self._relation(message)
         elif isinstance(message, Truncate):
             for oid in message.relation_oids:
                 codec = self.codecs.get(oid)
                 if codec is not None and codec.table not in self.errored:
-                    yield from self._emit(codec, Operation.TRUNCATE, change_lsn, None, None)
+                    self._emit(codec, Operation.TRUNCATE, change_lsn, out)
         # Origin, Type and logical messages carry nothing to publish: types are read from
         # the catalog, and the publication does not request messages.
+        return iter(out)
 
     def _relation(self, relation: Relation) -> None:
+        relation = self.rekey(relation)
         cached = self.codecs.get(relation.oid)
         if cached is not None and cached.relation == relation:
             return
@@ -221,7 +253,9 @@ class ChangeStream:
             self.errored[table] = exc
             self.codecs.pop(relation.oid, None)
 
-    def _row_change(self, message: Insert | Update | Delete, change_lsn: Lsn) -> Iterator[Output]:
+    def _row_change(
+        self, message: Insert | Update | Delete, change_lsn: Lsn, out: list[Output]
+    ) -> None:
         codec = self.codecs.get(message.relation_oid)
         if codec is None:
             # Only an errored table has no codec: the server always sends Relation first.
@@ -230,28 +264,39 @@ class ChangeStream:
         if table in self.errored:
             return
         try:
-            yield from self._changes(codec, message, change_lsn)
+            self._changes(codec, message, change_lsn, out)
         except (TableError, ChangeEncodingError) as exc:
+            # Records already appended for this message stay: the caller sees them before
+            # the failure, in order.
             error = exc if isinstance(exc, TableError) else TableError(table, str(exc))
             if self.defer_errors:
-                yield ChangeFailed(table, error)
+                out.append(ChangeFailed(table, error))
             else:
                 self.errored[table] = error
 
     def _changes(
-        self, codec: TableCodec, message: Insert | Update | Delete, change_lsn: Lsn
-    ) -> Iterator[Output]:
+        self,
+        codec: TableCodec,
+        message: Insert | Update | Delete,
+        change_lsn: Lsn,
+        out: list[Output],
+    ) -> None:
         if isinstance(message, Insert):
             after, _ = codec.row(message.new)
-            yield from self._emit(codec, Operation.INSERT, change_lsn, None, after)
+            self._emit(codec, Operation.INSERT, change_lsn, out, after=after)
             return
         if isinstance(message, Delete):
             old = message.old if message.old is not None else message.key
             if old is None:
                 raise TableError(codec.table, "a DELETE without key or old row")
             deleted, _ = codec.row(old)
-            yield from self._emit(
-                codec, Operation.DELETE, change_lsn, deleted, None, key_only=message.old is None
+            self._emit(
+                codec,
+                Operation.DELETE,
+                change_lsn,
+                out,
+                before=deleted,
+                key_only=message.old is None,
             )
             return
         after, unchanged = codec.row(message.new)
@@ -271,22 +316,23 @@ class ChangeStream:
                     "the new row cannot be published whole: run `ALTER TABLE "
                     f"{codec.table} REPLICA IDENTITY FULL`, then resync the table",
                 )
-            yield from self._emit(
+            self._emit(
                 codec,
                 Operation.DELETE,
                 change_lsn,
-                before,
-                None,
+                out,
+                before=before,
                 key_only=message.old is None,
             )
-            yield from self._emit(codec, Operation.INSERT, change_lsn, None, after)
+            self._emit(codec, Operation.INSERT, change_lsn, out, after=after)
             return
-        yield from self._emit(
+        self._emit(
             codec,
             Operation.UPDATE,
             change_lsn,
-            before,
-            after,
+            out,
+            before=before,
+            after=after,
             unchanged=unchanged,
             key_only=message.old is None and before is not None,
         )
@@ -296,40 +342,48 @@ class ChangeStream:
         codec: TableCodec,
         op: Operation,
         change_lsn: Lsn,
-        before: dict[str, Any] | None,
-        after: dict[str, Any] | None,
+        out: list[Output],
         *,
+        before: dict[str, Any] | None = None,
+        after: dict[str, Any] | None = None,
         unchanged: tuple[str, ...] = (),
         key_only: bool = False,
-    ) -> Iterator[Output]:
+    ) -> None:
         tx = self._tx
         if tx is None:
             raise TableError(codec.table, "a change arrived outside a transaction")
         fingerprint = codec.schemas.value_fingerprint
         if fingerprint not in self._published_schemas:
             for message in table_schema_messages(codec.schemas):
-                yield SchemaRecord(message.key, message.value)
+                out.append(SchemaRecord(message.key, message.value))
             self._published_schemas.add(fingerprint)
-        change = Change(
+        # The fields of a Change, encoded without building one: the branches above
+        # already guarantee what Change checks (which images each operation carries).
+        ordinal = tx.ordinal
+        tx.ordinal = ordinal + 1
+        encoder = codec.encoder
+        key = encoder.encode_row_key(after if after is not None else before)
+        value = encoder.encode_fields(
             op=op,
             commit_lsn=tx.commit_lsn,
             change_lsn=change_lsn,
             xid=tx.xid,
             commit_ts=tx.commit_ts,
-            ordinal=tx.ordinal,
+            ordinal=ordinal,
             before=before,
             after=after,
             unchanged_columns=unchanged,
             before_key_only=key_only,
         )
-        tx.ordinal += 1
-        key = codec.encoder.encode_key(change)
-        yield OutgoingRecord(
-            codec.topic,
-            key,
-            codec.encoder.encode_value(change),
-            change_headers(change, fingerprint),
-            codec.table,
-        )
+        headers = record_headers(op, tx.commit_lsn, change_lsn, fingerprint)
+        out.append(OutgoingRecord(codec.topic, key, value, headers, codec.table))
         if self.tombstones and op is Operation.DELETE:
-            yield OutgoingRecord(codec.topic, key, None, tombstone_headers(change), codec.table)
+            out.append(
+                OutgoingRecord(
+                    codec.topic,
+                    key,
+                    None,
+                    position_headers(tx.commit_lsn, change_lsn),
+                    codec.table,
+                )
+            )

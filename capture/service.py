@@ -44,6 +44,7 @@ from capture.source import (
     ensure_publication,
     ensure_slot,
     find_slot,
+    key_by_primary_key,
     resolve_tables,
 )
 from capture.table_flow import TableFlow, now_micros
@@ -235,6 +236,7 @@ class CaptureService:
             lambda relation: describe_columns(catalog, relation),
             settings.kafka.topic_prefix,
             settings.tombstones,
+            rekey=lambda relation: key_by_primary_key(catalog, relation),
         )
         flow = TableFlow(
             states,

@@ -52,6 +52,7 @@ from capture.change_stream import OutgoingRecord, SchemaRecord, TableCodec
 from capture.copy_text import CopyRows
 from capture.errors import ConfigError, PipelineError, TableError, TransientError
 from capture.pgoutput import Relation, RelationColumn, ReplicaIdentity
+from capture.source import key_by_primary_key
 from capture.typemap import SESSION_SETTINGS, ColumnMapping, libpq_options
 from schemas.change_record import Change
 from schemas.errors import ChangeEncodingError
@@ -116,8 +117,9 @@ SnapshotItem = SnapshotTaken | SnapshotRecords | TableCopied | TableFailed | Run
 
 def relation_from_catalog(conn: Connection, table: str) -> Relation:
     """``table`` as a pgoutput Relation message would describe it: the same columns in
-    the same order (no dropped or generated ones) with the same key flags (the replica
-    identity index's columns, or every column under ``REPLICA IDENTITY FULL``)."""
+    the same order (no dropped or generated ones), keyed as the stream keys it: the
+    replica identity index's columns, and under ``REPLICA IDENTITY FULL`` the primary key
+    (every column without one; :func:`capture.source.key_by_primary_key`)."""
     schema, _, name = table.partition(".")
     row = conn.execute(
         "SELECT c.oid, c.relreplident FROM pg_class c "
@@ -137,15 +139,19 @@ def relation_from_catalog(conn: Connection, table: str) -> Relation:
         "AND NOT a.attisdropped AND a.attgenerated = '' ORDER BY a.attnum",
         [identity is ReplicaIdentity.FULL, identity.value, oid],
     ).fetchall()
-    return Relation(
-        xid=None,
-        oid=oid,
-        namespace=schema,
-        name=name,
-        replica_identity=identity,
-        columns=tuple(
-            RelationColumn(is_key=bool(k), name=str(n), type_oid=int(t), type_modifier=int(m))
-            for n, t, m, k in columns
+    # Then the stream's own rule for REPLICA IDENTITY FULL (the primary key, if any).
+    return key_by_primary_key(
+        conn,
+        Relation(
+            xid=None,
+            oid=oid,
+            namespace=schema,
+            name=name,
+            replica_identity=identity,
+            columns=tuple(
+                RelationColumn(is_key=bool(k), name=str(n), type_oid=int(t), type_modifier=int(m))
+                for n, t, m, k in columns
+            ),
         ),
     )
 

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import psycopg
 from psycopg import sql
 
 from capture.errors import ConfigError, TableError, TransientError
+from capture.pgoutput import Relation
+from capture.pgoutput import ReplicaIdentity as PgReplicaIdentity
 from schemas.lsn import Lsn, parse_lsn
 
 Connection = psycopg.Connection[tuple[object, ...]]
@@ -234,3 +236,29 @@ def _scalar(conn: Connection, query: str) -> object:
     except psycopg.OperationalError as exc:
         raise TransientError(f"postgres query failed: {exc}") from exc
     return None if row is None else row[0]
+
+
+def key_by_primary_key(conn: Connection, relation: Relation) -> Relation:
+    """``relation`` keyed by its primary key when it has ``REPLICA IDENTITY FULL``.
+
+    pgoutput flags every column as part of the replica identity under FULL, which would
+    make the whole row the Kafka key: every UPDATE would then look like a key change,
+    and compaction would keep every version. FULL is chosen for its old-row images (and
+    unchanged-TOAST values), not to change what identifies a row, so a primary key, when
+    there is one, stays the key. Without one, the whole row is the key, as sent.
+    """
+    if relation.replica_identity is not PgReplicaIdentity.FULL:
+        return relation
+    rows = conn.execute(
+        "SELECT a.attname FROM pg_index i JOIN pg_attribute a "
+        "ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) "
+        "WHERE i.indrelid = %s AND i.indisprimary",
+        [relation.oid],
+    ).fetchall()
+    primary = {str(r[0]) for r in rows}
+    if not primary:
+        return relation
+    return replace(
+        relation,
+        columns=tuple(replace(c, is_key=c.name in primary) for c in relation.columns),
+    )

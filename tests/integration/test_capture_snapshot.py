@@ -308,3 +308,32 @@ def test_a_table_created_in_a_captured_schema_joins_while_running(
         )
     finally:
         runner.close(pg)
+
+
+def test_replica_identity_full_keeps_the_primary_key_as_key(
+    services: Services, pg: Connection, unique_name: str
+) -> None:
+    name = unique_name
+    full = sql.Identifier(name, "full_pk")
+    pg.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(name)))
+    pg.execute(sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, v text)").format(full))
+    pg.execute(sql.SQL("ALTER TABLE {} REPLICA IDENTITY FULL").format(full))
+    pg.execute(sql.SQL("INSERT INTO {} VALUES (1, 'a'), (2, 'b')").format(full))
+    settings = capture_settings(services, name, [f"{name}.full_pk"], snapshot_mode="initial")
+    runner = CaptureThread(settings)
+    try:
+        runner.start(pg)
+        _wait(lambda: _state(settings, f"{name}.full_pk") is TableState.STREAMING, "no snapshot")
+        pg.execute(sql.SQL("UPDATE {} SET v = 'changed' WHERE id = 1").format(full))
+        topic = f"{name}.{name}.full_pk"
+        _wait(lambda: len(_read_to_end(services.kafka_bootstrap_servers, topic)) >= 3, "no update")
+        runner.join()
+        reader = schema_reader(services.kafka_bootstrap_servers, settings.kafka.schema_topic, 2)
+        messages = _read_to_end(services.kafka_bootstrap_servers, topic)
+        decoded = [(reader.decode_key(m.key()), reader.decode_value(m.value())) for m in messages]
+        assert {tuple(k) for k, _ in decoded} == {("id",)}, "the key is the primary key only"
+        (update,) = [v for _, v in decoded if v["op"] == "UPDATE"]
+        assert update["before"] == {"id": 1, "v": "a"}, "FULL still sends the whole old row"
+        assert update["after"] == {"id": 1, "v": "changed"}
+    finally:
+        runner.close(pg)
