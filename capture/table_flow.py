@@ -226,6 +226,9 @@ class TableFlow:
             return
         log.error("table errored: %s", message)
         self._publish_status(self._states.errored(table, message))
+        # Durable at once: from here on the table's changes are skipped and the slot moves
+        # past them, so a restart must find the table errored, never streaming again.
+        self._publisher.flush()
         self._changes.errored.setdefault(table, TableError(table, message))
         spool = self._held.pop(table, None)
         if spool is not None:
