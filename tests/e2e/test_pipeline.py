@@ -26,7 +26,7 @@ from apply.settings import KafkaSettings as ApplyKafka
 from capture import admin
 from schemas.control import TableState
 from schemas.lsn import parse_lsn
-from tests.plugins.capture import CaptureThread, capture_settings
+from tests.plugins.capture import CaptureThread, capture_settings, confirmed_lsn
 from tests.plugins.services import Services
 
 pytestmark = pytest.mark.slow
@@ -57,14 +57,6 @@ def _count(bootstrap: str, topics: list[str]) -> int:
         return total
     finally:
         consumer.close()
-
-
-def _confirmed(pg: Connection, slot: str) -> int:
-    row = pg.execute(
-        "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s", [slot]
-    ).fetchone()
-    assert row is not None
-    return parse_lsn(str(row[0]))
 
 
 def test_source_tables_land_in_delta_and_the_slot_follows(
@@ -140,7 +132,9 @@ def test_source_tables_land_in_delta_and_the_slot_follows(
             ),
             "capture lagged on the snapshotted table",
         )
-        assert _confirmed(pg, unique_name) < workload_end, "confirmed before anything was applied"
+        assert confirmed_lsn(pg, unique_name) < workload_end, (
+            "confirmed before anything was applied"
+        )
 
         apply_settings = ApplySettings(
             kafka=ApplyKafka(
@@ -189,7 +183,9 @@ def test_source_tables_land_in_delta_and_the_slot_follows(
         }
         assert len(customers) == 295
 
-        _wait(lambda: _confirmed(pg, unique_name) >= workload_end, "the slot did not follow apply")
+        _wait(
+            lambda: confirmed_lsn(pg, unique_name) >= workload_end, "the slot did not follow apply"
+        )
         assert not runner.errors, runner.errors
     finally:
         runner.close(pg)

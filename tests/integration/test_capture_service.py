@@ -21,9 +21,9 @@ from psycopg import sql
 from capture.errors import ConfigError
 from capture.service import CaptureService
 from capture.settings import CaptureSettings
-from schemas.lsn import Lsn, parse_lsn
+from schemas.lsn import parse_lsn
 from schemas.reader import ContractReader
-from tests.plugins.capture import CaptureThread, capture_settings, slot_active
+from tests.plugins.capture import CaptureThread, capture_settings, confirmed_lsn, slot_active
 from tests.plugins.services import Services
 from tests.plugins.topics import consume_all, replay, report_applied
 
@@ -67,14 +67,6 @@ def capture(services: Services, pg: Connection, unique_name: str) -> Iterator[Ru
     runner.close(pg)
 
 
-def _confirmed(pg: Connection, slot: str) -> Lsn:
-    row = pg.execute(
-        "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s", [slot]
-    ).fetchone()
-    assert row is not None
-    return parse_lsn(str(row[0]))
-
-
 def _wait_for(predicate: Any, what: str, timeout_s: float = 30) -> None:
     deadline = time.monotonic() + timeout_s
     while not predicate():
@@ -104,7 +96,7 @@ def test_changes_round_trip_and_slot_follows_the_control_topic(
     pg.execute(sql.SQL("TRUNCATE {}.items").format(s))
     pg.execute(sql.SQL("INSERT INTO {}.items VALUES (9, 9, 'z')").format(s))
     last_end = parse_lsn(str(pg.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]))  # type: ignore[index]
-    start = _confirmed(pg, unique_name)
+    start = confirmed_lsn(pg, unique_name)
 
     orders_topic, items_topic = (
         f"{unique_name}.{capture.schema}.orders",
@@ -140,17 +132,19 @@ def test_changes_round_trip_and_slot_follows_the_control_topic(
     # never the commit of a transaction whose records are unapplied.
     time.sleep(1.0)
     first_commit = min(reader.decode_value(m.value())["commit_lsn"] for m in messages)
-    assert start <= _confirmed(pg, unique_name) <= first_commit
+    assert start <= confirmed_lsn(pg, unique_name) <= first_commit
 
     # Report every partition as applied up to its end: the slot catches up.
     report_applied(services.kafka_bootstrap_servers, capture.settings.kafka.control_topic, messages)
-    _wait_for(lambda: _confirmed(pg, unique_name) >= last_end, "slot never reached the applied LSN")
+    _wait_for(
+        lambda: confirmed_lsn(pg, unique_name) >= last_end, "slot never reached the applied LSN"
+    )
 
     # Idle: writes to an uncaptured table move WAL; the slot follows without new records.
     pg.execute(sql.SQL("INSERT INTO {}.uncaptured SELECT generate_series(1, 100)").format(s))
     idle_end = parse_lsn(str(pg.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]))  # type: ignore[index]
     _wait_for(
-        lambda: _confirmed(pg, unique_name) >= idle_end, "an idle publication pinned the slot"
+        lambda: confirmed_lsn(pg, unique_name) >= idle_end, "an idle publication pinned the slot"
     )
     assert not capture.errors
 
@@ -176,7 +170,7 @@ def test_graceful_stop_confirms_nothing_unapplied(
     ):
         reader.add_schema_message(schema_msg.key(), schema_msg.value())
     commit_lsn = reader.decode_value(messages[0].value())["commit_lsn"]
-    assert _confirmed(pg, unique_name) <= commit_lsn, "the final status confirmed unapplied data"
+    assert confirmed_lsn(pg, unique_name) <= commit_lsn, "the final status confirmed unapplied data"
 
 
 def test_slot_advanced_behind_our_back_is_refused(
@@ -184,19 +178,19 @@ def test_slot_advanced_behind_our_back_is_refused(
 ) -> None:
     s = sql.Identifier(capture.schema)
     # WAL with nothing for us moves the slot by idle confirmation, behind a checkpoint.
-    start = _confirmed(pg, unique_name)
+    start = confirmed_lsn(pg, unique_name)
     pg.execute(sql.SQL("INSERT INTO {}.uncaptured VALUES (1)").format(s))
-    _wait_for(lambda: _confirmed(pg, unique_name) > start, "idle confirmation never came")
+    _wait_for(lambda: confirmed_lsn(pg, unique_name) > start, "idle confirmation never came")
     capture.stop_and_join()
     assert not capture.errors, capture.errors
 
     _wait_for(lambda: not slot_active(pg, unique_name), "the walsender never let go")
-    before = _confirmed(pg, unique_name)
+    before = confirmed_lsn(pg, unique_name)
     # A slot advances at most to the flushed WAL, so this commit waits for its flush.
     pg.execute("SET synchronous_commit = on")
     pg.execute(sql.SQL("INSERT INTO {}.orders VALUES (7, 'lost?', 1)").format(s))
     pg.execute("SELECT pg_replication_slot_advance(%s, pg_current_wal_flush_lsn())", [unique_name])
-    assert _confirmed(pg, unique_name) > before
+    assert confirmed_lsn(pg, unique_name) > before
     # A capture that wrongly started streaming would stop itself after 20 s.
     timer_stop = threading.Event()
     timer = threading.Timer(20, timer_stop.set)

@@ -24,9 +24,8 @@ from psycopg import sql
 from capture import admin
 from capture.settings import CaptureSettings
 from schemas.control import TableState
-from schemas.lsn import Lsn, parse_lsn
 from schemas.reader import ContractReader
-from tests.plugins.capture import CaptureThread, capture_settings
+from tests.plugins.capture import CaptureThread, capture_settings, confirmed_lsn, current_lsn
 from tests.plugins.services import Services
 from tests.plugins.topics import replay, report_applied, schema_reader
 
@@ -90,20 +89,6 @@ def _source_rows(pg: Connection, table: sql.Composable, columns: str) -> dict[An
     return {r[0]: r for r in rows}
 
 
-def _confirmed(pg: Connection, slot: str) -> Lsn:
-    row = pg.execute(
-        "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s", [slot]
-    ).fetchone()
-    assert row is not None
-    return parse_lsn(str(row[0]))
-
-
-def _current_lsn(pg: Connection) -> Lsn:
-    row = pg.execute("SELECT pg_current_wal_lsn()::text").fetchone()
-    assert row is not None
-    return parse_lsn(str(row[0]))
-
-
 def test_snapshot_under_concurrent_writes_keeps_per_key_order(
     services: Services, pg: Connection, unique_name: str
 ) -> None:
@@ -149,7 +134,7 @@ def test_snapshot_under_concurrent_writes_keeps_per_key_order(
         time.sleep(1.0)  # changes made after the catch-up stream straight through
         stop_writing.set()
         writer.join(10)
-        marker_end = _current_lsn(pg)
+        marker_end = current_lsn(pg)
         time.sleep(1.0)
         runner.join()
         assert not runner.errors, runner.errors
@@ -177,8 +162,8 @@ def test_snapshot_under_concurrent_writes_keeps_per_key_order(
         # The slot waits for the snapshot rows too: nothing is applied, so it has not
         # moved past where the table was pinned, however much WAL went by.
         start_lsn = min(v["commit_lsn"] for v in values)
-        assert _confirmed(pg, unique_name) <= start_lsn
-        assert _confirmed(pg, unique_name) < marker_end
+        assert confirmed_lsn(pg, unique_name) <= start_lsn
+        assert confirmed_lsn(pg, unique_name) < marker_end
     finally:
         stop_writing.set()
         runner.close(pg)
@@ -206,13 +191,13 @@ def test_added_table_errored_table_and_resync(
         runner.start(pg)
         _wait(lambda: _state(only_a, f"{name}.a") is TableState.STREAMING, "a never streamed")
         pg.execute(sql.SQL("INSERT INTO {}.quiet VALUES (1)").format(sql.Identifier(name)))
-        idle_end = _current_lsn(pg)
+        idle_end = current_lsn(pg)
         time.sleep(1.5)
         snapshot_a = _read_to_end(bootstrap, topic_a)
         assert len(snapshot_a) == 50
-        assert _confirmed(pg, name) < idle_end, "unapplied snapshot rows must pin the slot"
+        assert confirmed_lsn(pg, name) < idle_end, "unapplied snapshot rows must pin the slot"
         report_applied(bootstrap, only_a.kafka.control_topic, snapshot_a)
-        _wait(lambda: _confirmed(pg, name) >= idle_end, "the slot never followed once applied")
+        _wait(lambda: confirmed_lsn(pg, name) >= idle_end, "the slot never followed once applied")
         runner.join()
 
         # 2. b is added: snapshotted while a streams; then b errors (NaN in a

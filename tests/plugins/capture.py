@@ -17,6 +17,7 @@ import psycopg
 
 from capture.service import CaptureService
 from capture.settings import CaptureSettings, KafkaSettings, PostgresSettings
+from schemas.lsn import Lsn, parse_lsn
 from tests.plugins.services import Services
 
 Connection = psycopg.Connection[tuple[object, ...]]
@@ -48,6 +49,21 @@ def capture_settings(
         status_interval_s=status_interval_s,
         snapshot_mode=snapshot_mode,
     )
+
+
+def confirmed_lsn(pg: Connection, slot: str) -> Lsn:
+    """The slot's ``confirmed_flush_lsn``."""
+    row = pg.execute(
+        "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s", [slot]
+    ).fetchone()
+    assert row is not None, f"slot {slot} does not exist"
+    return parse_lsn(str(row[0]))
+
+
+def current_lsn(pg: Connection) -> Lsn:
+    row = pg.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+    assert row is not None
+    return parse_lsn(str(row[0]))
 
 
 def slot_active(pg: Connection, slot: str) -> bool:
