@@ -27,10 +27,12 @@ from apply.settings import ApplySettings, LakeSettings, SparkSettings, TriggerSe
 from apply.settings import KafkaSettings as ApplyKafka
 from apply.spark_jars import configured_jars
 from apply.spark_session import build_session
+from capture import admin
 from capture.service import CaptureService
 from capture.settings import CaptureSettings, KafkaSettings, PostgresSettings
 from deploy.local import stack
 from deploy.local.jars import PROJECT_ROOT, resolve
+from schemas.control import TableState
 from schemas.lsn import Lsn, format_lsn, parse_lsn
 
 SCHEMA = "demo"
@@ -60,14 +62,14 @@ def prepare_source(conn: psycopg.Connection[tuple[object, ...]]) -> None:
         "CREATE TABLE demo.orders (id bigint PRIMARY KEY, customer_id bigint NOT NULL, "
         "amount numeric(12,2) NOT NULL, status text NOT NULL, tags text[])"
     )
+    # Rows that exist before capture starts: they reach Kafka through the snapshot.
+    conn.execute(
+        "INSERT INTO demo.customers (id, name, email) "
+        "SELECT g, 'customer ' || g, 'c' || g || '@example.com' FROM generate_series(1, 500) g"
+    )
 
 
 def workload(conn: psycopg.Connection[tuple[object, ...]]) -> None:
-    with conn.transaction():
-        conn.execute(
-            "INSERT INTO demo.customers (id, name, email) "
-            "SELECT g, 'customer ' || g, 'c' || g || '@example.com' FROM generate_series(1, 500) g"
-        )
     for batch in range(5):
         with conn.transaction():
             conn.execute(
@@ -153,8 +155,16 @@ def main() -> None:
         wait(lambda: bool(failures) or _slot_active(conn), "capture to start streaming")
         if failures:
             raise SystemExit(f"demo: capture failed: {failures[0]}")
+        wait(
+            lambda: (
+                bool(failures)
+                or {s.state for s in admin.table_statuses(settings)} == {TableState.STREAMING}
+            ),
+            "the initial snapshot",
+        )
+        say("snapshot: the 500 existing customers published as READ records; tables streaming")
 
-        say("workload: 500 customers, 2000 orders, updates, deletes")
+        say("workload: 2000 orders, updates, deletes")
         workload(conn)
         end = _wal_lsn(conn)
         topics = {t: f"{PREFIX}.{SCHEMA}.{t}" for t in TABLES}
@@ -231,7 +241,7 @@ def _confirmed(conn: psycopg.Connection[tuple[object, ...]]) -> Lsn:
 
 
 def _count_changes() -> int:
-    # inserts 500 + 2000, updates 666 + 10, deletes 200 + 10
+    # snapshot reads 500, inserts 2000, updates 666 + 10, deletes 200 + 10
     return 500 + 2000 + 666 + 10 + 200 + 10
 
 
