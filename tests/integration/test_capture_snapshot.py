@@ -322,3 +322,44 @@ def test_replica_identity_full_keeps_the_primary_key_as_key(
         assert update["after"] == {"id": 1, "v": "changed"}
     finally:
         runner.close(pg)
+
+
+def test_a_snapshot_cut_short_is_taken_again_with_a_truncate(
+    services: Services, pg: Connection, unique_name: str
+) -> None:
+    name = unique_name
+    big = sql.Identifier(name, "big")
+    pg.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(name)))
+    pg.execute(sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, v text)").format(big))
+    pg.execute(
+        sql.SQL(
+            "INSERT INTO {} SELECT g, repeat('x', 200) FROM generate_series(1, 100000) g"
+        ).format(big)
+    )
+    settings = capture_settings(services, name, [f"{name}.big"], snapshot_mode="initial")
+    topic = f"{name}.{name}.big"
+    runner = CaptureThread(settings)
+    try:
+        runner.start(pg)
+        _wait(lambda: _state(settings, f"{name}.big") is TableState.SNAPSHOT, "no snapshot began")
+        runner.join()  # a graceful stop in the middle of the COPY
+        assert not runner.errors, runner.errors
+        first = len(_read_to_end(services.kafka_bootstrap_servers, topic))
+        assert _state(settings, f"{name}.big") is TableState.SNAPSHOT
+        # Rows deleted after the first attempt must not survive in a consumer's replay.
+        pg.execute(sql.SQL("DELETE FROM {} WHERE id <= 1000").format(big))
+
+        runner = CaptureThread(settings)
+        runner.start(pg)
+        _wait(lambda: _state(settings, f"{name}.big") is TableState.STREAMING, "never finished")
+        runner.join()
+        messages = _read_to_end(services.kafka_bootstrap_servers, topic)
+        reader = schema_reader(services.kafka_bootstrap_servers, settings.kafka.schema_topic, 2)
+        ops = [reader.decode_value(m.value())["op"] for m in messages]
+        assert ops.count("TRUNCATE") == 1, "the second attempt starts with a TRUNCATE"
+        assert len(messages) == first + 1 + 99000
+        lake = replay(reader, messages)[topic]
+        assert len(lake) == 99000
+        assert min(k[0][1] for k in lake) == 1001
+    finally:
+        runner.close(pg)
