@@ -1,5 +1,9 @@
 """``python -m apply``: read settings, build the Spark session, run the query until
-SIGTERM/SIGINT (or until caught up, with the ``available_now`` trigger)."""
+SIGTERM/SIGINT (or until caught up, with the ``available_now`` trigger).
+
+``python -m apply errored`` lists the errored tables; ``python -m apply reapply
+<schema.table>`` re-applies a table's parked records once its cause is fixed
+(docs/apply.md, errored tables)."""
 
 from __future__ import annotations
 
@@ -12,20 +16,56 @@ import threading
 from pydantic import ValidationError
 
 from apply.app import ApplyJob
-from apply.errors import ConfigError
+from apply.errors import ConfigError, TableError, TransientError
 from apply.settings import ApplySettings
 from apply.spark_jars import configured_jars
 from apply.spark_session import build_session
 from deploy.settings_reference import settings_table
 
+RUN, ERRORED, REAPPLY = "run", "errored", "reapply"
 
-def main(argv: list[str] | None = None) -> int:
-    argparse.ArgumentParser(
+
+def _arguments(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
         prog="python -m apply",
         description="Apply the change topics to Delta tables with Spark Structured Streaming.",
         epilog=settings_table(ApplySettings, "settings (environment variables)"),
         formatter_class=argparse.RawDescriptionHelpFormatter,
-    ).parse_args(argv)
+    )
+    commands = parser.add_subparsers(dest="command", metavar="command")
+    commands.add_parser(RUN, help="run the streaming job (the default)")
+    commands.add_parser(ERRORED, help="list the errored tables and why they stopped")
+    reapply = commands.add_parser(
+        REAPPLY,
+        help="re-apply the parked records of an errored table after fixing the cause",
+    )
+    reapply.add_argument("table", help="the table as `errored` lists it: schema.table")
+    return parser.parse_args(argv)
+
+
+def _report(job: ApplyJob, arguments: argparse.Namespace) -> int:
+    if arguments.command == ERRORED:
+        for table in job.errored():
+            print(
+                f"{table.table}: {table.records} records parked since batch "
+                f"{table.since_batch}: {table.error}"
+            )
+        return 0
+    outcome = job.reapply(arguments.table)
+    applied = sum(p.records for p in outcome.passes)
+    print(f"{outcome.table}: re-applied {applied} parked records")
+    if outcome.still_waiting:
+        print(
+            f"{outcome.table}: {outcome.still_waiting} records were parked while this ran and "
+            "still wait: run the command again",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    arguments = _arguments(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     log = logging.getLogger("apply")
     try:
@@ -38,15 +78,22 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         log.error("configuration error: %s", exc)  # noqa: TRY400 - the message is the help
         return 2
-    stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
     spark = build_session(settings.spark, jars)
     try:
-        ApplyJob(settings, spark).run(stop)
+        job = ApplyJob(settings, spark)
+        if arguments.command in (ERRORED, REAPPLY):
+            return _report(job, arguments)
+        stop = threading.Event()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: stop.set())
+        job.run(stop)
     except ConfigError as exc:
         log.error("configuration error: %s", exc)  # noqa: TRY400
         return 2
+    except (TableError, TransientError) as exc:
+        # Only the reapply command lets these out: the table stays errored, nothing lost.
+        log.error("%s", exc)  # noqa: TRY400
+        return 1
     finally:
         spark.stop()
     return 0

@@ -7,9 +7,16 @@ the control topic. The checkpoint lives at ``<checkpoint_root>/apply``; Delta's
 ``txnAppId`` is derived from that location, so a replayed batch is skipped by Delta.
 
 At start the job re-publishes the progress recorded in every Delta table it finds under
-the lake root: if it died between a commit and its publish, capture still learns about
-it. Stopping (SIGTERM) stops the query; a batch cut short is replayed on restart and
-Delta's transaction ids make the replay harmless.
+the lake root, and the offsets of the records parked in the dead-letter table: if it
+died between a commit and its publish, capture still learns about it. Stopping
+(SIGTERM) stops the query; a batch cut short is replayed on restart and Delta's
+transaction ids make the replay harmless.
+
+A batch that fails with a :class:`~apply.errors.TransientError` is retried in place a
+few times with backoff (a retried batch is idempotent, :mod:`apply.batch`); after that
+the query fails and the process exits, for its supervisor to restart it.
+
+:meth:`ApplyJob.reapply` wires ``python -m apply reapply`` (:mod:`apply.reapply`).
 """
 
 from __future__ import annotations
@@ -23,13 +30,18 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 
 from apply.batch import ApplyContext, apply_batch
-from apply.errors import UnknownSchemaError
+from apply.dead_letter import ErroredTable, errored_tables, parked_offsets
+from apply.errors import TableError, TransientError, UnknownSchemaError
 from apply.feedback import ProgressPublisher, SchemaCatalog
 from apply.history import recover_state
 from apply.merge import transaction_app_id
-from apply.progress import TableResult, applied_progress, recovered_progress
+from apply.progress import BatchResult, ParkedTable, TableResult, batch_progress, recovered_progress
+from apply.reapply import ReapplyOutcome, reapply_app_id, reapply_table
 from apply.settings import ApplySettings, KafkaSettings
 from apply.tables import table_of_topic
+
+_TRANSIENT_ATTEMPTS = 3
+_BACKOFF_S = 2.0
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +64,12 @@ def replication_lag_s(result: TableResult, now_unix_s: float) -> float | None:
     return None if commit_ts is None else max(0.0, now_unix_s - commit_ts / 1_000_000)
 
 
-def log_results(batch_id: int, results: list[TableResult], started: float) -> None:
+def log_results(
+    batch_id: int,
+    results: list[TableResult],
+    started: float,
+    parked: tuple[ParkedTable, ...] = (),
+) -> None:
     now = time.time()
     for r in results:
         lag = replication_lag_s(r, now)
@@ -72,6 +89,17 @@ def log_results(batch_id: int, results: list[TableResult], started: float) -> No
             time.monotonic() - started,
             "n/a" if lag is None else f"{lag:.1f}s",
         )
+    for p in parked:
+        log.warning(
+            "batch %d table %s: errored, records=%d parked=%d error=%s; fix the cause, then "
+            "run: python -m apply reapply %s",
+            batch_id,
+            p.table,
+            p.records,
+            p.parked,
+            p.error_kind,
+            p.table,
+        )
 
 
 class ApplyJob:
@@ -82,28 +110,42 @@ class ApplyJob:
         self._publisher = ProgressPublisher(settings.kafka)
         self._context_id = transaction_app_id(checkpoint_location(settings))
 
+    def _context(self, app_id: str) -> ApplyContext:
+        return ApplyContext(
+            self._settings.lake.root,
+            app_id,
+            dict(self._catalog.schemas),
+            parallelism=self._settings.table_parallelism,
+        )
+
     def on_batch(self, batch: DataFrame, batch_id: int) -> None:
         self.apply(batch, batch_id)
 
-    def apply(self, batch: DataFrame, batch_id: int) -> list[TableResult]:
-        """The ``foreachBatch`` body: apply, then publish what was applied."""
+    def apply(self, batch: DataFrame, batch_id: int) -> BatchResult:
+        """The ``foreachBatch`` body: apply, then publish what was applied or parked."""
         started = time.monotonic()
-        for attempt in range(2):
-            context = ApplyContext(
-                self._settings.lake.root, self._context_id, dict(self._catalog.schemas)
-            )
+        refreshed = False
+        attempt = 0
+        while True:
             try:
-                results = apply_batch(batch, batch_id, context)
+                result = apply_batch(batch, batch_id, self._context(self._context_id))
             except UnknownSchemaError:
-                if attempt == 1:
+                if refreshed:
                     raise
                 # Capture flushes a schema before the first record using it: read again.
                 self._catalog.refresh()
+                refreshed = True
                 continue
-            self._publisher.publish(m for r in results for m in applied_progress(r))
-            log_results(batch_id, results, started)
-            return results
-        return []
+            except TransientError as exc:
+                attempt += 1
+                if attempt >= _TRANSIENT_ATTEMPTS:
+                    raise
+                log.warning("batch %d failed, retrying (attempt %d): %s", batch_id, attempt, exc)
+                time.sleep(_BACKOFF_S * 2 ** (attempt - 1))
+                continue
+            self._publisher.publish(batch_progress(result))
+            log_results(batch_id, list(result.applied), started, result.parked)
+            return result
 
     def republish_recorded_progress(self) -> int:
         """Publish the progress every Delta table under the lake root recorded."""
@@ -119,12 +161,37 @@ class ApplyJob:
         for status in statuses:
             table_path = status.getPath().getParent()
             schema, table = table_path.getParent().getName(), table_path.getName()
-            state = recover_state(self._spark, table_path.toString(), f"{schema}.{table}")
+            try:
+                state = recover_state(self._spark, table_path.toString(), f"{schema}.{table}")
+            except TableError as exc:
+                # Its records are parked (the dead-letter offsets below cover them).
+                log.error("cannot recover the applied state of %s: %s", table_path, exc)  # noqa: TRY400
+                continue
             if state is not None:
                 states.append(state)
-        messages = recovered_progress(states)
+        parked = parked_offsets(self._spark, self._context(self._context_id).dead_letter)
+        messages = recovered_progress(states, parked)
         self._publisher.publish(messages)
         return len(messages)
+
+    def errored(self) -> list[ErroredTable]:
+        """The errored tables, by name: what ``python -m apply errored`` lists."""
+        found = errored_tables(self._spark, self._context(self._context_id).dead_letter)
+        return [found[name] for name in sorted(found)]
+
+    def reapply(self, table: str) -> ReapplyOutcome:
+        """Re-apply the parked records of ``table`` (``schema.table``) and publish the
+        progress of its partitions (:mod:`apply.reapply`)."""
+        self._catalog.refresh()
+        context = self._context(reapply_app_id(self._context_id))
+        outcome = reapply_table(self._spark, table, context)
+        states = {r.topic: r.state for p in outcome.passes for r in p.results}
+        if states:
+            parked = parked_offsets(self._spark, context.dead_letter)
+            self._publisher.publish(
+                recovered_progress(list(states.values()), {table: parked.get(table, {})})
+            )
+        return outcome
 
     def run(self, stop: threading.Event) -> None:
         settings = self._settings
@@ -136,6 +203,8 @@ class ApplyJob:
             .option("kafka.bootstrap.servers", settings.kafka.bootstrap_servers)
             .option("subscribePattern", change_topic_pattern(settings.kafka))
             .option("startingOffsets", "earliest")
+            # Kept with parked records, for tools that read the dead-letter table.
+            .option("includeHeaders", "true")
         )
         if settings.kafka.max_offsets_per_trigger is not None:
             reader = reader.option("maxOffsetsPerTrigger", settings.kafka.max_offsets_per_trigger)

@@ -1,6 +1,7 @@
 """Apply one micro-batch of change records to the lake: the body of ``foreachBatch``.
 
-For each change topic in the batch, in topic order (:func:`apply_table`):
+The tables of the batch are applied at the same time (:mod:`apply.table_pool`), each by
+:func:`apply_table`:
 
 1. read the Delta table's history: its newest version and the applied state
    (:mod:`apply.history`) -- nothing is kept in memory between batches, so a restarted
@@ -12,23 +13,35 @@ For each change topic in the batch, in topic order (:func:`apply_table`):
 4. drop replays, reduce to the latest change per key and MERGE, with the state in the
    same commit (:mod:`apply.merge`).
 
+A table that fails for a definite reason (:class:`~apply.errors.TableError`), or is
+errored since an earlier batch, is **parked** instead: its records of the batch go to
+the dead-letter table (:mod:`apply.dead_letter`), all parked tables of the batch in one
+commit, after the other tables finished.
+
 Guarantees:
 
-- Every record of the batch ends up applied, superseded, or dropped as a replay or
-  tombstone, and the state's next offsets cover exactly the batch: the control
-  messages made from the results (:func:`apply.progress.applied_progress`) never claim
-  a record that is not in the lake.
-- A failure leaves each table either with the whole batch committed or untouched. Spark
-  retries the batch under the same id; tables that committed it are skipped by their
-  ``txnVersion``, the others apply it.
+- Every record of the batch ends up applied, superseded, dropped as a replay or
+  tombstone, or parked; the control messages made from the result
+  (:func:`apply.progress.batch_progress`) never claim a record that is neither in its
+  lake table nor parked.
+- A table never blocks another: a definite error parks only its own table, and an
+  errored table stays parked, batch after batch, until ``python -m apply reapply``
+  (:mod:`apply.reapply`) applied its records and released it.
+- A transient failure (any error that is not a :class:`~apply.errors.TableError`) fails
+  the whole batch, once every table's task has finished, and parks nothing: the retried
+  batch is idempotent. Each table has either the whole batch committed or nothing;
+  tables that committed it are skipped by their ``txnVersion``, or because their state
+  already covers the batch's offsets.
+- A batch whose offsets the table's state already covers (a replay under the same id,
+  or the same records under a later id after a lost checkpoint) commits nothing: no new
+  version in any table, the dead-letter table included.
 - All writer fingerprints are resolved before any table is touched: an unknown one
   raises :class:`~apply.errors.UnknownSchemaError` and nothing is written.
-- A skipped MERGE must be a replay of the table's newest apply commit; anything else
-  means batch ids restarted under the same ``txnAppId`` (a checkpoint reset in place),
-  which would skip new data, so it raises :class:`~apply.errors.ConfigError`.
-- A table with a definite problem raises a :class:`~apply.errors.TableError`; tables
-  after it in topic order are not applied in that attempt. Isolating such a table
-  (parking it, dead-lettering its records) is left to the streaming application.
+- Batch ids never go backwards for a table: a skipped MERGE must be a replay of the
+  table's newest apply commit, and a covered batch may not have a lower id than it;
+  anything else means batch ids restarted under the same ``txnAppId`` (a checkpoint
+  reset in place), which would skip new data, so it raises
+  :class:`~apply.errors.ConfigError`.
 """
 
 from __future__ import annotations
@@ -40,13 +53,28 @@ from dataclasses import dataclass
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 
+from apply.dead_letter import ErroredTable, ParkRequest, dead_letter_path, errored_tables, park
 from apply.decode import TopicSurvey, decode_topic, survey
-from apply.delta_schema import ensure_table, parse_value_schema, plan_columns, read_existing_table
-from apply.errors import BadRecordError, ConfigError, UnknownSchemaError
+from apply.delta_schema import (
+    ValueSchema,
+    ensure_table,
+    parse_value_schema,
+    plan_columns,
+    read_existing_table,
+)
+from apply.errors import BadRecordError, ConfigError, TableError, UnknownSchemaError
 from apply.history import read_history, recover_state
 from apply.merge import BatchMeasure, empty_source, measure, merge_into, merge_source
-from apply.positions import PartitionBatch, TopicPartition, advance, encode_state
-from apply.progress import TableResult
+from apply.positions import (
+    PartitionBatch,
+    TableState,
+    TopicPartition,
+    advance,
+    covers,
+    encode_state,
+)
+from apply.progress import BatchResult, ParkedTable, TableResult
+from apply.table_pool import run_per_table, table_session
 from apply.tables import table_of_topic, table_path
 from schemas.single_object import Fingerprint, format_fingerprint
 
@@ -64,10 +92,94 @@ class ApplyContext:
     writer_schemas: Mapping[Fingerprint, str]
     """Writer schema JSON by fingerprint, as read from the schema topic. The mapping may
     grow between batches; it is read, never changed."""
+    parallelism: int = 4
+    """Tables of one batch applied at the same time."""
+
+    @property
+    def dead_letter(self) -> str:
+        """Location of the dead-letter table (:mod:`apply.dead_letter`)."""
+        return dead_letter_path(self.lake_root)
 
 
-def apply_batch(batch: DataFrame, batch_id: int, context: ApplyContext) -> list[TableResult]:
-    """Apply a micro-batch from the Kafka source; one result per table written."""
+@dataclass(frozen=True, slots=True)
+class _Park:
+    """A table task's verdict: park the table's records of the batch."""
+
+    survey: TopicSurvey
+    error: str
+    error_kind: str
+    newly_errored: bool
+    state: TableState | None
+    schemas: tuple[ValueSchema, ...]
+
+
+def _parsable_schemas(topic_survey: TopicSurvey, context: ApplyContext) -> tuple[ValueSchema, ...]:
+    """The writer schemas of the topic's records that parse, for the parked positions."""
+    table = table_of_topic(topic_survey.topic)
+    schemas = []
+    for fingerprint in sorted(topic_survey.fingerprints):
+        try:
+            schemas.append(
+                parse_value_schema(table, fingerprint, context.writer_schemas[fingerprint])
+            )
+        except TableError:
+            continue  # its records are parked without a position
+    return tuple(schemas)
+
+
+def _lake_state(
+    spark: SparkSession, topic_survey: TopicSurvey, context: ApplyContext
+) -> TableState | None:
+    """The applied state of the topic's lake table, if it has a readable one."""
+    table = table_of_topic(topic_survey.topic)
+    try:
+        return recover_state(spark, table_path(context.lake_root, table), str(table))
+    except TableError:
+        return None  # the history itself is what is broken; positions stay unknown
+
+
+def _table_task(
+    spark: SparkSession,
+    *,
+    batch: DataFrame,
+    batch_id: int,
+    context: ApplyContext,
+    errored: Mapping[str, ErroredTable],
+    topic_survey: TopicSurvey,
+) -> TableResult | _Park | None:
+    """One table's part of the batch, in a session of its own (:mod:`apply.table_pool`)."""
+    session = table_session(spark)
+    table = str(table_of_topic(topic_survey.topic))
+    before = errored.get(table)
+    if before is not None:
+        return _Park(
+            survey=topic_survey,
+            error=before.error,
+            error_kind=before.error_kind,
+            newly_errored=False,
+            state=_lake_state(session, topic_survey, context),
+            schemas=_parsable_schemas(topic_survey, context),
+        )
+    try:
+        return apply_table(session, batch, batch_id, topic_survey, context)
+    except TableError as exc:
+        log.error(  # noqa: TRY400 - the message says what to do; the trace adds nothing
+            "batch %d: table %s is errored and parked: %s", batch_id, table, exc
+        )
+        return _Park(
+            survey=topic_survey,
+            error=str(exc),
+            error_kind=type(exc).__name__,
+            newly_errored=True,
+            state=_lake_state(session, topic_survey, context),
+            schemas=_parsable_schemas(topic_survey, context),
+        )
+
+
+def apply_batch(batch: DataFrame, batch_id: int, context: ApplyContext) -> BatchResult:
+    """Apply a micro-batch from the Kafka source: a result per table applied (tables
+    holding only tombstones and no Delta table yet have none) and per table parked, each
+    in topic order."""
     spark = batch.sparkSession
     # Surveyed once, then read again per table and per writer schema.
     batch.persist(StorageLevel.MEMORY_AND_DISK)
@@ -81,14 +193,80 @@ def apply_batch(batch: DataFrame, batch_id: int, context: ApplyContext) -> list[
             )
             if missing:
                 raise UnknownSchemaError(topic, missing)
-        results = []
-        for topic in sorted(surveys):
-            result = apply_table(spark, batch, batch_id, surveys[topic], context)
-            if result is not None:
-                results.append(result)
-        return results
+        errored = errored_tables(spark, context.dead_letter)
+        topics = [surveys[topic] for topic in sorted(surveys)]
+        futures = run_per_table(
+            topics,
+            lambda topic_survey: _table_task(
+                spark,
+                batch=batch,
+                batch_id=batch_id,
+                context=context,
+                errored=errored,
+                topic_survey=topic_survey,
+            ),
+            context.parallelism,
+        )
+        # Not a TableError: the batch fails as a whole, the first failure in topic order.
+        for future in futures:
+            error = future.exception()
+            if error is not None:
+                raise error
+        outcomes = [future.result() for future in futures]
+        applied = tuple(o for o in outcomes if isinstance(o, TableResult))
+        to_park = [o for o in outcomes if isinstance(o, _Park)]
+        return BatchResult(applied=applied, parked=_park(spark, batch, batch_id, context, to_park))
     finally:
         batch.unpersist()
+
+
+def _park(
+    spark: SparkSession,
+    batch: DataFrame,
+    batch_id: int,
+    context: ApplyContext,
+    to_park: list[_Park],
+) -> tuple[ParkedTable, ...]:
+    requests = [
+        ParkRequest(
+            table=str(table_of_topic(p.survey.topic)),
+            topic=p.survey.topic,
+            error=p.error,
+            error_kind=p.error_kind,
+            schemas=p.schemas,
+        )
+        for p in to_park
+    ]
+    written = park(spark, context.dead_letter, batch, batch_id, requests)
+    parked = []
+    for request, p in zip(requests, to_park, strict=True):
+        result = ParkedTable(
+            table=request.table,
+            topic=request.topic,
+            batch_id=batch_id,
+            error=p.error,
+            error_kind=p.error_kind,
+            newly_errored=p.newly_errored,
+            records=p.survey.records,
+            parked=written[request.table],
+            next_offsets={
+                (request.topic, partition): seen.next_offset
+                for partition, seen in p.survey.partitions.items()
+            },
+            state=p.state,
+        )
+        log.warning(
+            "batch %d to %s: parked %d of %d records in %s (table errored since %s: %s)",
+            batch_id,
+            result.table,
+            result.parked,
+            result.records,
+            context.dead_letter,
+            "this batch" if result.newly_errored else "an earlier batch",
+            result.error_kind,
+        )
+        parked.append(result)
+    return tuple(parked)
 
 
 def _metric(metrics: Mapping[str, str], name: str) -> int:
@@ -109,6 +287,59 @@ def _partition_batches(
             commit_ts=None if decoded is None else decoded.commit_ts,
         )
     return batches
+
+
+def _batch_ids_restarted(table: str, batch_id: int, recorded: TableState | None) -> ConfigError:
+    return ConfigError(
+        f"batch {batch_id} for table {table} is already written, but the table's newest "
+        f"apply commit is from batch {None if recorded is None else recorded.batch_id}: the "
+        "streaming checkpoint was reset while keeping its location, so batch ids restarted "
+        "under the same txnAppId; use a new checkpoint location"
+    )
+
+
+def _covered_result(
+    topic_survey: TopicSurvey, batch_id: int, version: int, previous: TableState, path: str
+) -> TableResult | None:
+    """The result for a batch the table's state already covers, which commits nothing;
+    None when the batch holds records the table has not seen."""
+    topic = topic_survey.topic
+    next_offsets = {(topic, p): seen.next_offset for p, seen in topic_survey.partitions.items()}
+    if not covers(previous, next_offsets):
+        return None
+    if batch_id < previous.batch_id:
+        raise _batch_ids_restarted(previous.table, batch_id, previous)
+    result = TableResult(
+        table=previous.table,
+        topic=topic,
+        path=path,
+        batch_id=batch_id,
+        committed=False,
+        version=version,
+        records=topic_survey.records,
+        tombstones=topic_survey.tombstones,
+        # Every record is below its partition's next offset: applied before.
+        replays=topic_survey.records - topic_survey.tombstones,
+        superseded=0,
+        truncates=0,
+        source_rows=0,
+        rows_inserted=0,
+        rows_updated=0,
+        rows_deleted=0,
+        rows_truncated=0,
+        table_created=False,
+        columns_added=(),
+        partitions=tuple(sorted(next_offsets)),
+        state=previous,
+    )
+    log.info(
+        "batch %d to %s: all %d records applied before, nothing to commit (version %d)",
+        batch_id,
+        previous.table,
+        result.records,
+        version,
+    )
+    return result
 
 
 def apply_table(
@@ -141,6 +372,10 @@ def apply_table(
         for fingerprint in sorted(topic_survey.fingerprints)
     ]
     history = read_history(spark, path, name)
+    if history is not None and history.state is not None:
+        covered = _covered_result(topic_survey, batch_id, history.version, history.state, path)
+        if covered is not None:
+            return covered
     existing = read_existing_table(spark, path, table) if history is not None else None
     if existing is None and not schemas:
         log.warning("tombstones for a table not created yet, nothing to record: %s", name)
@@ -202,13 +437,7 @@ def apply_table(
         # one, before. Only the first is a replay; report what that commit recorded.
         recorded = recover_state(spark, path, name)
         if recorded is None or recorded.batch_id != batch_id:
-            raise ConfigError(
-                f"Delta skipped batch {batch_id} for table {name} as already written, but the "
-                f"table's newest apply commit is from batch "
-                f"{None if recorded is None else recorded.batch_id}: the streaming checkpoint "
-                "was reset while keeping its location, so batch ids restarted under the same "
-                "txnAppId; use a new checkpoint location"
-            )
+            raise _batch_ids_restarted(name, batch_id, recorded)
         state = recorded
 
     metrics = outcome.metrics

@@ -203,3 +203,35 @@ def decode_topic(
     for group in groups[1:]:
         combined = combined.unionByName(group)
     return combined
+
+
+def decode_positions(records: DataFrame, schemas: Sequence[ValueSchema]) -> DataFrame:
+    """``records`` (rows of Spark's Kafka source) with ``fingerprint`` (the writer
+    fingerprint in hex, null without a single-object header), ``commit_lsn`` and
+    ``ordinal`` added: the position, null for a record that does not decode with one of
+    ``schemas``. Only the envelope is kept, so a row the table cannot take still gets
+    its position."""
+    value = sf.col("value")
+    has_header = (
+        value.isNotNull()
+        & (sf.length(value) >= HEADER_SIZE)
+        & (sf.substring(value, 1, len(MARKER)) == sf.lit(MARKER))
+    )
+    body = value.substr(sf.lit(HEADER_SIZE + 1), sf.length(value) - sf.lit(HEADER_SIZE))
+    position = sf.lit(None).cast("struct<commit_lsn:bigint,ordinal:bigint>")
+    for schema in schemas:
+        decoded = from_avro(body, schema.decode_json, {"mode": "PERMISSIVE"})
+        position = sf.when(
+            has_header
+            & (_fingerprint_slice(value) == sf.lit(fingerprint_bytes(schema.fingerprint))),
+            sf.struct(
+                decoded["commit_lsn"].cast("bigint").alias(COMMIT_LSN),
+                decoded["ordinal"].cast("bigint").alias(ORDINAL),
+            ),
+        ).otherwise(position)
+    return records.select(
+        "*",
+        sf.when(has_header, sf.lower(sf.hex(_fingerprint_slice(value)))).alias("fingerprint"),
+        position[COMMIT_LSN].alias(COMMIT_LSN),
+        position[ORDINAL].alias(ORDINAL),
+    )

@@ -10,8 +10,9 @@
 - :class:`TableError` -- one table cannot go on until someone acts: an incompatible
   schema change (:class:`SchemaChangeError`), a record that does not decode
   (:class:`BadRecordError`), commit metadata that is not ours
-  (:class:`CommitMetadataError`). Its records stay in Kafka, so nothing is lost while
-  the cause is looked at.
+  (:class:`CommitMetadataError`). The table is parked: its records go to the
+  dead-letter table (:mod:`apply.dead_letter`) while the other tables go on, and
+  ``python -m apply reapply <schema.table>`` applies them once the cause is fixed.
 - :class:`ConfigError` -- the job was started wrong; fatal, with what to change.
 
 Foreign exceptions (Py4J, Spark, Delta) are translated at the boundary with
@@ -35,7 +36,7 @@ class ConfigError(PipelineError):
 
 
 class TableError(PipelineError):
-    """One table is broken until someone acts; its records stay replayable in Kafka."""
+    """One table is broken until someone acts; its records are parked, replayable."""
 
     def __init__(self, table: str, message: str) -> None:
         super().__init__(f"table {table}: {message}")
@@ -67,7 +68,7 @@ class BadRecordError(TableError):
             table,
             f"record at {topic}/{partition} offset {offset} {reason}: inspect it (e.g. "
             f"kcat -C -t {topic} -p {partition} -o {offset} -c 1) and fix the producer; "
-            "the table stays stopped at this record",
+            "the table's records are parked in the dead-letter table from this batch on",
         )
         self.topic = topic
         self.partition = partition

@@ -242,3 +242,14 @@ def decode_state(text: str | None) -> TableState | None:
             f"apply commit metadata does not follow the documented format (docs/apply.md): "
             f"{type(exc).__name__}: {exc}"
         ) from exc
+
+
+def covers(state: TableState, next_offsets: Mapping[TopicPartition, int]) -> bool:
+    """True when every record below ``next_offsets`` is already below the state's next
+    offset of its partition: a batch of those records holds nothing new for the table
+    (a replayed micro-batch, or the same records under a later batch id)."""
+    for key, next_offset in next_offsets.items():
+        progress = state.partitions.get(key)
+        if progress is None or progress.next_offset < next_offset:
+            return False
+    return True

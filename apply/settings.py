@@ -72,3 +72,11 @@ class ApplySettings(BaseSettings):
     lake: LakeSettings = Field(default_factory=LakeSettings)
     trigger: TriggerSettings = Field(default_factory=TriggerSettings)
     spark: SparkSettings = Field(default_factory=SparkSettings)
+    table_parallelism: int = Field(
+        4,
+        ge=1,
+        description=(
+            "tables of one micro-batch applied at the same time, each in its own Spark "
+            "session (1: one after another)"
+        ),
+    )

@@ -22,11 +22,11 @@ from confluent_kafka.cimpl import NewTopic
 
 from apply.batch import ApplyContext, apply_batch
 from apply.delta_schema import COMMIT_LSN_COLUMN, COMMIT_TS_COLUMN, ORDINAL_COLUMN
-from apply.errors import BadRecordError, ConfigError, UnknownSchemaError
+from apply.errors import ConfigError, UnknownSchemaError
 from apply.history import recover_state
 from apply.merge import TXN_APP_ID_CONF, TXN_VERSION_CONF, USER_METADATA_CONF, transaction_app_id
 from apply.positions import PartitionProgress, Position
-from apply.progress import applied_progress
+from apply.progress import applied_progress, batch_progress
 from apply.tables import TableId, table_path
 from schemas import column_type as ct
 from schemas.change_record import (
@@ -110,6 +110,25 @@ def context(tmp_path: Path, *schemas: TableSchemas) -> ApplyContext:
     )
 
 
+def dead_letter_rows(spark: Any, ctx: ApplyContext) -> list[tuple[Any, ...]]:
+    """The dead-letter table: table, partition, offset, fingerprint, position, parking
+    batch and re-applied version, in Kafka order."""
+    table = spark.read.format("delta").load(ctx.dead_letter)
+    return sorted(
+        tuple(row)
+        for row in table.select(
+            "source_table",
+            "partition",
+            "offset",
+            "fingerprint",
+            "commit_lsn",
+            "ordinal",
+            "batch_id",
+            "reapplied_version",
+        ).collect()
+    )
+
+
 def rows(spark: Any, path: str, *columns: str) -> dict[int, tuple[Any, ...]]:
     """The table's rows by id: the given columns or SQL expressions."""
     table = spark.read.format("delta").load(path)
@@ -156,8 +175,9 @@ def test_changes_replays_and_restart(
 
     result = apply_batch(topic.batch(spark, start, first), 0, ctx)
 
-    assert len(result) == 1
-    applied = result[0]
+    assert len(result.applied) == 1
+    assert result.parked == ()
+    applied = result.applied[0]
     assert (applied.table, applied.topic, applied.path) == (
         f"public.{unique_name}",
         topic.name,
@@ -199,7 +219,7 @@ def test_changes_replays_and_restart(
 
     result = apply_batch(topic.batch(spark, first, second), 1, ctx)
 
-    applied = result[0]
+    applied = result.applied[0]
     assert applied.committed
     assert (applied.records, applied.tombstones, applied.replays) == (8, 1, 4)
     assert (applied.source_rows, applied.superseded) == (3, 0)
@@ -225,41 +245,58 @@ def test_changes_replays_and_restart(
     ]
 
     # Spark replays micro-batch 1 after a crash between the Delta commit and its
-    # checkpoint: Delta skips it by txnAppId/txnVersion, no new version. (The replay
-    # filter leaves an empty source, but an empty MERGE commits too: see the
-    # tombstone-only batch below.)
+    # checkpoint: the table's state covers every offset of the batch, so nothing is
+    # written, no new version.
     versions = DeltaTable.forPath(spark, path).history().count()
-    replayed = apply_batch(topic.batch(spark, first, second), 1, ctx)[0]
+    replayed = apply_batch(topic.batch(spark, first, second), 1, ctx).applied[0]
     assert not replayed.committed
     assert replayed.version == applied.version
     assert replayed.state == expected_state
     assert DeltaTable.forPath(spark, path).history().count() == versions
 
     # A new job (nothing in memory) gets the same records under a new batch id, as after
-    # a lost checkpoint: Delta's history alone tells it they are all replays. The commit
-    # records the offsets and changes no row.
-    restarted = apply_batch(topic.batch(spark, first, second), 2, ctx)[0]
-    assert restarted.committed
-    assert restarted.version == applied.version + 1
+    # a lost checkpoint: Delta's history alone tells it they are all applied. Nothing is
+    # committed, and the progress it reports is the recorded one.
+    restarted = apply_batch(topic.batch(spark, first, second), 2, ctx).applied[0]
+    assert not restarted.committed
+    assert restarted.version == applied.version
     assert (restarted.replays, restarted.source_rows) == (7, 0)
-    assert restarted.state.partitions == expected_state.partitions
+    assert restarted.state == expected_state
+    assert applied_progress(restarted) == applied_progress(applied)
     assert rows(spark, path, "note", "amount", COMMIT_LSN_COLUMN, ORDINAL_COLUMN) == expected_rows
-    assert recover_state(spark, path, f"public.{unique_name}") == restarted.state
+    assert recover_state(spark, path, f"public.{unique_name}") == expected_state
+    assert DeltaTable.forPath(spark, path).history().count() == versions
+
+    # Replays among new records: the records the state covers are dropped by the replay
+    # filter, the new one commits, under the later batch id.
+    topic.send(enc, 0, update_2)
+    topic.send(enc, 1, change(UPDATE, 0x450, 0, after=row(1, "n1c", "1.00")))
+    third = topic.mark()
+    mixed = apply_batch(topic.batch(spark, second, third), 2, ctx).applied[0]
+    assert mixed.committed
+    assert (mixed.replays, mixed.source_rows, mixed.rows_updated) == (1, 1, 1)
+    assert rows(spark, path, "note")[1] == ("n1c",)
 
     # Tombstones alone still move their partition's next offset, in a commit of their own.
     topic.raw(1, enc.encode_key(delete_3), None)
     fourth = topic.mark()
-    tombstones = apply_batch(topic.batch(spark, second, fourth), 3, ctx)[0]
+    tombstones = apply_batch(topic.batch(spark, third, fourth), 3, ctx).applied[0]
     assert tombstones.committed
     assert (tombstones.records, tombstones.tombstones, tombstones.source_rows) == (1, 1, 0)
     assert tombstones.state.partitions[(topic.name, 1)] == PartitionProgress(
-        second[1] + 1, Position(Lsn(0x400), 0)
+        third[1] + 1, Position(Lsn(0x450), 0)
     )
 
     # A checkpoint reset in place restarts batch ids under the same txnAppId: Delta would
-    # skip every batch up to the old id, so the job refuses instead of losing them.
+    # skip every batch up to the old id, so the job refuses instead of losing them,
+    # whether the batch holds records applied before or new ones.
     with pytest.raises(ConfigError, match="use a new checkpoint location"):
-        apply_batch(topic.batch(spark, second, fourth), 0, ctx)
+        apply_batch(topic.batch(spark, third, fourth), 0, ctx)
+    topic.send(enc, 0, change(UPDATE, 0x500, 0, after=row(2, "n2b", "2.00")))
+    fifth = topic.mark()
+    with pytest.raises(ConfigError, match="use a new checkpoint location"):
+        apply_batch(topic.batch(spark, fourth, fifth), 1, ctx)
+    assert rows(spark, path, "note")[2] == ("n2",)
 
 
 def test_truncate_and_added_columns(
@@ -298,7 +335,7 @@ def test_truncate_and_added_columns(
     topic.send(enc1, 0, change(INSERT, 0x400, 0, after={"id": 4, "note": "four"}))
     second = topic.mark()
 
-    truncated = apply_batch(topic.batch(spark, first, second), 1, ctx)[0]
+    truncated = apply_batch(topic.batch(spark, first, second), 1, ctx).applied[0]
 
     assert rows(spark, path, "note") == {3: ("three",), 4: ("four",)}
     assert truncated.truncates == 1
@@ -322,7 +359,7 @@ def test_truncate_and_added_columns(
     topic.send(enc1, 2, change(INSERT, 0x280, 0, after={"id": 7, "note": "erased"}))
     third = topic.mark()
 
-    evolved = apply_batch(topic.batch(spark, second, third), 2, ctx)[0]
+    evolved = apply_batch(topic.batch(spark, second, third), 2, ctx).applied[0]
 
     assert evolved.columns_added == ("seen_at", "tags")
     table = spark.read.format("delta").load(path)
@@ -469,7 +506,7 @@ def test_every_column_type_lands_in_delta(
     )
 
 
-def test_undecodable_batches_write_nothing(
+def test_undecodable_records_park_their_table(
     spark: Any, services: Services, unique_name: str, tmp_path: Path
 ) -> None:
     schemas = build_table_schemas(
@@ -491,10 +528,31 @@ def test_undecodable_batches_write_nothing(
     unknown = context(tmp_path)  # no writer schemas loaded yet
     with pytest.raises(UnknownSchemaError, match=format_fingerprint(schemas.value_fingerprint)):
         apply_batch(topic.batch(spark, start, good), 0, unknown)
-    with pytest.raises(BadRecordError) as malformed:
-        apply_batch(topic.batch(spark, start, cut), 0, ctx)
-    assert (malformed.value.partition, malformed.value.offset) == (0, good[0])
-    with pytest.raises(BadRecordError) as headless:
-        apply_batch(topic.batch(spark, start, end), 0, ctx)
-    assert headless.value.offset == cut[0]
+    assert not Path(ctx.dead_letter).exists(), "a transient failure parks nothing"
+
+    malformed = apply_batch(topic.batch(spark, start, cut), 0, ctx)
+    assert malformed.applied == ()
+    (parked,) = malformed.parked
+    assert (parked.error_kind, parked.newly_errored, parked.records, parked.parked) == (
+        "BadRecordError",
+        True,
+        2,
+        2,
+    )
+    assert f"{topic.name}/0 offset {good[0]} does not decode" in parked.error
+    assert parked.next_offsets == {(topic.name, 0): cut[0]}
+    assert parked.state is None
+    # The table is errored now: the next batch parks its records without trying them,
+    # and a record without header is parked as it is.
+    headless = apply_batch(topic.batch(spark, cut, end), 1, ctx)
+    (parked_again,) = headless.parked
+    assert (parked_again.newly_errored, parked_again.parked) == (False, 1)
+    assert parked_again.error == parked.error
     assert not path.exists()
+    fingerprint = format_fingerprint(schemas.value_fingerprint)
+    assert dead_letter_rows(spark, ctx) == [
+        (f"public.{unique_name}", 0, 0, fingerprint, 0x100, 0, 0, None),
+        (f"public.{unique_name}", 0, 1, fingerprint, None, None, 0, None),
+        (f"public.{unique_name}", 0, 2, None, None, None, 1, None),
+    ]
+    assert {m.next_offset for m in batch_progress(headless)} == {end[0]}

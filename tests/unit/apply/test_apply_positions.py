@@ -14,6 +14,7 @@ from apply.positions import (
     StateFormatError,
     TableState,
     advance,
+    covers,
     decode_state,
     encode_state,
 )
@@ -144,3 +145,21 @@ def test_advancing_by_the_same_batch_twice_changes_nothing() -> None:
     seen = {(TOPIC, 1): PartitionBatch(20, pos(0x17_0000_0000, 2), 77)}
     once = advance(STATE, "public.orders", 43, seen, None)
     assert advance(once, "public.orders", 43, seen, None) == once
+
+
+def test_a_batch_below_every_next_offset_is_covered() -> None:
+    state = TableState(
+        "public.orders",
+        {
+            ("t", 0): PartitionProgress(10, Position(Lsn(0x100), 0)),
+            ("t", 1): PartitionProgress(4, None),
+        },
+        Lsn(0x100),
+        None,
+        None,
+        3,
+    )
+    assert covers(state, {("t", 0): 10, ("t", 1): 2})
+    assert not covers(state, {("t", 0): 11}), "offset 10 is not applied yet"
+    assert not covers(state, {("t", 2): 1}), "a partition the table never saw"
+    assert covers(state, {})
