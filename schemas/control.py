@@ -8,7 +8,8 @@ topic is compacted, so the latest message per partition is the state.
 - value: a JSON object (small, rare, and read by humans during incidents, so JSON wins
   over Avro here):
 
-  ``next_offset``   every record of that partition below this offset is applied
+  ``next_offset``   every record of that partition below this offset is applied to
+                    its lake table or parked in the dead-letter table (docs/apply.md)
   ``commit_lsn``    position of the newest applied record: its commit LSN ...
   ``ordinal``       ... and ordinal (``null`` when nothing was applied yet)
   ``table``         the source table, ``schema.table``
