@@ -222,6 +222,7 @@ class ControlReader:
                 "enable.partition.eof": True,
             }
         )
+        self._topic = settings.control_topic
         metadata = self._consumer.list_topics(settings.control_topic, timeout=10)
         self._partitions = sorted(metadata.topics[settings.control_topic].partitions)
         self._consumer.assign(
@@ -230,7 +231,18 @@ class ControlReader:
 
     def load(self, slot: str, timeout_s: float = 30.0) -> ControlState:
         """Read the topic to its end; what it says about ``slot`` and the change topics."""
-        at_end: set[int] = set()
+        # The end of each partition as of now; an empty partition is read already. Waiting
+        # for end-of-partition events alone would cost a consume timeout per start.
+        ends: dict[int, int] = {}
+        for partition in self._partitions:
+            try:
+                low, high = self._consumer.get_watermark_offsets(
+                    TopicPartition(self._topic, partition), timeout=10
+                )
+            except KafkaException as exc:
+                raise TransientError(f"cannot read the control topic's end: {exc}") from exc
+            ends[partition] = high if high > low else 0
+        at_end = {p for p, end in ends.items() if end == 0}
         checkpoint: Lsn | None = None
         applied: dict[tuple[str, int], int] = {}
         tables: dict[str, TableStatus] = {}
@@ -238,11 +250,14 @@ class ControlReader:
         while len(at_end) < len(self._partitions):
             if time.monotonic() > deadline:
                 raise TransientError("the control topic could not be read to its end in time")
-            for message in self._consumer.consume(1000, timeout=0.5):
+            for message in self._consumer.consume(1000, timeout=0.1):
                 error = message.error()
+                partition = message.partition() or 0
                 if error is not None and error.code() == KafkaError._PARTITION_EOF:
-                    at_end.add(message.partition() or 0)
+                    at_end.add(partition)
                     continue
+                if (message.offset() or 0) + 1 >= ends[partition]:
+                    at_end.add(partition)
                 decoded = self._decode(message)
                 if isinstance(decoded, SlotCheckpoint) and decoded.slot == slot:
                     checkpoint = decoded.confirmed_lsn
