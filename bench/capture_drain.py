@@ -20,10 +20,11 @@ On the local stack (``deploy.local.stack.up()``), in a fresh schema:
    publication) into ``/dev/null``.
 4. Ours: the capture service drains the other slot in a child process
    (``CaptureService(..., stop_at=end)``), producing with ``acks=all`` to the local
-   Kafka. The apply job is not running, so this process stands in for it: every second
-   it reports each change-topic partition as applied up to its high watermark on the
-   control topic. Without that, produced records never leave the in-flight book, and
-   reading pauses for good at ``max_in_flight_records``.
+   Kafka, without an initial snapshot (the preloaded rows are not part of the
+   backlog). The apply job is not running, so this process stands in for it: every
+   second it reports each change-topic partition as applied up to its high watermark
+   on the control topic. Without that, produced records never leave the in-flight
+   book, and reading pauses for good at ``max_in_flight_records``.
 5. The change topics must hold exactly one record per row change.
 
 Wall time and user + system CPU of each child come from ``os.wait4``, its peak RSS from
@@ -51,6 +52,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -142,9 +144,9 @@ class Names:
     def schema_topic(self) -> str:
         return schema_topic(self.schema)
 
-    def change_topics(self) -> dict[str, str]:
+    def change_topics(self, tables: Sequence[str] = TABLES) -> dict[str, str]:
         """Change topic -> ``schema.table``."""
-        return {table_topic(self.schema, self.schema, t): f"{self.schema}.{t}" for t in TABLES}
+        return {table_topic(self.schema, self.schema, t): f"{self.schema}.{t}" for t in tables}
 
     def all_topics(self) -> list[str]:
         return [*self.change_topics(), self.control_topic, self.schema_topic]
@@ -403,9 +405,10 @@ class AppliedFeeder(threading.Thread):
     """Stands in for the apply job: every APPLIED_INTERVAL_S, reports each change-topic
     partition as applied up to its high watermark, as apply does after a Delta commit."""
 
-    def __init__(self, bootstrap: str, names: Names) -> None:
+    def __init__(self, bootstrap: str, names: Names, tables: Sequence[str] = TABLES) -> None:
         super().__init__(daemon=True)
         self._names = names
+        self._tables = tables
         self._done = threading.Event()
         conf = {"bootstrap.servers": bootstrap}
         self._consumer = Consumer({**conf, "group.id": f"{names.schema}-feeder"})
@@ -413,7 +416,7 @@ class AppliedFeeder(threading.Thread):
         self._reported: dict[tuple[str, int], int] = {}
 
     def run(self) -> None:
-        topics = self._names.change_topics()
+        topics = self._names.change_topics(self._tables)
         existing: dict[str, str] = {}
         while not self._done.wait(APPLIED_INTERVAL_S):
             if len(existing) < len(topics):
@@ -549,6 +552,9 @@ def _capture_settings(dsn: str, bootstrap: str, names: Names) -> CaptureSettings
             schema_topic=names.schema_topic,
             partitions=PARTITIONS,
         ),
+        # The backlog is the measured work: rows that existed before the slot are not
+        # part of it, so no initial snapshot.
+        snapshot_mode="never",
     )
 
 
@@ -599,12 +605,12 @@ def capture_child(settings_json: str, stop_at: str) -> None:
     CaptureService(settings, threading.Event(), stop_at=parse_lsn(stop_at)).run()
 
 
-def _records_in(bootstrap: str, names: Names) -> int:
+def _records_in(bootstrap: str, names: Names, tables: Sequence[str] = TABLES) -> int:
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{names.schema}-count"})
     try:
         return sum(
             _high_watermark(consumer, topic, partition) or 0
-            for topic in names.change_topics()
+            for topic in names.change_topics(tables)
             for partition in range(PARTITIONS)
         )
     finally:

@@ -43,6 +43,7 @@ from capture.pgoutput import (
     Update,
     pg_micros_to_unix_micros,
 )
+from capture.pgoutput.messages import frozen_constructor
 from capture.typemap import ColumnMapping
 from schemas.change_record import (
     ChangeEncoder,
@@ -102,6 +103,7 @@ class ChangeFailed:
 
 
 _ROW_CHANGES = (Insert, Update, Delete)
+_new_record = frozen_constructor(OutgoingRecord)
 
 Output = OutgoingRecord | SchemaRecord | TransactionStarted | TransactionCommitted | ChangeFailed
 
@@ -376,7 +378,7 @@ class ChangeStream:
             before_key_only=key_only,
         )
         headers = record_headers(op, tx.commit_lsn, change_lsn, fingerprint)
-        out.append(OutgoingRecord(codec.topic, key, value, headers, codec.table))
+        out.append(_new_record(codec.topic, key, value, headers, codec.table))
         if self.tombstones and op is Operation.DELETE:
             out.append(
                 OutgoingRecord(

@@ -102,7 +102,7 @@ class ReplicationStream:
             raise TransientError(f"replication stream broke: {exc}") from exc
         if size < 0:
             raise TransientError("the server ended the replication stream")
-        return parse_copy_data(memoryview(data))
+        return parse_copy_data(data)
 
     def send_status(self, flushed: Lsn, *, reply_requested: bool = False) -> None:
         """Standby status update: written and flushed both report ``flushed``, the LSN

@@ -24,7 +24,7 @@ import struct
 import time
 from dataclasses import dataclass
 
-from capture.pgoutput.messages import unix_micros_to_pg_micros
+from capture.pgoutput.messages import frozen_constructor, unix_micros_to_pg_micros
 from capture.pgoutput.reader import DecodeError, Reader
 from schemas.lsn import MAX_LSN, Lsn
 
@@ -36,6 +36,7 @@ PRIMARY_KEEPALIVE = ord("k")
 STANDBY_STATUS_UPDATE = ord("r")
 
 _STATUS_UPDATE = struct.Struct("!BQQQqB")
+_XLOG_DATA_HEADER = struct.Struct("!BQQq")
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,8 +68,22 @@ class PrimaryKeepalive:
     reply_requested: bool
 
 
+_new_xlog_data = frozen_constructor(XLogData)
+
+
 def parse_copy_data(buf: bytes | memoryview) -> XLogData | PrimaryKeepalive:
     """Parse one CopyData payload sent by the server during streaming replication."""
+    # Nearly every frame is an XLogData: its fixed header is read in one go. A short or
+    # unusual buffer takes the Reader path below, which says what is wrong with it.
+    view = memoryview(buf)
+    if (
+        len(view) >= _XLOG_DATA_HEADER.size
+        and view.format == "B"
+        and view.ndim == 1
+        and view[0] == XLOG_DATA
+    ):
+        _, wal_start, wal_end, send_time = _XLOG_DATA_HEADER.unpack_from(view)
+        return _new_xlog_data(wal_start, wal_end, send_time, view[_XLOG_DATA_HEADER.size :])
     reader = Reader(buf)
     if not reader.remaining():
         raise DecodeError(0, "replication message tag 'w' or 'k'", "empty message")

@@ -39,10 +39,17 @@ before writing it, which for a row means checking every column twice.
 bench/avro_encode.py measures it; docs/wire-contract.md has the numbers. A consequence
 for callers: values are never tuples (arrays are lists), since fastavro would read a
 tuple inside a union as a branch name.
+
+With ``physical_values=True`` (the capture's mode) fastavro is the fallback, not the
+rule: :mod:`schemas.avro_binary` writes the record with writers chosen per column once,
+and hands it to fastavro only when a value is not of the exact physical type it takes.
+The bytes are the same either way (tests/unit/schemas/test_avro_binary.py compares
+them); the fast path is two to three times quicker (bench/avro_encode.py).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
@@ -54,6 +61,7 @@ from typing import Any
 
 from fastavro import parse_schema, schemaless_writer
 
+from schemas import avro_binary
 from schemas.column_type import AvroKind, ColumnType
 from schemas.envelope import OPERATION_SCHEMA, TABLE_KEY
 from schemas.errors import ChangeEncodingError, TableDefinitionError
@@ -292,6 +300,21 @@ class Change:
             raise ValueError("before_key_only needs a before image")
 
 
+# The enum's symbols are the Operation values, in the order the schema lists them.
+_OPERATION_INDEX = {
+    Operation(symbol): avro_binary.int_(index)
+    for index, symbol in enumerate(OPERATION_SCHEMA["symbols"])
+}
+
+
+@functools.lru_cache(maxsize=16, typed=True)
+def _transaction_fields(commit_lsn: int, xid: int, commit_ts: int) -> tuple[bytes, bytes]:
+    """``commit_lsn``, and ``xid`` + ``commit_ts``: the value fields every record of a
+    transaction shares, encoded once per transaction rather than once per record (records
+    of one transaction follow each other, over all tables)."""
+    return avro_binary.long_(commit_lsn), avro_binary.long_(xid) + avro_binary.long_(commit_ts)
+
+
 def _same(schema: Any) -> Any:
     return schema
 
@@ -363,47 +386,96 @@ class ChangeEncoder:
         "_branches",
         "_key",
         "_key_buffer",
+        "_key_header",
         "_key_names",
+        "_key_writer",
         "_range_checks",
         "_row_name",
+        "_row_writer",
         "_table",
         "_value",
         "_value_buffer",
+        "_value_header",
         "schemas",
     )
 
     def __init__(self, schemas: TableSchemas, *, physical_values: bool = False) -> None:
         """With ``physical_values`` the rows must hold Avro physical values only -- ints
         for dates, times and timestamps, unscaled two's-complement bytes for decimals,
-        ``str`` for UUIDs -- and the encoder skips fastavro's logical-type conversions.
-        The bytes are the same; the encoding is faster (bench/avro_encode.py)."""
+        ``str`` for UUIDs -- and the encoder writes them with the writers of
+        :mod:`schemas.avro_binary`, falling back to fastavro for any value those do not
+        take. The bytes are the same; the encoding is faster (bench/avro_encode.py)."""
         self.schemas = schemas
         self._table = schemas.description.qualified_name
         prepare = _without_logical_types if physical_values else _same
         self._value = parse_schema(prepare(schemas.value_schema))
         self._key = parse_schema(prepare(schemas.key_schema))
         self._row_name = schemas.row_name
+        columns = schemas.description.columns
         self._branches = {
             name: _branch(column.type)
-            for name, column in zip(schemas.field_names, schemas.description.columns, strict=True)
+            for name, column in zip(schemas.field_names, columns, strict=True)
         }
         self._key_names = schemas.key_field_names
         self._range_checks = [
             (name, fits)
-            for name, column in zip(schemas.field_names, schemas.description.columns, strict=True)
+            for name, column in zip(schemas.field_names, columns, strict=True)
             if (fits := _range_check(column.type)) is not None
         ]
+        self._value_header = header(schemas.value_fingerprint)
+        self._key_header = header(schemas.key_fingerprint)
         self._value_buffer = io.BytesIO()
-        self._value_buffer.write(header(schemas.value_fingerprint))
+        self._value_buffer.write(self._value_header)
         self._key_buffer = io.BytesIO()
-        self._key_buffer.write(header(schemas.key_fingerprint))
+        self._key_buffer.write(self._key_header)
+        self._row_writer: avro_binary.RowWriter | None = None
+        self._key_writer: avro_binary.KeyWriter | None = None
+        if physical_values:
+            self._row_writer = avro_binary.RowWriter(
+                schemas.field_names, [column.type for column in columns]
+            )
+            keys = [(n, c) for n, c in zip(schemas.field_names, columns, strict=True) if c.key]
+            self._key_writer = avro_binary.KeyWriter(
+                self._key_header,
+                [name for name, _ in keys],
+                [column.type for _, column in keys],
+                [column.nullable for _, column in keys],
+            )
 
     def encode_value(self, change: Change) -> bytes:
         """The Kafka value of ``change``."""
-        before = change.before
-        after = change.after
-        if change.unchanged_columns:
-            self._check_unchanged(change)
+        return self.encode_fields(
+            op=change.op,
+            commit_lsn=change.commit_lsn,
+            change_lsn=change.change_lsn,
+            xid=change.xid,
+            commit_ts=change.commit_ts,
+            ordinal=change.ordinal,
+            before=change.before,
+            after=change.after,
+            unchanged_columns=change.unchanged_columns,
+            before_key_only=change.before_key_only,
+        )
+
+    def encode_fields(
+        self,
+        *,
+        op: Operation,
+        commit_lsn: Lsn,
+        change_lsn: Lsn,
+        xid: int,
+        commit_ts: int,
+        ordinal: int,
+        before: Row | None,
+        after: Row | None,
+        unchanged_columns: tuple[str, ...],
+        before_key_only: bool,
+    ) -> bytes:
+        """:meth:`encode_value` of the :class:`Change` with these fields, without
+        building one: for callers on a hot path that already guarantee what
+        ``Change.__post_init__`` checks (which row images an operation carries)."""
+        if unchanged_columns:
+            self._check_unchanged(after, unchanged_columns)
         if (
             before is not None
             and after is not None
@@ -414,31 +486,69 @@ class ChangeEncoder:
                 "an UPDATE that changes the key is published as a DELETE of the old key "
                 "followed by an INSERT of the new one, never as one UPDATE",
             )
+        rows = self._row_writer
+        if rows is not None:
+            try:
+                commit, transaction = _transaction_fields(commit_lsn, xid, commit_ts)
+                parts = [
+                    self._value_header,
+                    _OPERATION_INDEX[op],
+                    commit,
+                    avro_binary.long_(change_lsn),
+                    transaction,
+                    avro_binary.long_(ordinal),
+                    avro_binary.boolean(before_key_only),
+                ]
+                if before is None:
+                    parts.append(avro_binary.NULL)
+                else:
+                    parts.append(avro_binary.NON_NULL)
+                    parts += rows.write(before)
+                if after is None:
+                    parts.append(avro_binary.NULL)
+                else:
+                    parts.append(avro_binary.NON_NULL)
+                    parts += rows.write(after)
+                parts.append(avro_binary.string_array(unchanged_columns))
+                return b"".join(parts)
+            except (avro_binary.NotEncodable, KeyError, TypeError):
+                pass  # fastavro writes it, or the checks below say why it cannot
+        # The fast path's writers refuse what these refuse, so running them only here
+        # gives the same errors.
         if self._range_checks:
             if before is not None:
                 self._check_ranges(before)
             if after is not None:
                 self._check_ranges(after)
         record = {
-            "op": change.op.value,
-            "commit_lsn": change.commit_lsn,
-            "change_lsn": change.change_lsn,
-            "xid": change.xid,
-            "commit_ts": change.commit_ts,
-            "ordinal": change.ordinal,
-            "before_key_only": change.before_key_only,
+            "op": op.value,
+            "commit_lsn": commit_lsn,
+            "change_lsn": change_lsn,
+            "xid": xid,
+            "commit_ts": commit_ts,
+            "ordinal": ordinal,
+            "before_key_only": before_key_only,
             "before": None if before is None else self._hinted(before),
             "after": None if after is None else self._hinted(after),
-            "unchanged_columns": change.unchanged_columns,
+            "unchanged_columns": unchanged_columns,
         }
         return self._write(self._value_buffer, self._value, record)
 
     def encode_key(self, change: Change) -> bytes:
         """The Kafka key of ``change``: the key columns of ``after`` (``before`` for a
         DELETE), or :data:`schemas.envelope.TABLE_KEY` for a TRUNCATE."""
-        row = change.after if change.after is not None else change.before
+        return self.encode_row_key(change.after if change.after is not None else change.before)
+
+    def encode_row_key(self, row: Row | None) -> bytes:
+        """The Kafka key of a change whose row image is ``row`` (``after``, or ``before``
+        when there is no ``after``); :data:`schemas.envelope.TABLE_KEY` for None."""
         if row is None:
             return TABLE_KEY
+        if self._key_writer is not None:
+            try:
+                return self._key_writer.write(row)
+            except avro_binary.NotEncodable:
+                pass  # fastavro writes it, or says why it cannot
         # fastavro reads only the key schema's fields from the row, so no copy is needed.
         return self._write(self._key_buffer, self._key, row)
 
@@ -484,10 +594,9 @@ class ChangeEncoder:
                     "fix the type mapping of that column",
                 )
 
-    def _check_unchanged(self, change: Change) -> None:
-        after = change.after
+    def _check_unchanged(self, after: Row | None, unchanged_columns: tuple[str, ...]) -> None:
         assert after is not None  # Change guarantees an after image for an UPDATE
-        for name in change.unchanged_columns:
+        for name in unchanged_columns:
             if name not in self._branches:
                 raise ChangeEncodingError(
                     self._table,

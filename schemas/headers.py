@@ -16,8 +16,10 @@ added without a new contract version.
 
 from __future__ import annotations
 
+import functools
+
 from schemas.change_record import Change
-from schemas.lsn import format_lsn
+from schemas.lsn import Lsn, format_lsn
 from schemas.operation import Operation
 from schemas.single_object import Fingerprint, format_fingerprint
 
@@ -29,16 +31,24 @@ SCHEMA_FINGERPRINT = "pgdelta.schema"
 Headers = list[tuple[str, bytes]]
 """The shape confluent-kafka's ``Producer.produce(headers=...)`` accepts."""
 
-_OPERATIONS = {op: op.value.encode("ascii") for op in Operation}
+_OPERATIONS = {op: (OPERATION, op.value.encode("ascii")) for op in Operation}
 
 
 def change_headers(change: Change, value_fingerprint: Fingerprint) -> Headers:
     """The headers of the record carrying ``change`` (key and value)."""
+    return record_headers(change.op, change.commit_lsn, change.change_lsn, value_fingerprint)
+
+
+def record_headers(
+    op: Operation, commit_lsn: Lsn, change_lsn: Lsn, value_fingerprint: Fingerprint
+) -> Headers:
+    """:func:`change_headers` from the fields it reads, for callers that have no
+    :class:`Change` at hand."""
     return [
-        (COMMIT_LSN, format_lsn(change.commit_lsn).encode("ascii")),
-        (CHANGE_LSN, format_lsn(change.change_lsn).encode("ascii")),
-        (OPERATION, _OPERATIONS[change.op]),
-        (SCHEMA_FINGERPRINT, format_fingerprint(value_fingerprint).encode("ascii")),
+        _commit_lsn_header(commit_lsn),
+        (CHANGE_LSN, format_lsn(change_lsn).encode("ascii")),
+        _OPERATIONS[op],
+        _fingerprint_header(value_fingerprint),
     ]
 
 
@@ -46,7 +56,24 @@ def tombstone_headers(delete: Change) -> Headers:
     """The headers of the tombstone that follows the record of ``delete``."""
     if delete.op is not Operation.DELETE:
         raise ValueError(f"only a DELETE is followed by a tombstone, not a {delete.op.value}")
+    return position_headers(delete.commit_lsn, delete.change_lsn)
+
+
+def position_headers(commit_lsn: Lsn, change_lsn: Lsn) -> Headers:
+    """The two LSN headers alone: a tombstone's, from the DELETE it follows."""
     return [
-        (COMMIT_LSN, format_lsn(delete.commit_lsn).encode("ascii")),
-        (CHANGE_LSN, format_lsn(delete.change_lsn).encode("ascii")),
+        _commit_lsn_header(commit_lsn),
+        (CHANGE_LSN, format_lsn(change_lsn).encode("ascii")),
     ]
+
+
+# Every record of a transaction carries the same commit LSN header, and every record of a
+# table version the same fingerprint header: formatted once, shared (tuples are immutable).
+@functools.lru_cache(maxsize=16, typed=True)
+def _commit_lsn_header(commit_lsn: Lsn) -> tuple[str, bytes]:
+    return COMMIT_LSN, format_lsn(commit_lsn).encode("ascii")
+
+
+@functools.lru_cache(maxsize=1024, typed=True)
+def _fingerprint_header(value_fingerprint: Fingerprint) -> tuple[str, bytes]:
+    return SCHEMA_FINGERPRINT, format_fingerprint(value_fingerprint).encode("ascii")

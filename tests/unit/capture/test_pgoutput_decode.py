@@ -7,6 +7,8 @@ or a payload LSN checked against the XLogData header it arrived in.
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import json
 import struct
 from datetime import UTC, datetime
@@ -49,7 +51,11 @@ from capture.pgoutput import (
     pg_micros_to_unix_micros,
     unix_micros_to_pg_micros,
 )
+from capture.pgoutput.messages import frozen_constructor
 from schemas.lsn import Lsn, parse_lsn
+
+# The module, not the function the package exports under the same name.
+decode_module = importlib.import_module("capture.pgoutput.decode")
 
 VECTORS = Path(__file__).parent / "vectors"
 V2 = json.loads((VECTORS / "pgoutput_v2.json").read_text())
@@ -676,3 +682,94 @@ def test_timestamp_conversions():
     assert as_datetime.timestamp() * 1_000_000 == pytest.approx(
         pg_micros_to_unix_micros(commit_time), abs=1
     )
+
+
+# -- the row-change fast path -------------------------------------------------------------
+
+VECTOR_MESSAGES: list[dict[str, Any]] = [
+    message for doc in (V2, V3) for scenario in doc["scenarios"] for message in scenario["messages"]
+]
+ROW_CHANGES = ("Insert", "Update", "Delete")
+FAST_PATH_MESSAGES = [
+    pytest.param(message, id=f"v{version}-{scenario['name']}-{i}-{message['message']}")
+    for version, doc in ((2, V2), (3, V3))
+    for scenario in doc["scenarios"]
+    for i, message in enumerate(scenario["messages"])
+    if message["message"] in (*ROW_CHANGES, "Begin", "Commit")
+]
+
+
+def _variants(payload: bytes) -> list[bytes]:
+    """Every truncation, one trailing byte, and every byte replaced by a few others."""
+    variants = [payload[:length] for length in range(len(payload))]
+    variants.append(payload + b"\x00")
+    for i in range(len(payload)):
+        for byte in (0x00, 0x01, 0x4B, 0x4E, 0x4F, 0x62, 0x6E, 0x74, 0x75, 0xFF):
+            variants.append(payload[:i] + bytes([byte]) + payload[i + 1 :])
+    return variants
+
+
+def test_the_vectors_include_every_row_change_shape():
+    shapes = set()
+    for vector in VECTOR_MESSAGES:
+        if vector["message"] not in ROW_CHANGES:
+            continue
+        message = decode(bytes.fromhex(vector["hex"]), in_stream=vector["in_stream"])
+        assert isinstance(message, Insert | Update | Delete)
+        shapes.add((type(message).__name__, getattr(message, "key", None) is not None))
+        shapes.add((type(message).__name__, getattr(message, "old", None) is not None))
+        shapes.add(("in stream", vector["in_stream"]))
+    assert {("Update", True), ("Delete", True), ("in stream", True)} <= shapes
+    assert len(FAST_PATH_MESSAGES) > 10
+
+
+@pytest.mark.parametrize("message", FAST_PATH_MESSAGES)
+def test_fast_decoding_agrees_with_the_checked_decoder(message):
+    """The fast paths either build exactly the message the Reader-based decoder builds,
+    or give up and leave the error to it; they never accept what that rejects."""
+    payload = bytes.fromhex(message["hex"])
+    in_stream = message["in_stream"]
+    assert decode(payload, in_stream=in_stream) == decode_module._decode_checked(payload, in_stream)
+    for variant in _variants(payload):
+        if message["message"] in ROW_CHANGES and variant:
+            fast = decode_module._row_change(variant, in_stream)
+        else:
+            fast = None
+        try:
+            checked: Message | DecodeError = decode_module._decode_checked(variant, in_stream)
+        except DecodeError as exc:
+            checked = exc
+        if fast is not None:
+            assert fast == checked, variant.hex()
+        # What decode() returns or raises is always the checked decoder's answer.
+        if isinstance(checked, DecodeError):
+            assert decode_error(variant, in_stream=in_stream).offset == checked.offset
+        else:
+            assert decode(variant, in_stream=in_stream) == checked
+
+
+def test_frozen_constructor_builds_the_same_frozen_object():
+    build = frozen_constructor(Update)
+    new = TupleData((ColumnKind.TEXT, ColumnKind.NULL), (b"1", None))
+    built = build(7, 16384, None, None, new)
+    assert type(built) is Update
+    assert built == Update(7, 16384, None, None, new)
+    assert hash(built) == hash(Update(7, 16384, None, None, new))
+    assert repr(built) == repr(Update(7, 16384, None, None, new))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        built.xid = 8  # type: ignore[misc]
+
+
+def test_frozen_constructor_refuses_what_it_cannot_build_faithfully():
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class Checked:
+        value: int
+
+        def __post_init__(self) -> None:
+            if self.value < 0:
+                raise ValueError("negative")
+
+    with pytest.raises(TypeError):
+        frozen_constructor(Checked)
+    with pytest.raises(TypeError):
+        frozen_constructor(int)
