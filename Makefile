@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 LINTED := capture apply schemas deploy tests bench
 
-.PHONY: help bootstrap jars up down status lint typecheck test test-unit demo bench clean
+.PHONY: help bootstrap jars up down status lint typecheck test test-unit demo bench bench-apply clean
 
 help:
 	@echo "make demo       run the pipeline end to end on a local PostgreSQL + Kafka + Spark"
@@ -45,6 +45,9 @@ demo: bootstrap
 
 bench: bootstrap
 	@$(PY) -m bench.avro_encode
+
+bench-apply: bootstrap
+	@$(PY) -m bench.apply_merge
 
 clean: down
 	rm -rf .local .mypy_cache .ruff_cache .pytest_cache

@@ -8,7 +8,21 @@ The defaults suit one small machine and every setting can be overridden through
   batch would dominate its latency);
 - the UI off unless asked, ``commitStats.collect`` off (it scans every written file's
   statistics after each commit, pure overhead for a MERGE-per-batch workload);
-- UTC session time zone, so timestamps read back as the UTC instants the source held.
+- UTC session time zone, so timestamps read back as the UTC instants the source held;
+- Delta snapshots rebuilt with 2 tasks (``snapshotPartitions``, Delta's default is 50):
+  the table's state is rebuilt after every commit, i.e. every batch, and for the few
+  files of a CDC table 50 tasks cost seconds of scheduling on a small machine;
+- deletion vectors on for the tables apply creates
+  (``properties.defaults.enableDeletionVectors``): a MERGE then marks the rows it
+  replaces as deleted and writes only the changed rows, instead of copying every other
+  row of each file it touches. Changes spread over the key space touch most files in
+  every batch, so without them each batch rewrites about the whole table
+  (docs/benchmarks.md, Apply). Such tables need readers that support the
+  ``deletionVectors`` table feature (Delta reader version 3; Delta Lake 2.3 or later on
+  Spark). Tables created before keep their properties; set the key to ``false`` in
+  ``APPLY_SPARK__CONF`` for tables older readers must read. Deleted rows stay in their
+  files until ``OPTIMIZE`` or ``REORG TABLE ... APPLY (PURGE)`` rewrites them; those
+  commits carry no apply metadata and do not disturb :mod:`apply.history`.
 
 Jars come through ``spark.jars`` (resolved by ``make jars`` locally, or given by the
 operator); nothing is fetched by Ivy at run time.
@@ -31,6 +45,8 @@ DEFAULT_CONF: dict[str, str] = {
     "spark.ui.showConsoleProgress": "false",
     "spark.sql.session.timeZone": "UTC",
     "spark.databricks.delta.commitStats.collect": "false",
+    "spark.databricks.delta.snapshotPartitions": "2",
+    "spark.databricks.delta.properties.defaults.enableDeletionVectors": "true",
     "spark.sql.streaming.stopGracefullyOnShutdown": "true",
 }
 

@@ -12,6 +12,8 @@ def test_defaults_carry_delta_and_small_machine_settings() -> None:
     assert conf["spark.ui.enabled"] == "false"
     assert conf["spark.databricks.delta.commitStats.collect"] == "false"
     assert conf["spark.sql.session.timeZone"] == "UTC"
+    assert conf["spark.databricks.delta.snapshotPartitions"] == "2"
+    assert conf["spark.databricks.delta.properties.defaults.enableDeletionVectors"] == "true"
     assert "spark.jars" not in conf
 
 
