@@ -233,20 +233,12 @@ class ControlReader:
         """Read the topic to its end; what it says about ``slot`` and the change topics."""
         # The end of each partition as of now; an empty partition is read already. Waiting
         # for end-of-partition events alone would cost a consume timeout per start.
-        ends: dict[int, int] = {}
-        for partition in self._partitions:
-            try:
-                low, high = self._consumer.get_watermark_offsets(
-                    TopicPartition(self._topic, partition), timeout=10
-                )
-            except KafkaException as exc:
-                raise TransientError(f"cannot read the control topic's end: {exc}") from exc
-            ends[partition] = high if high > low else 0
+        deadline = time.monotonic() + timeout_s
+        ends = {p: self._end_offset(p, deadline) for p in self._partitions}
         at_end = {p for p, end in ends.items() if end == 0}
         checkpoint: Lsn | None = None
         applied: dict[tuple[str, int], int] = {}
         tables: dict[str, TableStatus] = {}
-        deadline = time.monotonic() + timeout_s
         while len(at_end) < len(self._partitions):
             if time.monotonic() > deadline:
                 raise TransientError("the control topic could not be read to its end in time")
@@ -266,6 +258,21 @@ class ControlReader:
                 elif isinstance(decoded, TableStatus) and decoded.slot == slot:
                     tables[decoded.table] = decoded
         return ControlState(checkpoint, applied, tables)
+
+    def _end_offset(self, partition: int, deadline: float) -> int:
+        """The partition's end offset now, 0 when it is empty. A topic created a moment
+        ago may have no leader yet; that passes, so it is retried until ``deadline``."""
+        while True:
+            try:
+                low, high = self._consumer.get_watermark_offsets(
+                    TopicPartition(self._topic, partition), timeout=5
+                )
+            except KafkaException as exc:
+                if time.monotonic() > deadline:
+                    raise TransientError(f"cannot read the control topic's end: {exc}") from exc
+                time.sleep(0.1)
+            else:
+                return int(high) if high > low else 0
 
     def poll(self, book: ProgressBook, max_messages: int = 1000) -> int:
         """Feed what has arrived to ``book``; returns how many progress messages were read."""
