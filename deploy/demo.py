@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 
 import psycopg
-from confluent_kafka import Consumer
+from confluent_kafka import Consumer, KafkaException
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import TopicPartition
 from psycopg import sql
@@ -99,7 +99,12 @@ def topic_records(bootstrap: str, topic: str) -> int:
             return 0
         total = 0
         for partition in metadata.partitions:
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
+            try:
+                low, high = consumer.get_watermark_offsets(
+                    TopicPartition(topic, partition), timeout=10
+                )
+            except KafkaException:
+                continue  # a topic created a moment ago may have no leader yet; asked again
             total += high - low
         return total
     finally:

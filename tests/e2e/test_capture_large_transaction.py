@@ -14,13 +14,13 @@ import time
 
 import psycopg
 from confluent_kafka import Consumer, Producer
-from confluent_kafka.cimpl import TopicPartition
 from psycopg import sql
 
 from schemas.control import AppliedProgress
 from schemas.lsn import parse_lsn
 from tests.plugins.capture import CaptureThread, capture_settings
 from tests.plugins.services import Services
+from tests.plugins.topics import end_offsets
 
 Connection = psycopg.Connection[tuple[object, ...]]
 ROWS = 120_000
@@ -32,13 +32,7 @@ def _report_applied(services: Services, topic: str, control: str, stop: threadin
     producer = Producer({"bootstrap.servers": services.kafka_bootstrap_servers})
     try:
         while not stop.wait(0.2):
-            meta = consumer.list_topics(timeout=10).topics.get(topic)
-            if meta is None or meta.error is not None:
-                continue
-            for partition in meta.partitions:
-                _, high = consumer.get_watermark_offsets(
-                    TopicPartition(topic, partition), timeout=10
-                )
+            for partition, high in end_offsets(consumer, topic).items():
                 progress = AppliedProgress(topic, partition, high, None, None, "t", None, None)
                 producer.produce(control, progress.value(), progress.key())
             producer.flush(10)
@@ -49,13 +43,7 @@ def _report_applied(services: Services, topic: str, control: str, stop: threadin
 def _records(services: Services, topic: str) -> int:
     consumer = Consumer({"bootstrap.servers": services.kafka_bootstrap_servers, "group.id": "y"})
     try:
-        meta = consumer.list_topics(timeout=10).topics.get(topic)
-        if meta is None or meta.error is not None:
-            return 0
-        return sum(
-            consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
-            for p in meta.partitions
-        )
+        return sum(end_offsets(consumer, topic).values())
     finally:
         consumer.close()
 

@@ -28,6 +28,7 @@ from schemas.control import TableState
 from schemas.lsn import parse_lsn
 from tests.plugins.capture import CaptureThread, capture_settings, confirmed_lsn
 from tests.plugins.services import Services
+from tests.plugins.topics import end_offsets
 
 pytestmark = pytest.mark.slow
 Connection = psycopg.Connection[tuple[object, ...]]
@@ -44,17 +45,7 @@ def _wait(predicate: Callable[[], bool], what: str, timeout_s: float = 60) -> No
 def _count(bootstrap: str, topics: list[str]) -> int:
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"c{time.time_ns()}"})
     try:
-        total = 0
-        for topic in topics:
-            meta = consumer.list_topics(topic, timeout=10).topics.get(topic)
-            if meta is None or meta.error is not None:
-                continue
-            from confluent_kafka.cimpl import TopicPartition  # noqa: PLC0415
-
-            for p in meta.partitions:
-                low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
-                total += high - low
-        return total
+        return sum(sum(end_offsets(consumer, topic).values()) for topic in topics)
     finally:
         consumer.close()
 

@@ -27,7 +27,7 @@ from schemas.control import TableState
 from schemas.reader import ContractReader
 from tests.plugins.capture import CaptureThread, capture_settings, confirmed_lsn, current_lsn
 from tests.plugins.services import Services
-from tests.plugins.topics import replay, report_applied, schema_reader
+from tests.plugins.topics import end_offsets, replay, report_applied, schema_reader
 
 Connection = psycopg.Connection[tuple[object, ...]]
 
@@ -49,8 +49,9 @@ def _read_to_end(bootstrap: str, topic: str) -> list[Any]:
     """Every message of ``topic`` up to its current end, per partition in offset order."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"end-{time.time()}"})
     try:
-        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p))[1] for p in partitions}
+        ends = end_offsets(consumer, topic)
+        partitions = list(ends)
+        assert partitions, f"{topic} does not exist"
         consumer.assign([TopicPartition(topic, p, 0) for p in partitions if ends[p] > 0])
         messages: list[Any] = []
         done = {p for p, end in ends.items() if end == 0}

@@ -6,12 +6,36 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 from schemas.control import AppliedProgress
 from schemas.reader import ContractReader
 
 Tables = dict[str, dict[tuple[Any, ...], dict[str, Any]]]
+
+
+def end_offsets(consumer: Consumer, topic: str, timeout_s: float = 30) -> dict[int, int]:
+    """Each partition's end offset now; {} while the topic does not exist. A topic
+    created a moment ago may have no partition leader yet, which passes: retried."""
+    metadata = consumer.list_topics(topic, timeout=10).topics.get(topic)
+    if metadata is None or metadata.error is not None:
+        return {}
+    ends: dict[int, int] = {}
+    deadline = time.monotonic() + timeout_s
+    for partition in metadata.partitions:
+        while True:
+            try:
+                _, high = consumer.get_watermark_offsets(
+                    TopicPartition(topic, partition), timeout=10
+                )
+            except KafkaException:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+            else:
+                ends[partition] = int(high)
+                break
+    return ends
 
 
 def consume_all(
