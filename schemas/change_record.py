@@ -274,15 +274,15 @@ class Change:
     op: Operation
     commit_lsn: Lsn
     """LSN of the transaction's commit record, as pgoutput's Begin and Commit carry it
-    (snapshot: the slot's consistent point)."""
+    (snapshot: the consistent point of its exported snapshot minus one)."""
     change_lsn: Lsn
-    """LSN of this change's WAL record (snapshot: the consistent point)."""
+    """LSN of this change's WAL record (snapshot: same as ``commit_lsn``)."""
     xid: int
     commit_ts: int
     """Commit time, microseconds since 1970-01-01 UTC."""
     ordinal: int
     """0-based count of the records the transaction produced before this one, over all
-    tables (snapshot: over the table's snapshot)."""
+    tables (snapshot: 0 for its leading TRUNCATE, rows from 1)."""
     before: Row | None = None
     after: Row | None = None
     unchanged_columns: tuple[str, ...] = ()
