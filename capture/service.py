@@ -265,7 +265,9 @@ class CaptureService:
                     book.in_flight_records >= settings.max_in_flight_records
                     or book.in_flight_bytes >= settings.max_in_flight_bytes
                 )
-                frame = None if paused else stream.read(_READ_TIMEOUT_S)
+                # Snapshot rows or held changes waiting: poll the socket, don't wait on it.
+                timeout = 0.0 if flow.ready else _READ_TIMEOUT_S
+                frame = None if paused else stream.read(timeout)
                 if paused:
                     publisher.poll(_READ_TIMEOUT_S)
                 if isinstance(frame, PrimaryKeepalive):

@@ -143,6 +143,14 @@ class TableFlow:
             self._catch_up(table)
 
     @property
+    def ready(self) -> bool:
+        """Whether :meth:`step` has work it can do right now (snapshot rows waiting, or
+        held changes to release): the loop should not wait for WAL meanwhile."""
+        if self._run is not None and not self._run.items.empty():
+            return True
+        return any(t in self._held for t in self._states.in_state(TableState.CATCH_UP))
+
+    @property
     def busy(self) -> bool:
         """Whether snapshot or catch-up work is left."""
         return self._run is not None or bool(self._held)
