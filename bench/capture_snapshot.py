@@ -1,0 +1,193 @@
+"""Capture's initial snapshot of a big table against a plain COPY of the same table.
+
+Usage: ``.venv/bin/python -m bench.capture_snapshot [--rows N]``
+
+On the local stack, in a fresh schema: a table shaped like pgbench's ``accounts`` (``aid
+int`` primary key, ``bid int``, ``abalance int``, ``filler char(84)``) filled with N
+rows, and nothing else. Then, in the same run:
+
+- **baseline**: ``COPY (SELECT aid, bid, abalance, filler FROM accounts) TO STDOUT`` read
+  to its end by psycopg in this process and thrown away -- what reading the rows costs
+  before anything is done with them, the floor under any snapshot;
+- **capture**: ``python -m capture``'s service in a child process with
+  ``snapshot_mode=initial`` (it creates the publication and the slot, takes the exported
+  snapshot, parses every row with the stream's parsers, encodes it and produces it with
+  ``acks=all``), stopping by itself once the table is streaming (``stop_at``: the WAL
+  position after the load). Wall time, CPU and peak RSS are the child's. This process
+  stands in for the apply job as in :mod:`bench.capture_drain` (applied offsets on the
+  control topic every second): snapshot rows count against the in-flight bound.
+
+The topic must hold exactly N records afterwards. Everything created is dropped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+import threading
+import time
+
+import psycopg
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
+from psycopg import sql
+
+from bench.capture_drain import (
+    WORKLOAD_APP,
+    AppliedFeeder,
+    Names,
+    _delete_topics,
+    _drop_postgres_objects,
+    _records_in,
+    _run_measured,
+    _workload_dsn,
+)
+from capture.settings import CaptureSettings, KafkaSettings, PostgresSettings
+from deploy.local import stack
+from schemas.lsn import format_lsn, parse_lsn
+
+TABLE = "accounts"
+COLUMNS = ("aid", "bid", "abalance", "filler")
+
+
+def _load(dsn: str, names: Names, rows: int) -> None:
+    with psycopg.connect(_workload_dsn(dsn, names)) as conn:
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(names.schema)))
+        conn.execute(
+            sql.SQL(
+                "CREATE TABLE {} (aid int PRIMARY KEY, bid int, abalance int, filler char(84))"
+            ).format(sql.Identifier(names.schema, TABLE))
+        )
+        conn.execute(
+            sql.SQL(
+                "INSERT INTO {} SELECT a, (a - 1) / 100000 + 1, a %% 5000, '' "
+                "FROM generate_series(1, %s) a"
+            ).format(sql.Identifier(names.schema, TABLE)),
+            [rows],
+        )
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("VACUUM ANALYZE {}").format(sql.Identifier(names.schema, TABLE)))
+
+
+def _copy_baseline(dsn: str, names: Names) -> tuple[float, int]:
+    """Seconds to read the table with COPY, and the rows read."""
+    query = sql.SQL("COPY (SELECT {} FROM {}) TO STDOUT").format(
+        sql.SQL(", ").join(sql.Identifier(c) for c in COLUMNS),
+        sql.Identifier(names.schema, TABLE),
+    )
+    rows = 0
+    with psycopg.connect(dsn) as conn:
+        started = time.perf_counter()
+        with conn.cursor().copy(query) as copy:
+            for chunk in copy:
+                rows += bytes(chunk).count(b"\n")
+        return time.perf_counter() - started, rows
+
+
+def _tick_wal(dsn: str, stop: threading.Event) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        while not stop.wait(1.0):
+            conn.execute("SELECT pg_logical_emit_message(false, %s, '')", [WORKLOAD_APP])
+
+
+def _delete_change_topic(bootstrap: str, names: Names) -> None:
+    (topic,) = names.change_topics((TABLE,))
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    with contextlib.suppress(KafkaException):  # not created when the run failed early
+        admin.delete_topics([topic], operation_timeout=30)[topic].result(60)
+
+
+def _settings(dsn: str, bootstrap: str, names: Names) -> CaptureSettings:
+    return CaptureSettings(
+        postgres=PostgresSettings(
+            dsn=dsn,
+            slot=names.capture_slot,
+            publication=names.publication,
+            tables=[f"{names.schema}.{TABLE}"],
+        ),
+        kafka=KafkaSettings(
+            bootstrap_servers=bootstrap,
+            topic_prefix=names.schema,
+            control_topic=names.control_topic,
+            schema_topic=names.schema_topic,
+            partitions=3,
+        ),
+        snapshot_mode="initial",
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--rows", type=int, default=1_000_000, help="rows in the table")
+    args = parser.parse_args()
+    state = stack.up()
+    dsn, bootstrap = state.postgres.dsn, state.kafka.bootstrap_servers
+    names = Names.unique()
+    print(f"schema {names.schema}: loading {args.rows} rows...")
+    with (
+        psycopg.connect(dsn, autocommit=True) as admin,
+        contextlib.ExitStack() as cleanup,
+    ):
+        cleanup.callback(_delete_topics, bootstrap, names)
+        cleanup.callback(_delete_change_topic, bootstrap, names)
+        cleanup.callback(_drop_postgres_objects, admin, names)
+        cleanup.callback(
+            admin.execute,
+            sql.SQL("DROP PUBLICATION IF EXISTS {}").format(sql.Identifier(names.publication)),
+        )
+        _load(dsn, names, args.rows)
+        row = admin.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
+        assert row is not None
+        stop_at = parse_lsn(str(row[0]))
+
+        print("baseline: COPY to nowhere...")
+        copy_s, copied = _copy_baseline(dsn, names)
+        print("capture: initial snapshot to Kafka...")
+        # On an idle database the server has nothing to report: WAL written while the
+        # child runs moves its decoding position past stop_at, so the child can stop.
+        # And an apply stand-in: snapshot rows count against the in-flight bound too, so
+        # without applied offsets on the control topic the snapshot would pause for good.
+        kafka_admin = AdminClient({"bootstrap.servers": bootstrap})
+        kafka_admin.create_topics(
+            [NewTopic(names.control_topic, 1, 1, config={"cleanup.policy": "compact"})]
+        )[names.control_topic].result(30)
+        feeder = AppliedFeeder(bootstrap, names, (TABLE,))
+        feeder.start()
+        cleanup.callback(feeder.close)
+        ticking = threading.Event()
+        ticker = threading.Thread(target=_tick_wal, args=(dsn, ticking), daemon=True)
+        ticker.start()
+        cleanup.callback(ticking.set)
+        usage = _run_measured(
+            "capture",
+            [
+                sys.executable,
+                "-m",
+                "bench.capture_drain",
+                f"--capture-settings={_settings(dsn, bootstrap, names).model_dump_json()}",
+                f"--stop-at={format_lsn(stop_at)}",
+            ],
+        )
+        records = _records_in(bootstrap, names, (TABLE,))
+    base_rate, rate = copied / copy_s, args.rows / usage.wall_s
+    print(
+        f"\n{'run':<24}{'wall s':>8}{'rows/s':>10}{'vs base':>9}{'CPU us/row':>11}"
+        f"{'peak RSS MB':>12}"
+    )
+    print(f"{'COPY to nowhere (base)':<24}{copy_s:>8.1f}{base_rate:>10.0f}{'1.00x':>9}")
+    print(
+        f"{'capture snapshot':<24}{usage.wall_s:>8.1f}{rate:>10.0f}{rate / base_rate:>8.2f}x"
+        f"{usage.cpu_s / args.rows * 1e6:>11.1f}{usage.max_rss_bytes / 1e6:>12.1f}"
+    )
+    print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(f"records in the change topic: {records} (expected {args.rows})")
+    if usage.returncode != 0 or records != args.rows or copied != args.rows:
+        print(f"FAILED: exit code {usage.returncode}, {records} records, {copied} copied")
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
