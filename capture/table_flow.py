@@ -125,6 +125,8 @@ class TableFlow:
     def step(self) -> None:
         """A bounded slice of snapshot and catch-up work; call when not paused."""
         self._report_stream_errors()
+        if not self._held and self._run is None:
+            return  # every table streams or is errored: nothing to snapshot or release
         if self._run is None:
             pending = self._states.in_state(TableState.PENDING)
             if pending:
@@ -146,8 +148,12 @@ class TableFlow:
     def ready(self) -> bool:
         """Whether :meth:`step` has work it can do right now (snapshot rows waiting, or
         held changes to release): the loop should not wait for WAL meanwhile."""
+        # Checked once per frame: answered without scanning the tables in the usual case
+        # (nothing held back, so nothing pending or catching up).
         if self._run is not None and not self._run.items.empty():
             return True
+        if not self._held:
+            return False
         return any(t in self._held for t in self._states.in_state(TableState.CATCH_UP))
 
     @property
