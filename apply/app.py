@@ -116,6 +116,7 @@ class ApplyJob:
             app_id,
             dict(self._catalog.schemas),
             parallelism=self._settings.table_parallelism,
+            schema_topic=self._settings.kafka.schema_topic,
         )
 
     def on_batch(self, batch: DataFrame, batch_id: int) -> None:
@@ -128,11 +129,15 @@ class ApplyJob:
         attempt = 0
         while True:
             try:
-                result = apply_batch(batch, batch_id, self._context(self._context_id))
+                result = apply_batch(
+                    batch,
+                    batch_id,
+                    self._context(self._context_id),
+                    park_missing_schemas=refreshed,
+                )
             except UnknownSchemaError:
-                if refreshed:
-                    raise
                 # Capture flushes a schema before the first record using it: read again.
+                # A table whose schema is still missing then is parked, alone.
                 self._catalog.refresh()
                 refreshed = True
                 continue

@@ -36,7 +36,9 @@ Guarantees:
   or the same records under a later id after a lost checkpoint) commits nothing: no new
   version in any table, the dead-letter table included.
 - All writer fingerprints are resolved before any table is touched: an unknown one
-  raises :class:`~apply.errors.UnknownSchemaError` and nothing is written.
+  raises :class:`~apply.errors.UnknownSchemaError` and nothing is written. Asked again
+  after the schema topic was re-read (``park_missing_schemas``), a table whose schemas
+  are still missing is parked instead, so one lost schema blocks only its table.
 - Batch ids never go backwards for a table: a skipped MERGE must be a replay of the
   table's newest apply commit, and a covered batch may not have a lower id than it;
   anything else means batch ids restarted under the same ``txnAppId`` (a checkpoint
@@ -50,20 +52,27 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 
 from apply.dead_letter import ErroredTable, ParkRequest, dead_letter_path, errored_tables, park
-from apply.decode import TopicSurvey, decode_topic, survey
+from apply.decode import RECORD_COLUMNS, TopicSurvey, decode_topic, persisted, survey
 from apply.delta_schema import (
+    ColumnPlan,
+    ExistingTable,
     ValueSchema,
     ensure_table,
     parse_value_schema,
     plan_columns,
     read_existing_table,
 )
-from apply.errors import BadRecordError, ConfigError, TableError, UnknownSchemaError
-from apply.history import read_history, recover_state
+from apply.errors import (
+    BadRecordError,
+    ConfigError,
+    MissingSchemaError,
+    TableError,
+    UnknownSchemaError,
+)
+from apply.history import TableHistory, read_history, recover_state
 from apply.merge import BatchMeasure, empty_source, measure, merge_into, merge_source
 from apply.positions import (
     PartitionBatch,
@@ -94,6 +103,8 @@ class ApplyContext:
     grow between batches; it is read, never changed."""
     parallelism: int = 4
     """Tables of one batch applied at the same time."""
+    schema_topic: str = "the schema topic"
+    """Where ``writer_schemas`` come from, named in errors."""
 
     @property
     def dead_letter(self) -> str:
@@ -118,10 +129,11 @@ def _parsable_schemas(topic_survey: TopicSurvey, context: ApplyContext) -> tuple
     table = table_of_topic(topic_survey.topic)
     schemas = []
     for fingerprint in sorted(topic_survey.fingerprints):
+        schema_json = context.writer_schemas.get(fingerprint)
+        if schema_json is None:
+            continue  # a missing schema: its records are parked without a position
         try:
-            schemas.append(
-                parse_value_schema(table, fingerprint, context.writer_schemas[fingerprint])
-            )
+            schemas.append(parse_value_schema(table, fingerprint, schema_json))
         except TableError:
             continue  # its records are parked without a position
     return tuple(schemas)
@@ -161,6 +173,9 @@ def _table_task(
             schemas=_parsable_schemas(topic_survey, context),
         )
     try:
+        missing = _missing_schemas(topic_survey, context)
+        if missing:
+            raise MissingSchemaError(table, topic_survey.topic, context.schema_topic, missing)
         return apply_table(session, batch, batch_id, topic_survey, context)
     except TableError as exc:
         log.error(  # noqa: TRY400 - the message says what to do; the trace adds nothing
@@ -176,30 +191,50 @@ def _table_task(
         )
 
 
-def apply_batch(batch: DataFrame, batch_id: int, context: ApplyContext) -> BatchResult:
+def _missing_schemas(topic_survey: TopicSurvey, context: ApplyContext) -> list[str]:
+    """The writer fingerprints of the topic's records that ``context`` lacks, formatted."""
+    return sorted(
+        format_fingerprint(fingerprint)
+        for fingerprint in topic_survey.fingerprints
+        if fingerprint not in context.writer_schemas
+    )
+
+
+def apply_batch(
+    batch: DataFrame,
+    batch_id: int,
+    context: ApplyContext,
+    *,
+    park_missing_schemas: bool = False,
+) -> BatchResult:
     """Apply a micro-batch from the Kafka source: a result per table applied (tables
     holding only tombstones and no Delta table yet have none) and per table parked, each
-    in topic order."""
+    in topic order.
+
+    A writer fingerprint ``context`` lacks raises :class:`UnknownSchemaError` before
+    anything is written: the schema topic is probably read less far than the change
+    topics. The caller reads it again and retries with ``park_missing_schemas``; then a
+    table whose schemas are still missing is parked (:class:`MissingSchemaError`) and
+    the others are applied."""
     spark = batch.sparkSession
-    # Surveyed once, then read again per table and per writer schema.
-    batch.persist(StorageLevel.MEMORY_AND_DISK)
-    try:
-        surveys = survey(batch)
-        for topic in sorted(surveys):
-            missing = sorted(
-                format_fingerprint(fingerprint)
-                for fingerprint in surveys[topic].fingerprints
-                if fingerprint not in context.writer_schemas
-            )
-            if missing:
-                raise UnknownSchemaError(topic, missing)
+    # Surveyed once, then read again per table. Only the columns decoding needs are
+    # cached: keeping the headers too doubled the cost of the first read. Parking, the
+    # rare path, reads the batch again, headers included.
+    records = batch.select(*RECORD_COLUMNS)
+    with persisted(records):
+        surveys = survey(records)
+        if not park_missing_schemas:
+            for topic in sorted(surveys):
+                missing = _missing_schemas(surveys[topic], context)
+                if missing:
+                    raise UnknownSchemaError(topic, missing)
         errored = errored_tables(spark, context.dead_letter)
         topics = [surveys[topic] for topic in sorted(surveys)]
         futures = run_per_table(
             topics,
             lambda topic_survey: _table_task(
                 spark,
-                batch=batch,
+                batch=records,
                 batch_id=batch_id,
                 context=context,
                 errored=errored,
@@ -216,8 +251,6 @@ def apply_batch(batch: DataFrame, batch_id: int, context: ApplyContext) -> Batch
         applied = tuple(o for o in outcomes if isinstance(o, TableResult))
         to_park = [o for o in outcomes if isinstance(o, _Park)]
         return BatchResult(applied=applied, parked=_park(spark, batch, batch_id, context, to_park))
-    finally:
-        batch.unpersist()
 
 
 def _park(
@@ -380,10 +413,40 @@ def apply_table(
     if existing is None and not schemas:
         log.warning("tombstones for a table not created yet, nothing to record: %s", name)
         return None
-    previous = history.state if history is not None else None
     plan = plan_columns(table, existing, schemas)
 
     decoded = decode_topic(batch, topic, schemas, plan.columns) if schemas else None
+    with persisted(decoded):
+        return _apply_decoded(
+            spark,
+            batch_id=batch_id,
+            topic_survey=topic_survey,
+            context=context,
+            history=history,
+            existing=existing,
+            plan=plan,
+            decoded=decoded,
+        )
+
+
+def _apply_decoded(
+    spark: SparkSession,
+    *,
+    batch_id: int,
+    topic_survey: TopicSurvey,
+    context: ApplyContext,
+    history: TableHistory | None,
+    existing: ExistingTable | None,
+    plan: ColumnPlan,
+    decoded: DataFrame | None,
+) -> TableResult:
+    """:func:`apply_table` once the records are decoded: measure, then MERGE. ``decoded``
+    is cached, so the measure and the MERGE decode every record once."""
+    topic = topic_survey.topic
+    table = table_of_topic(topic)
+    name = str(table)
+    path = table_path(context.lake_root, table)
+    previous = history.state if history is not None else None
     measured = (
         measure(decoded, previous, topic)
         if decoded is not None

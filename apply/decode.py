@@ -27,9 +27,11 @@ ignored, and a body cut inside a trailing number reads the missing bytes as zero
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
+from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as sf
 from pyspark.sql.avro.functions import from_avro
@@ -42,6 +44,9 @@ from schemas.single_object import (
     Fingerprint,
     fingerprint_bytes,
 )
+
+RECORD_COLUMNS = ("topic", "partition", "offset", "value")
+"""The columns of Spark's Kafka source that surveying and decoding read."""
 
 _TOMBSTONE = "tombstone"
 _NO_HEADER = "no-header"
@@ -88,6 +93,20 @@ class _Tally:
     next_offset: int = 0
     tombstones: int = 0
     first_without_header: int | None = None
+
+
+@contextmanager
+def persisted(frame: DataFrame | None) -> Iterator[None]:
+    """``frame`` cached while the block runs (memory, spilling to disk), so the actions
+    inside compute it once; released afterwards, whatever happens."""
+    if frame is None:
+        yield
+        return
+    frame.persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        yield
+    finally:
+        frame.unpersist()
 
 
 def _fingerprint_slice(value: Column) -> Column:

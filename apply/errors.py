@@ -10,8 +10,10 @@
 - :class:`TableError` -- one table cannot go on until someone acts: an incompatible
   schema change (:class:`SchemaChangeError`), a record that does not decode
   (:class:`BadRecordError`), commit metadata that is not ours
-  (:class:`CommitMetadataError`). The table is parked: its records go to the
-  dead-letter table (:mod:`apply.dead_letter`) while the other tables go on, and
+  (:class:`CommitMetadataError`), records whose writer schema is still missing after
+  the schema topic was read again (:class:`MissingSchemaError`). The table is parked:
+  its records go to the dead-letter table (:mod:`apply.dead_letter`) while the other
+  tables go on, and
   ``python -m apply reapply <schema.table>`` applies them once the cause is fixed.
 - :class:`ConfigError` -- the job was started wrong; fatal, with what to change.
 
@@ -51,6 +53,23 @@ class UnknownSchemaError(TransientError):
             f"topic {topic} holds records written with schema fingerprint(s) "
             f"{', '.join(fingerprints)} that are not loaded: read the schema topic to its "
             "end again and retry the batch"
+        )
+        self.topic = topic
+        self.fingerprints = fingerprints
+
+
+class MissingSchemaError(TableError):
+    """The table's records name writer schemas the schema topic does not hold, even read
+    to its end again: they were lost (retention, a compaction gone wrong, a different
+    prefix), since the capture publishes every schema before its first record."""
+
+    def __init__(self, table: str, topic: str, schema_topic: str, fingerprints: list[str]) -> None:
+        super().__init__(
+            table,
+            f"records of {topic} name writer schema fingerprint(s) {', '.join(fingerprints)} "
+            f"that {schema_topic} does not hold, even read to its end again: restart the "
+            "capture, which publishes its schemas again, then run "
+            f"python -m apply reapply {table}",
         )
         self.topic = topic
         self.fingerprints = fingerprints

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
 from confluent_kafka.cimpl import TopicPartition
 
-from apply.errors import TransientError
+from apply.errors import ConfigError, TransientError
 from apply.settings import KafkaSettings
 from schemas.control import AppliedProgress
 from schemas.errors import SchemaMessageError
@@ -77,6 +77,9 @@ class SchemaCatalog:
         return self.schemas
 
 
+_NO_SUCH_TOPIC = (KafkaError._UNKNOWN_TOPIC, KafkaError.UNKNOWN_TOPIC_OR_PART)
+
+
 class ProgressPublisher:
     def __init__(self, settings: KafkaSettings) -> None:
         self._topic = settings.control_topic
@@ -89,8 +92,34 @@ class ProgressPublisher:
             }
         )
 
+        self._topic_seen = False
+
+    def _missing_topic(self) -> ConfigError:
+        return ConfigError(
+            f"the control topic {self._topic} does not exist: the capture creates it when "
+            "it starts; start the capture first, or create it (cleanup.policy=compact), or "
+            "fix APPLY_KAFKA__CONTROL_TOPIC"
+        )
+
+    def _check_topic(self) -> None:
+        """Fail fast on a missing control topic: a message for it would wait in the
+        producer's queue for half a minute before failing."""
+        if self._topic_seen:
+            return
+        try:
+            metadata = self._producer.list_topics(self._topic, timeout=10)
+        except KafkaException as exc:
+            raise TransientError(f"cannot read the metadata of {self._topic}: {exc}") from exc
+        found = metadata.topics.get(self._topic)
+        if found is None or (found.error is not None and found.error.code() in _NO_SUCH_TOPIC):
+            raise self._missing_topic()
+        self._topic_seen = found.error is None
+
     def publish(self, messages: Iterable[AppliedProgress]) -> None:
         pending = list(messages)
+        if not pending:
+            return
+        self._check_topic()
         for attempt in range(_PUBLISH_ATTEMPTS):
             failed: list[bytes] = []
 
@@ -99,9 +128,15 @@ class ProgressPublisher:
                     failed.append(msg.key() or b"")
 
             for message in pending:
-                self._producer.produce(
-                    self._topic, message.value(), message.key(), on_delivery=report
-                )
+                try:
+                    self._producer.produce(
+                        self._topic, message.value(), message.key(), on_delivery=report
+                    )
+                except KafkaException as exc:
+                    error = exc.args[0] if exc.args else None
+                    if isinstance(error, KafkaError) and error.code() in _NO_SUCH_TOPIC:
+                        raise self._missing_topic() from exc
+                    raise TransientError(f"cannot publish to {self._topic}: {exc}") from exc
             if self._producer.flush(30) == 0 and not failed:
                 return
             if failed:

@@ -35,8 +35,9 @@ the pair in the commit and skips a later write with the same application id and 
 version not above it: a micro-batch Spark replays after a crash between the Delta
 commit and its checkpoint is not applied twice, and writes no second commit. The same
 commit carries the new :class:`~apply.positions.TableState` as ``userMetadata``. The
-three settings are session-wide, so tables are merged one after another, and the
-settings are restored in ``finally`` even when the MERGE fails.
+three settings are session-wide, so each table is merged in a Spark session of its own
+(:mod:`apply.table_pool`), and the settings are restored in ``finally`` even when the
+MERGE fails.
 """
 
 from __future__ import annotations

@@ -15,19 +15,25 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
 
+from apply.app import ApplyJob
 from apply.batch import ApplyContext, apply_batch
 from apply.dead_letter import errored_tables
 from apply.errors import SchemaChangeError
 from apply.merge import commit_settings
 from apply.progress import BatchResult, batch_progress
 from apply.reapply import apply_parked, reapply_app_id, reapply_table
+from apply.settings import ApplySettings, KafkaSettings, LakeSettings
 from apply.table_pool import table_session
 from apply.tables import TableId, table_path
 from schemas import column_type as ct
 from schemas.change_record import ChangeEncoder, Column, TableDescription, build_table_schemas
-from schemas.control import AppliedProgress
+from schemas.control import AppliedProgress, decode_progress
 from schemas.lsn import Lsn
+from schemas.schema_topic import TABLE_KEY_SCHEMA_MESSAGE, table_schema_messages
 from schemas.single_object import format_fingerprint
 from tests.integration.test_apply_batch import (
     INSERT,
@@ -39,6 +45,7 @@ from tests.integration.test_apply_batch import (
     rows,
 )
 from tests.plugins.services import Services
+from tests.plugins.topics import consume_all
 
 pytestmark = pytest.mark.slow
 
@@ -205,6 +212,89 @@ def test_errored_table_is_parked_while_the_others_apply_then_reapplied(
     assert [(r.table, r.committed) for r in resumed.applied] == [(b_name, True)]
     assert resumed.parked == ()
     assert rows(spark, b_path, "amount")[2] == ("twenty",)
+
+
+def test_a_lost_writer_schema_parks_only_its_table_until_the_schema_is_back(
+    spark: Any, services: Services, unique_name: str, tmp_path: Path
+) -> None:
+    """Through :class:`ApplyJob`, as ``python -m apply`` runs it: the schema topic is read
+    again once, then the table whose schema is still missing is parked alone; ``errored``
+    lists it, and ``reapply`` applies it once the schema is published again (a capture
+    restart does that) and tells capture on the control topic."""
+    key = Column("id", ct.LONG, nullable=False, key=True)
+    lost, healthy = f"{unique_name}_l", f"{unique_name}_h"
+    lost_schemas = build_table_schemas(
+        TableDescription("public", lost, (key, Column("note", ct.STRING)))
+    )
+    healthy_schemas = build_table_schemas(TableDescription("public", healthy, (key,)))
+    bootstrap = services.kafka_bootstrap_servers
+    settings = ApplySettings(
+        kafka=KafkaSettings(
+            bootstrap_servers=bootstrap,
+            topic_prefix="cdc",
+            schema_topic=f"cdc_{unique_name}._schemas",
+            control_topic=f"cdc_{unique_name}._control",
+        ),
+        lake=LakeSettings(root=str(tmp_path / "lake"), checkpoint_root=str(tmp_path / "cp")),
+    )
+    compacted = {"cleanup.policy": "compact"}
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    created = admin.create_topics(
+        [
+            NewTopic(settings.kafka.schema_topic, 1, 1, config=compacted),
+            NewTopic(settings.kafka.control_topic, 1, 1, config=compacted),
+        ]
+    )
+    for future in created.values():
+        future.result(30)
+    schema_producer = Producer({"bootstrap.servers": bootstrap})
+
+    def publish_schemas(schemas: Any) -> None:
+        for message in (TABLE_KEY_SCHEMA_MESSAGE, *table_schema_messages(schemas)):
+            schema_producer.produce(settings.kafka.schema_topic, message.value, message.key)
+        assert schema_producer.flush(30) == 0
+
+    publish_schemas(healthy_schemas)  # the lost table's schema never reached the topic
+    l_topic, h_topic = ChangeTopic(services, lost, 1), ChangeTopic(services, healthy, 1)
+    l_start, h_start = l_topic.mark(), h_topic.mark()
+    l_topic.send(
+        ChangeEncoder(lost_schemas), 0, change(INSERT, 0x100, 0, after={"id": 1, "note": "a"})
+    )
+    h_topic.send(ChangeEncoder(healthy_schemas), 0, change(INSERT, 0x100, 1, after={"id": 7}))
+    l_end, h_end = l_topic.mark(), h_topic.mark()
+    batch = l_topic.batch(spark, l_start, l_end).unionByName(h_topic.batch(spark, h_start, h_end))
+    job = ApplyJob(settings, spark)
+    l_name, h_name = f"public.{lost}", f"public.{healthy}"
+
+    result = job.apply(batch, 0)
+
+    assert [(r.table, r.committed) for r in result.applied] == [(h_name, True)]
+    (parked,) = result.parked
+    assert (parked.table, parked.error_kind, parked.parked) == (l_name, "MissingSchemaError", 1)
+    assert format_fingerprint(lost_schemas.value_fingerprint) in parked.error
+    assert f"python -m apply reapply {l_name}" in parked.error
+    assert [(t.table, t.records) for t in job.errored()] == [(l_name, 1)]
+    h_path = table_path(settings.lake.root, TableId("public", healthy))
+    l_path = table_path(settings.lake.root, TableId("public", lost))
+    assert rows(spark, h_path) == {7: ()}
+    assert not Path(l_path).exists()
+
+    publish_schemas(lost_schemas)
+    outcome = job.reapply(l_name)
+
+    assert outcome.still_waiting == 0
+    assert job.errored() == []
+    assert rows(spark, l_path, "note") == {1: ("a",)}
+    # Capture hears of both tables: the parked offset at once, the lake position after
+    # the reapply; the newest message per partition is what counts (compacted topic).
+    newest: dict[tuple[str, int], AppliedProgress] = {}
+    for message in consume_all(bootstrap, [settings.kafka.control_topic], expected=3):
+        progress_message = decode_progress(message.key(), message.value())
+        newest[(progress_message.topic, progress_message.partition)] = progress_message
+    assert {tp: (m.next_offset, m.commit_lsn, m.ordinal) for tp, m in newest.items()} == {
+        (h_topic.name, 0): (h_end[0], Lsn(0x100), 1),
+        (l_topic.name, 0): (l_end[0], Lsn(0x100), 0),
+    }
 
 
 def test_tables_of_a_batch_commit_concurrently_each_with_its_own_transaction(

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+import pytest
 
 from apply.settings import ApplySettings
 from capture.settings import CaptureSettings
@@ -48,7 +51,14 @@ def _only(env_file: Path, prefix: str, tmp_path: Path) -> Path:
     return subset
 
 
-def test_service_settings_read_the_env_file(tmp_path: Path) -> None:
+def test_service_settings_read_the_env_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The environment wins over an env file: a shell that sourced a stack's file must
+    # not decide what this file is read as.
+    for name in list(os.environ):
+        if name.startswith(("CAPTURE_", "APPLY_")):
+            monkeypatch.delenv(name)
     env_file = tmp_path / "stack.env"
     write_env(_state(tmp_path), env_file)
     capture = CaptureSettings(_env_file=_only(env_file, "CAPTURE_", tmp_path))
