@@ -2,8 +2,9 @@
 SIGTERM/SIGINT (or until caught up, with the ``available_now`` trigger).
 
 ``python -m apply errored`` lists the errored tables; ``python -m apply reapply
-<schema.table>`` re-applies a table's parked records once its cause is fixed
-(docs/apply.md, errored tables)."""
+<schema.table>`` re-applies a table's parked records once its cause is fixed, and
+``python -m apply discard <schema.table> <topic>/<partition>/<offset>`` sets aside a
+parked record that can never be applied (docs/apply.md, errored tables)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,17 @@ from apply.spark_jars import configured_jars
 from apply.spark_session import build_session
 from deploy.settings_reference import settings_table
 
-RUN, ERRORED, REAPPLY = "run", "errored", "reapply"
+RUN, ERRORED, REAPPLY, DISCARD = "run", "errored", "reapply", "discard"
+
+
+def record_coordinates(text: str) -> tuple[str, int, int]:
+    """``<topic>/<partition>/<offset>`` (topic names never contain ``/``)."""
+    parts = text.rsplit("/", 2)
+    if len(parts) != 3 or not parts[0] or not parts[1].isdigit() or not parts[2].isdigit():
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not <topic>/<partition>/<offset>, e.g. cdc.public.orders/0/1234"
+        )
+    return parts[0], int(parts[1]), int(parts[2])
 
 
 def _arguments(argv: list[str] | None) -> argparse.Namespace:
@@ -40,6 +51,16 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
         help="re-apply the parked records of an errored table after fixing the cause",
     )
     reapply.add_argument("table", help="the table as `errored` lists it: schema.table")
+    discard = commands.add_parser(
+        DISCARD,
+        help="set aside one parked record that can never be applied, so reapply can go on",
+    )
+    discard.add_argument("table", help="the table as `errored` lists it: schema.table")
+    discard.add_argument(
+        "record",
+        type=record_coordinates,
+        help="the record as the error names it: <topic>/<partition>/<offset>",
+    )
     return parser.parse_args(argv)
 
 
@@ -50,6 +71,21 @@ def _report(job: ApplyJob, arguments: argparse.Namespace) -> int:
                 f"{table.table}: {table.records} records parked since batch "
                 f"{table.since_batch}: {table.error}"
             )
+        return 0
+    if arguments.command == DISCARD:
+        topic, partition, offset = arguments.record
+        if not job.discard(arguments.table, topic, partition, offset):
+            print(
+                f"{arguments.table}: no parked record waits at {topic}/{partition}/{offset} "
+                "(see python -m apply errored)",
+                file=sys.stderr,
+            )
+            return 1
+        print(
+            f"{arguments.table}: the record at {topic}/{partition}/{offset} is discarded (it "
+            "stays in the dead-letter table); run python -m apply reapply "
+            f"{arguments.table}"
+        )
         return 0
     outcome = job.reapply(arguments.table)
     applied = sum(p.records for p in outcome.passes)
@@ -81,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     spark = build_session(settings.spark, jars)
     try:
         job = ApplyJob(settings, spark)
-        if arguments.command in (ERRORED, REAPPLY):
+        if arguments.command in (ERRORED, REAPPLY, DISCARD):
             return _report(job, arguments)
         stop = threading.Event()
         for signum in (signal.SIGTERM, signal.SIGINT):

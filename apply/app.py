@@ -16,7 +16,8 @@ A batch that fails with a :class:`~apply.errors.TransientError` is retried in pl
 few times with backoff (a retried batch is idempotent, :mod:`apply.batch`); after that
 the query fails and the process exits, for its supervisor to restart it.
 
-:meth:`ApplyJob.reapply` wires ``python -m apply reapply`` (:mod:`apply.reapply`).
+:meth:`ApplyJob.reapply` wires ``python -m apply reapply`` (:mod:`apply.reapply`), and
+:meth:`ApplyJob.discard` ``python -m apply discard``.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 
 from apply.batch import ApplyContext, apply_batch
-from apply.dead_letter import ErroredTable, errored_tables, parked_offsets
+from apply.dead_letter import ErroredTable, discard, errored_tables, parked_offsets
 from apply.errors import TableError, TransientError, UnknownSchemaError
 from apply.feedback import ProgressPublisher, SchemaCatalog
 from apply.history import recover_state
@@ -183,6 +184,19 @@ class ApplyJob:
         """The errored tables, by name: what ``python -m apply errored`` lists."""
         found = errored_tables(self._spark, self._context(self._context_id).dead_letter)
         return [found[name] for name in sorted(found)]
+
+    def discard(self, table: str, topic: str, partition: int, offset: int) -> bool:
+        """Mark one waiting parked record of ``table`` discarded: what ``python -m apply
+        discard`` does for a record that can never be applied
+        (:func:`apply.dead_letter.discard`). False when no such record waits."""
+        return discard(
+            self._spark,
+            self._context(self._context_id).dead_letter,
+            table,
+            topic=topic,
+            partition=partition,
+            offset=offset,
+        )
 
     def reapply(self, table: str) -> ReapplyOutcome:
         """Re-apply the parked records of ``table`` (``schema.table``) and publish the

@@ -21,7 +21,8 @@ parked it, and, once re-applied, when and into which version of the lake table.
 Invariants:
 
 - **The errored state is the rows.** A table is errored exactly while it has rows here
-  that are not re-applied (``reapplied_at`` null). Parking a table and marking it
+  that are neither re-applied nor discarded (``reapplied_at`` and ``discarded_at``
+  null). Parking a table and marking it
   errored is therefore one atomic commit, and re-applying and clearing it is the
   release commit (:func:`release`); there is no second place that could disagree.
 - **Parking is idempotent by Kafka coordinates.** A record whose ``(topic, partition,
@@ -35,6 +36,10 @@ Invariants:
 - **Releasing never conflicts with parking.** Parking is a blind append and releasing an
   ``UPDATE`` of rows already there; under Delta's default ``WriteSerializable``
   isolation a blind append does not conflict with an update, whichever commits first.
+- **Discarding is the operator's act, per record** (:func:`discard`): a record that can
+  never be applied (it does not decode, its schema is gone for good) is marked
+  discarded by its Kafka coordinates, so ``reapply`` can apply the others. It stays
+  here, bytes and all, for inspection; nothing is deleted.
 - Parked records are durable and replayable from here, independent of Kafka's
   retention and of the replication slot: that is what allows the control topic to count
   them as done (docs/apply.md, errored tables).
@@ -84,6 +89,7 @@ ERROR = "error"
 ERROR_KIND = "error_kind"
 REAPPLIED_AT = "reapplied_at"
 REAPPLIED_VERSION = "reapplied_version"
+DISCARDED_AT = "discarded_at"
 
 HEADERS_TYPE = ArrayType(
     StructType([StructField("key", StringType()), StructField("value", BinaryType())])
@@ -106,6 +112,7 @@ DEAD_LETTER_SCHEMA = StructType(
         StructField("parked_at", TimestampType(), nullable=False),
         StructField(REAPPLIED_AT, TimestampType()),
         StructField(REAPPLIED_VERSION, LongType()),
+        StructField(DISCARDED_AT, TimestampType()),
     ]
 )
 """Columns of the dead-letter table (docs/apply.md, dead-letter table)."""
@@ -160,7 +167,7 @@ def _exists(spark: SparkSession, path: str) -> bool:
 
 
 def _waiting() -> Column:
-    return sf.col(REAPPLIED_AT).isNull()
+    return sf.col(REAPPLIED_AT).isNull() & sf.col(DISCARDED_AT).isNull()
 
 
 def errored_tables(spark: SparkSession, path: str) -> dict[str, ErroredTable]:
@@ -221,6 +228,7 @@ def _records(batch: DataFrame, request: ParkRequest, batch_id: int) -> DataFrame
         sf.current_timestamp().alias("parked_at"),
         sf.lit(None).cast(TimestampType()).alias(REAPPLIED_AT),
         sf.lit(None).cast(LongType()).alias(REAPPLIED_VERSION),
+        sf.lit(None).cast(TimestampType()).alias(DISCARDED_AT),
     )
 
 
@@ -291,18 +299,53 @@ def release(
         REAPPLIED_AT: sf.current_timestamp(),
         REAPPLIED_VERSION: sf.lit(lake_version).cast(LongType()),
     }
+    _update(spark, path, table, condition, values)
+
+
+def _update(
+    spark: SparkSession,
+    path: str,
+    table: str,
+    condition: Column,
+    values: dict[str, str | Column],
+) -> None:
+    """An UPDATE of the dead-letter table, redone when it loses against a concurrent
+    commit that rewrote the same files (a parking append never does)."""
     for attempt in range(_RELEASE_ATTEMPTS):
         try:
             DeltaTable.forPath(spark, path).update(condition, values)
         except _RELEASE_CONFLICTS as exc:
             if attempt + 1 == _RELEASE_ATTEMPTS:
                 raise TransientError(
-                    f"table {table}: the dead-letter table at {path} kept changing while its "
-                    "records were released; run the reapply again (it is idempotent)"
+                    f"table {table}: the dead-letter table at {path} kept changing during "
+                    "the update; run the command again (it is idempotent)"
                 ) from exc
-            log.info("release of %s raced another commit, retrying", table)
+            log.info(
+                "an update of the dead-letter rows of %s raced another commit, retrying", table
+            )
             continue
         return
+
+
+def discard(
+    spark: SparkSession, path: str, table: str, *, topic: str, partition: int, offset: int
+) -> bool:
+    """Mark the waiting parked record of ``table`` at ``topic``/``partition``/``offset``
+    discarded (module docstring); False when no such record waits. Idempotent: a
+    discarded record no longer waits."""
+    if not _exists(spark, path):
+        return False
+    condition = (
+        (sf.col(TABLE) == sf.lit(table))
+        & (sf.col(TOPIC) == sf.lit(topic))
+        & (sf.col(PARTITION) == sf.lit(partition))
+        & (sf.col(OFFSET) == sf.lit(offset))
+        & _waiting()
+    )
+    if spark.read.format("delta").load(path).where(condition).limit(1).count() == 0:
+        return False
+    _update(spark, path, table, condition, {DISCARDED_AT: sf.current_timestamp()})
+    return True
 
 
 def parked_offsets(spark: SparkSession, path: str) -> dict[str, dict[TopicPartition, int]]:

@@ -87,7 +87,9 @@ class BadRecordError(TableError):
             table,
             f"record at {topic}/{partition} offset {offset} {reason}: inspect it (e.g. "
             f"kcat -C -t {topic} -p {partition} -o {offset} -c 1) and fix the producer; "
-            "the table's records are parked in the dead-letter table from this batch on",
+            "the table's records are parked in the dead-letter table from this batch on. "
+            "A record that can never be applied is set aside with: python -m apply discard "
+            f"{table} {topic}/{partition}/{offset}, then python -m apply reapply {table}",
         )
         self.topic = topic
         self.partition = partition

@@ -21,12 +21,14 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
 from apply.batch import ApplyContext, apply_batch
+from apply.dead_letter import discard, errored_tables
 from apply.delta_schema import COMMIT_LSN_COLUMN, COMMIT_TS_COLUMN, ORDINAL_COLUMN
-from apply.errors import ConfigError, UnknownSchemaError
+from apply.errors import BadRecordError, ConfigError, UnknownSchemaError
 from apply.history import recover_state
 from apply.merge import TXN_APP_ID_CONF, TXN_VERSION_CONF, USER_METADATA_CONF, transaction_app_id
 from apply.positions import PartitionProgress, Position
 from apply.progress import applied_progress, batch_progress
+from apply.reapply import reapply_app_id, reapply_table
 from apply.tables import TableId, table_path
 from schemas import column_type as ct
 from schemas.change_record import (
@@ -556,3 +558,38 @@ def test_undecodable_records_park_their_table(
         (f"public.{unique_name}", 0, 2, None, None, None, 1, None),
     ]
     assert {m.next_offset for m in batch_progress(headless)} == {end[0]}
+
+    # The two bad records can never be applied: reapply fails on them until the operator
+    # discards them, by the coordinates the error names; then the good one lands.
+    name = f"public.{unique_name}"
+    reapply_ctx = ApplyContext(
+        ctx.lake_root, reapply_app_id(ctx.txn_app_id), ctx.writer_schemas, parallelism=1
+    )
+    with pytest.raises(BadRecordError, match=f"python -m apply discard {name} {topic.name}/0/"):
+        reapply_table(spark, name, reapply_ctx)
+    for offset in (cut[0] - 1, end[0] - 1):
+        assert discard(spark, ctx.dead_letter, name, topic=topic.name, partition=0, offset=offset)
+    # Nothing waits there any more: a second discard, or one of a record never parked,
+    # finds nothing.
+    assert not discard(spark, ctx.dead_letter, name, topic=topic.name, partition=0, offset=1)
+    assert not discard(spark, ctx.dead_letter, name, topic=topic.name, partition=0, offset=99)
+
+    outcome = reapply_table(spark, name, reapply_ctx)
+
+    assert [p.records for p in outcome.passes] == [1]
+    assert outcome.still_waiting == 0
+    assert rows(spark, str(path)) == {1: ()}
+    assert errored_tables(spark, ctx.dead_letter) == {}
+    # The discarded records stay, marked, with their bytes; the good one is re-applied.
+    marks = (
+        spark.read.format("delta")
+        .load(ctx.dead_letter)
+        .selectExpr("offset", "discarded_at IS NOT NULL", "reapplied_at IS NOT NULL", "value")
+        .collect()
+    )
+    assert sorted((r[0], r[1], r[2]) for r in marks) == [
+        (0, False, True),
+        (1, True, False),
+        (2, True, False),
+    ]
+    assert {r[0]: bytes(r[3]) for r in marks}[2] == b"not avro"

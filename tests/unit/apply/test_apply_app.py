@@ -1,10 +1,15 @@
-"""Pure parts of the streaming application: the topic pattern and the lag figure."""
+"""Pure parts of the streaming application: the topic pattern, the lag figure and the
+command line."""
 
 from __future__ import annotations
 
+import argparse
 import re
 from dataclasses import replace
 
+import pytest
+
+from apply.__main__ import _arguments, record_coordinates
 from apply.app import change_topic_pattern, replication_lag_s
 from apply.settings import KafkaSettings
 from tests.unit.apply.test_apply_progress import STATE, TOPIC, result
@@ -28,3 +33,22 @@ def test_lag_is_seconds_since_the_newest_applied_commit() -> None:
     assert replication_lag_s(result(((TOPIC, 0),)), now) == 2.5
     unknown = replace(result(((TOPIC, 0),)), state=replace(STATE, commit_ts=None))
     assert replication_lag_s(unknown, now) is None
+
+
+def test_discard_takes_the_coordinates_an_error_names() -> None:
+    assert record_coordinates("cdc.public.orders/0/1234") == ("cdc.public.orders", 0, 1234)
+    for bad in ("cdc.public.orders/0", "cdc.public.orders/x/1", "/0/1", "t/0/-1", ""):
+        with pytest.raises(argparse.ArgumentTypeError, match="<topic>/<partition>/<offset>"):
+            record_coordinates(bad)
+
+
+def test_discard_command_line(capsys: pytest.CaptureFixture[str]) -> None:
+    arguments = _arguments(["discard", "public.orders", "cdc.public.orders/2/7"])
+    assert (arguments.command, arguments.table, arguments.record) == (
+        "discard",
+        "public.orders",
+        ("cdc.public.orders", 2, 7),
+    )
+    with pytest.raises(SystemExit):
+        _arguments(["discard", "public.orders", "cdc.public.orders:2:7"])
+    assert "is not <topic>/<partition>/<offset>" in capsys.readouterr().err
