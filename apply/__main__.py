@@ -4,7 +4,9 @@ SIGTERM/SIGINT (or until caught up, with the ``available_now`` trigger).
 ``python -m apply errored`` lists the errored tables; ``python -m apply reapply
 <schema.table>`` re-applies a table's parked records once its cause is fixed, and
 ``python -m apply discard <schema.table> <topic>/<partition>/<offset>`` sets aside a
-parked record that can never be applied (docs/apply.md, errored tables)."""
+parked record that can never be applied (docs/apply.md, errored tables).
+``python -m apply jars`` prints the jars for ``spark-submit --jars`` (docs/apply.md,
+running it)."""
 
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from apply.spark_jars import configured_jars
 from apply.spark_session import build_session
 from deploy.settings_reference import settings_table
 
-RUN, ERRORED, REAPPLY, DISCARD = "run", "errored", "reapply", "discard"
+RUN, ERRORED, REAPPLY, DISCARD, JARS = "run", "errored", "reapply", "discard", "jars"
 
 
 def record_coordinates(text: str) -> tuple[str, int, int]:
@@ -51,6 +53,10 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
         help="re-apply the parked records of an errored table after fixing the cause",
     )
     reapply.add_argument("table", help="the table as `errored` lists it: schema.table")
+    commands.add_parser(
+        JARS,
+        help="print the jars the job loads, comma-separated, for spark-submit --jars",
+    )
     discard = commands.add_parser(
         DISCARD,
         help="set aside one parked record that can never be applied, so reapply can go on",
@@ -114,7 +120,12 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         log.error("configuration error: %s", exc)  # noqa: TRY400 - the message is the help
         return 2
+    if arguments.command == JARS:
+        print(",".join(jars))
+        return 0
     spark = build_session(settings.spark, jars)
+    context = spark.sparkContext
+    log.info("Spark master %s, application %s", context.master, context.appName)
     try:
         job = ApplyJob(settings, spark)
         if arguments.command in (ERRORED, REAPPLY, DISCARD):

@@ -40,11 +40,16 @@ class TriggerSettings(BaseModel):
     interval: str = Field("5 seconds", description="processing-time trigger interval")
 
 
+LOCAL_MASTER = "local[*]"
+"""The master when neither the settings nor spark-submit name one."""
+
+
 class SparkSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     master: str | None = Field(
-        "local[*]", description="Spark master; null when spark-submit decides"
+        None,
+        description=(f"Spark master; unset: the one spark-submit was given, else {LOCAL_MASTER}"),
     )
     app_name: str = "cdc-apply"
     jars: list[str] | None = Field(

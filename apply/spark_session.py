@@ -24,17 +24,26 @@ The defaults suit one small machine and every setting can be overridden through
   files until ``OPTIMIZE`` or ``REORG TABLE ... APPLY (PURGE)`` rewrites them; those
   commits carry no apply metadata and do not disturb :mod:`apply.history`.
 
+The master is the settings' (``APPLY_SPARK__MASTER``) when given; else the one
+``spark-submit --master`` was given, so the same program runs under ``spark-submit`` to
+a cluster with nothing set; else ``local[*]``. Under ``spark-submit`` the JVM is up
+before this code runs, so the jars must be on its command line (``--jars``, see
+``python -m apply jars``): ``spark.jars`` set here reaches the executors, not the
+driver's class loader.
+
 Jars come through ``spark.jars`` (resolved by ``make jars`` locally, or given by the
 operator); nothing is fetched by Ivy at run time.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
+from pyspark import SparkConf, SparkContext
 from pyspark.sql import SparkSession
 
-from apply.settings import SparkSettings
+from apply.settings import LOCAL_MASTER, SparkSettings
 
 DEFAULT_CONF: dict[str, str] = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
@@ -60,10 +69,32 @@ def session_conf(settings: SparkSettings, jars: Sequence[str]) -> dict[str, str]
     return conf
 
 
+def master_to_set(configured: str | None, submitted: str | None) -> str | None:
+    """The master the builder must set (module docstring); None leaves spark-submit's."""
+    if configured:
+        return configured
+    return None if submitted else LOCAL_MASTER
+
+
+def _submitted_master() -> str | None:
+    """The master spark-submit was given, when this process runs under spark-submit.
+
+    spark-submit hands PySpark its JVM through ``PYSPARK_GATEWAY_PORT``; only then is it
+    asked. Asking otherwise would start the JVM here, before the builder's settings
+    (the jars above all) could reach its command line."""
+    if "PYSPARK_GATEWAY_PORT" not in os.environ:
+        return None
+    # Connects to spark-submit's JVM; a SparkConf made before that holds no defaults.
+    SparkContext._ensure_initialized()
+    master: str | None = SparkConf().get("spark.master", None)
+    return master
+
+
 def build_session(settings: SparkSettings, jars: Sequence[str]) -> SparkSession:
     builder = SparkSession.builder.appName(settings.app_name)
-    if settings.master is not None:
-        builder = builder.master(settings.master)
+    master = master_to_set(settings.master, _submitted_master())
+    if master is not None:
+        builder = builder.master(master)
     for key, value in session_conf(settings, jars).items():
         builder = builder.config(key, value)
     return builder.getOrCreate()

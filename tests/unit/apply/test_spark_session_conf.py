@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from apply.settings import SparkSettings
-from apply.spark_session import DEFAULT_CONF, session_conf
+from apply.spark_session import DEFAULT_CONF, master_to_set, session_conf
 
 
 def test_defaults_carry_delta_and_small_machine_settings() -> None:
@@ -24,3 +24,10 @@ def test_jars_are_comma_joined_and_overrides_win() -> None:
     assert conf["spark.ui.enabled"] == "true"
     assert conf["spark.sql.shuffle.partitions"] == "8"
     assert DEFAULT_CONF["spark.ui.enabled"] == "false", "defaults must not be mutated"
+
+
+def test_master_is_the_settings_then_spark_submits_then_local() -> None:
+    assert master_to_set("local[2]", "yarn") == "local[2]"
+    assert master_to_set(None, "spark://host:7077") is None, "spark-submit's stays"
+    assert master_to_set("", "yarn") is None, "an empty setting is no setting"
+    assert master_to_set(None, None) == "local[*]"
