@@ -22,9 +22,9 @@ Invariants:
 
 - **The errored state is the rows.** A table is errored exactly while it has rows here
   that are neither re-applied nor discarded (``reapplied_at`` and ``discarded_at``
-  null). Parking a table and marking it
-  errored is therefore one atomic commit, and re-applying and clearing it is the
-  release commit (:func:`release`); there is no second place that could disagree.
+  null). Parking a table and marking it errored is therefore one atomic commit, and
+  re-applying and clearing it is the release commit (:func:`release`); there is no
+  second place that could disagree.
 - **Parking is idempotent by Kafka coordinates.** A record whose ``(topic, partition,
   offset)`` is already here is not written again, so a micro-batch replayed under the
   same id, or its records read again under a later id (a lost checkpoint), adds nothing
