@@ -55,6 +55,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import psycopg
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
@@ -150,6 +151,38 @@ class Names:
 
     def all_topics(self) -> list[str]:
         return [*self.change_topics(), self.control_topic, self.schema_topic]
+
+    def capture_settings(
+        self,
+        dsn: str,
+        bootstrap: str,
+        tables: Sequence[str],
+        *,
+        partitions: int,
+        snapshot_mode: Literal["initial", "never"],
+        max_in_flight_records: int | None = None,
+    ) -> CaptureSettings:
+        """The capture's settings for this run's slot, publication and topics, capturing
+        ``tables`` of the run's schema."""
+        settings = CaptureSettings(
+            postgres=PostgresSettings(
+                dsn=dsn,
+                slot=self.capture_slot,
+                publication=self.publication,
+                tables=[f"{self.schema}.{t}" for t in tables],
+            ),
+            kafka=KafkaSettings(
+                bootstrap_servers=bootstrap,
+                topic_prefix=self.schema,
+                control_topic=self.control_topic,
+                schema_topic=self.schema_topic,
+                partitions=partitions,
+            ),
+            snapshot_mode=snapshot_mode,
+        )
+        if max_in_flight_records is None:
+            return settings
+        return settings.model_copy(update={"max_in_flight_records": max_in_flight_records})
 
 
 @dataclass(frozen=True, slots=True)
@@ -538,23 +571,10 @@ def _drain_with_pg_recvlogical(
 
 
 def _capture_settings(dsn: str, bootstrap: str, names: Names) -> CaptureSettings:
-    return CaptureSettings(
-        postgres=PostgresSettings(
-            dsn=dsn,
-            slot=names.capture_slot,
-            publication=names.publication,
-            tables=[f"{names.schema}.{t}" for t in TABLES],
-        ),
-        kafka=KafkaSettings(
-            bootstrap_servers=bootstrap,
-            topic_prefix=names.schema,
-            control_topic=names.control_topic,
-            schema_topic=names.schema_topic,
-            partitions=PARTITIONS,
-        ),
-        # The backlog is the measured work: rows that existed before the slot are not
-        # part of it, so no initial snapshot.
-        snapshot_mode="never",
+    # The backlog is the measured work: rows that existed before the slot are not part
+    # of it, so no initial snapshot.
+    return names.capture_settings(
+        dsn, bootstrap, TABLES, partitions=PARTITIONS, snapshot_mode="never"
     )
 
 

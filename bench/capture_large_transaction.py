@@ -47,7 +47,7 @@ from bench.capture_drain import (
     _run_measured,
     _workload_dsn,
 )
-from capture.settings import CaptureSettings, KafkaSettings, PostgresSettings
+from capture.settings import CaptureSettings
 from deploy.local import stack
 from schemas.lsn import Lsn, format_lsn, parse_lsn
 
@@ -94,20 +94,11 @@ def _write_transaction(dsn: str, names: Names, rows: int) -> Lsn:
 
 
 def _settings(dsn: str, bootstrap: str, names: Names, bound: int) -> CaptureSettings:
-    return CaptureSettings(
-        postgres=PostgresSettings(
-            dsn=dsn,
-            slot=names.capture_slot,
-            publication=names.publication,
-            tables=[f"{names.schema}.{TABLE}"],
-        ),
-        kafka=KafkaSettings(
-            bootstrap_servers=bootstrap,
-            topic_prefix=names.schema,
-            control_topic=names.control_topic,
-            schema_topic=names.schema_topic,
-            partitions=PARTITIONS,
-        ),
+    return names.capture_settings(
+        dsn,
+        bootstrap,
+        [TABLE],
+        partitions=PARTITIONS,
         snapshot_mode="never",
         max_in_flight_records=bound,
     )

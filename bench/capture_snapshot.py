@@ -45,7 +45,7 @@ from bench.capture_drain import (
     _run_measured,
     _workload_dsn,
 )
-from capture.settings import CaptureSettings, KafkaSettings, PostgresSettings
+from capture.settings import CaptureSettings
 from deploy.local import stack
 from schemas.lsn import format_lsn, parse_lsn
 
@@ -101,22 +101,7 @@ def _delete_change_topic(bootstrap: str, names: Names) -> None:
 
 
 def _settings(dsn: str, bootstrap: str, names: Names) -> CaptureSettings:
-    return CaptureSettings(
-        postgres=PostgresSettings(
-            dsn=dsn,
-            slot=names.capture_slot,
-            publication=names.publication,
-            tables=[f"{names.schema}.{TABLE}"],
-        ),
-        kafka=KafkaSettings(
-            bootstrap_servers=bootstrap,
-            topic_prefix=names.schema,
-            control_topic=names.control_topic,
-            schema_topic=names.schema_topic,
-            partitions=3,
-        ),
-        snapshot_mode="initial",
-    )
+    return names.capture_settings(dsn, bootstrap, [TABLE], partitions=3, snapshot_mode="initial")
 
 
 def main() -> None:
