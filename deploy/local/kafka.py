@@ -14,7 +14,7 @@ import base64
 import os
 import shutil
 import subprocess
-import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +38,28 @@ logger.kafka.level = warn
 logger.server.name = org.apache.kafka.server
 logger.server.level = warn
 """
+
+
+def cluster_id(raw: bytes) -> str:
+    """A Kafka cluster id: 16 bytes in unpadded URL-safe base64, as Kafka's ``Uuid``."""
+    if len(raw) != 16:
+        raise ValueError(f"a cluster id is 16 bytes, got {len(raw)}")
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
+def new_cluster_id(draw: Callable[[int], bytes] = os.urandom) -> str:
+    """A random cluster id that does not begin with ``-``.
+
+    One random id in 64 begins with ``-`` (its first six bits all but the last set), and
+    ``kafka-storage format -t -Abc...`` reads such an id as an unknown option. Kafka's own
+    ``Uuid.randomUuid`` draws again in that case; so does this. The id is also passed as
+    ``--cluster-id=<id>`` (:meth:`LocalKafka._format`), which no parser reads as an
+    option.
+    """
+    while True:
+        candidate = cluster_id(draw(16))
+        if not candidate.startswith("-"):
+            return candidate
 
 
 def find_java() -> str:
@@ -175,9 +197,8 @@ class LocalKafka:
         self.config_file.write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
         (self.root / "log4j2.properties").write_text(_LOG4J2.format(log=self.root / "server.log"))
 
-    def _format(self, java: str, classpath: str) -> None:
-        # Kafka cluster ids are 16 random bytes in unpadded URL-safe base64.
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+    def _format(self, java: str, classpath: str, cluster: str | None = None) -> None:
+        cluster = new_cluster_id() if cluster is None else cluster
         result = subprocess.run(
             [
                 java,
@@ -186,8 +207,7 @@ class LocalKafka:
                 classpath,
                 "kafka.tools.StorageTool",
                 "format",
-                "-t",
-                cluster_id,
+                f"--cluster-id={cluster}",
                 "-c",
                 str(self.config_file),
             ],
