@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
-LINTED := capture apply schemas deploy tests bench
+LINTED := capture apply schemas pipeline deploy tests bench
 
 .PHONY: help bootstrap jars up down status lint typecheck test test-unit demo bench bench-apply clean
 

@@ -1,0 +1,1 @@
+"""Pipeline-wide commands over both services: status and verify."""
