@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import IO
 
 from capture.change_stream import OutgoingRecord
+from capture.errors import ConfigError
 from schemas.lsn import Lsn
 
 # commit LSN, then the lengths of topic, table, key, value (-1 = None), header count.
@@ -50,9 +51,20 @@ class HeldChanges:
     __slots__ = ("_count", "_file", "_read_at", "_write_at")
 
     def __init__(self, directory: Path | None = None) -> None:
-        self._file: IO[bytes] = tempfile.TemporaryFile(  # noqa: SIM115 (closed by close())
-            prefix="held-changes-", dir=directory
-        )
+        try:
+            if directory is not None:
+                # A configured spool directory that does not exist yet is created, as a
+                # user pointing CAPTURE_SPOOL_DIR at a fresh volume path expects.
+                directory.mkdir(parents=True, exist_ok=True)
+            self._file: IO[bytes] = tempfile.TemporaryFile(  # noqa: SIM115 (closed by close())
+                prefix="held-changes-", dir=directory
+            )
+        except OSError as exc:
+            where = "the system temporary directory" if directory is None else str(directory)
+            raise ConfigError(
+                f"cannot create a spool file for held changes in {where}: {exc}; set "
+                "CAPTURE_SPOOL_DIR to a writable directory"
+            ) from exc
         self._read_at = 0
         self._write_at = 0
         self._count = 0

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from capture.change_stream import OutgoingRecord
+from capture.errors import ConfigError
 from capture.held_changes import HeldChanges
 from schemas.lsn import Lsn
 
@@ -39,3 +42,19 @@ def test_nothing_is_left_on_disk(tmp_path: Path) -> None:
     spool.hold(Lsn(1), _record(1))
     assert list(tmp_path.iterdir()) == [], "the spool file has no name to leak"
     spool.close()
+
+
+def test_a_missing_spool_directory_is_created(tmp_path: Path) -> None:
+    directory = tmp_path / "not" / "yet"
+    spool = HeldChanges(directory)
+    try:
+        assert directory.is_dir()
+    finally:
+        spool.close()
+
+
+def test_an_unusable_spool_directory_is_a_config_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(ConfigError, match="CAPTURE_SPOOL_DIR"):
+        HeldChanges(blocker / "spool")
