@@ -41,7 +41,23 @@ transition and by ``python -m capture resync`` (which sets ``pending``):
   the position of the table's snapshot rows (streamed changes at or below it are in the
   snapshot and never published); ``message`` says why a table is errored.
 
-A consumer must ignore unknown fields, so fields can be added without a version bump.
+A fourth kind holds apply's view of each table: whether it is errored and how many of
+its records wait in the dead-letter table (docs/apply.md, errored tables). apply writes
+it after the Delta commit that parks records of the table, after ``python -m apply
+reapply``/``discard`` released some, and for every table with parked records when the
+job starts; ``python -m apply errored`` and ``python -m pipeline status`` read it, so
+neither needs Spark.
+
+- key: ``apply:<schema>.<table>``.
+- value: ``{"table": "schema.table", "errored": bool, "parked": int, "error": str or
+  null, "updated_at": micros}``. ``parked`` counts the records parked and neither
+  re-applied nor discarded; ``errored`` is ``parked > 0``; ``error`` is the error that
+  parked the oldest of them (null when none waits). Absolute values, so publishing one
+  twice is harmless and the newest message of a key is the state.
+
+A key with a ``<kind>:`` prefix this module does not know is refused
+(:class:`ControlMessageError`), never read as applied progress. Within a known kind a
+consumer must ignore unknown fields, so fields can be added without a version bump.
 """
 
 from __future__ import annotations
@@ -146,13 +162,59 @@ class TableStatus:
         ).encode()
 
 
-ControlMessage = AppliedProgress | SlotCheckpoint | TableStatus
+APPLY_KEY_PREFIX = "apply:"
+
+
+@dataclass(frozen=True, slots=True)
+class ApplyTableStatus:
+    """apply's state of one table: errored or not, and its parked records waiting."""
+
+    table: str
+    """The source table, ``schema.table``."""
+    errored: bool
+    parked: int
+    """Records parked in the dead-letter table, neither re-applied nor discarded."""
+    error: str | None
+    """The error that parked the oldest waiting record; None when none waits."""
+    updated_at: int
+    """Microseconds since 1970-01-01 UTC."""
+
+    def __post_init__(self) -> None:
+        if self.parked < 0 or self.errored != (self.parked > 0):
+            raise ControlMessageError(
+                f"apply status of {self.table}: errored={self.errored} with parked="
+                f"{self.parked}; a table is errored exactly while records wait"
+            )
+
+    def key(self) -> bytes:
+        return f"{APPLY_KEY_PREFIX}{self.table}".encode()
+
+    def value(self) -> bytes:
+        return json.dumps(
+            {
+                "table": self.table,
+                "errored": self.errored,
+                "parked": self.parked,
+                "error": self.error,
+                "updated_at": self.updated_at,
+            },
+            separators=(",", ":"),
+        ).encode()
+
+
+ControlMessage = AppliedProgress | SlotCheckpoint | TableStatus | ApplyTableStatus
+
+_KIND_SEPARATOR = b":"
+"""Every kind but applied progress has a ``<kind>:`` key prefix; a topic name never
+holds ``:``, so a progress key never does."""
 
 
 def decode_control(key: bytes, value: bytes) -> ControlMessage:
     """Any kind of control-topic message, told apart by its key."""
     if key.startswith(TABLE_KEY_PREFIX.encode()):
         return _decode_table_status(key, value)
+    if key.startswith(APPLY_KEY_PREFIX.encode()):
+        return _decode_apply_status(key, value)
     if key.startswith(SLOT_KEY_PREFIX.encode()):
         try:
             return SlotCheckpoint(
@@ -164,6 +226,12 @@ def decode_control(key: bytes, value: bytes) -> ControlMessage:
                 f"slot checkpoint {key!r} is not in the documented format "
                 f"(schemas/control.py): {exc}"
             ) from exc
+    if _KIND_SEPARATOR in key:
+        kind = key.partition(_KIND_SEPARATOR)[0].decode(errors="replace")
+        raise ControlMessageError(
+            f"control message {key!r} is of kind {kind!r}, which this version does not know "
+            "(schemas/control.py lists the kinds): is a newer writer on this topic?"
+        )
     return decode_progress(key, value)
 
 
@@ -207,3 +275,28 @@ def _decode_table_status(key: bytes, value: bytes) -> TableStatus:
         raise ControlMessageError(
             f"table status {key!r} is not in the documented format (schemas/control.py): {exc}"
         ) from exc
+
+
+def _decode_apply_status(key: bytes, value: bytes) -> ApplyTableStatus:
+    try:
+        return _apply_status(key[len(APPLY_KEY_PREFIX) :].decode(), json.loads(value))
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
+        raise ControlMessageError(
+            f"apply status {key!r} is not in the documented format (schemas/control.py): {exc}"
+        ) from exc
+
+
+def _apply_status(table: str, fields: dict[str, object]) -> ApplyTableStatus:
+    errored, parked, error = fields["errored"], fields["parked"], fields["error"]
+    updated_at = fields["updated_at"]
+    if not table:
+        raise ValueError("the key names no table")
+    if fields["table"] != table:
+        raise ValueError(f"its table {fields['table']!r} is not the one its key names")
+    # bool is an int in Python: the types are checked exactly, so a JSON boolean is
+    # never taken for a count, nor a count for a boolean.
+    if type(errored) is not bool or type(parked) is not int or type(updated_at) is not int:
+        raise TypeError("errored must be a boolean, parked and updated_at integers")
+    if error is not None and not isinstance(error, str):
+        raise TypeError("error must be a string or null")
+    return ApplyTableStatus(table, errored, parked, error, updated_at)

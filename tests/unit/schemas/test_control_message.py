@@ -6,6 +6,7 @@ import pytest
 
 from schemas.control import (
     AppliedProgress,
+    ApplyTableStatus,
     ControlMessageError,
     SlotCheckpoint,
     TableState,
@@ -94,3 +95,53 @@ def test_table_status_that_is_not_the_format_is_rejected() -> None:
         decode_control(b"table:no-table-part", b"{}")
     with pytest.raises(ControlMessageError, match="documented format"):
         decode_control(b"table:s:public.t", b'{"state": "sleeping"}')
+
+
+def test_apply_status_round_trips() -> None:
+    errored = ApplyTableStatus("public.orders", True, 3, "SchemaChangeError: retyped", 17)
+    assert errored.key() == b"apply:public.orders"
+    assert errored.value() == (
+        b'{"table":"public.orders","errored":true,"parked":3,'
+        b'"error":"SchemaChangeError: retyped","updated_at":17}'
+    )
+    assert decode_control(errored.key(), errored.value()) == errored
+    released = ApplyTableStatus("public.orders", False, 0, None, 18)
+    assert decode_control(released.key(), released.value()) == released
+
+
+def test_apply_status_ignores_fields_added_later() -> None:
+    value = b'{"table":"a.b","errored":false,"parked":0,"error":null,"updated_at":1,"new":2}'
+    assert decode_control(b"apply:a.b", value) == ApplyTableStatus("a.b", False, 0, None, 1)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        b"not json",
+        b'{"table":"a.b","errored":false,"parked":0,"error":null}',
+        b'{"table":"a.b","errored":0,"parked":0,"error":null,"updated_at":1}',
+        b'{"table":"a.b","errored":true,"parked":true,"error":"e","updated_at":1}',
+        b'{"table":"a.b","errored":true,"parked":"2","error":"e","updated_at":1}',
+        b'{"table":"a.b","errored":false,"parked":0,"error":7,"updated_at":1}',
+        b'{"table":"x.y","errored":false,"parked":0,"error":null,"updated_at":1}',
+    ],
+)
+def test_apply_status_that_is_not_the_format_is_rejected(value: bytes) -> None:
+    with pytest.raises(ControlMessageError, match="documented format"):
+        decode_control(b"apply:a.b", value)
+
+
+def test_apply_status_errored_exactly_while_records_wait() -> None:
+    with pytest.raises(ControlMessageError, match="errored exactly while records wait"):
+        decode_control(
+            b"apply:a.b", b'{"table":"a.b","errored":true,"parked":0,"error":"e","updated_at":1}'
+        )
+    with pytest.raises(ControlMessageError, match="errored exactly while records wait"):
+        ApplyTableStatus("a.b", False, 2, None, 1)
+
+
+def test_a_kind_this_version_does_not_know_is_refused_not_read_as_progress() -> None:
+    with pytest.raises(ControlMessageError, match="kind 'lake'"):
+        decode_control(b"lake:public.orders", b'{"next_offset":1}')
+    with pytest.raises(ControlMessageError, match="documented format"):
+        decode_control(b"apply:", b"{}")
