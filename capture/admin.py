@@ -1,7 +1,9 @@
 """Operator commands: see each table's state, request a resync.
 
 Both work on the control topic only (``python -m capture status`` / ``resync``), so they
-run anywhere the brokers are reachable, with the capture service up or down.
+run anywhere the brokers are reachable, with the capture service up or down. ``status``
+only reads: it never creates the control topic (a missing one means capture never
+started); ``resync`` writes, so it creates it.
 
 A resync writes the ``pending`` state for the table. The capture service reads table
 states when it starts, so the resync takes effect at its next start (restart it, or
@@ -28,8 +30,10 @@ from schemas.lsn import format_lsn
 
 
 def table_statuses(settings: CaptureSettings) -> list[TableStatus]:
-    """The last state of every table of the configured slot, by table name."""
-    control = ControlReader(settings.kafka, Topics(settings.kafka))
+    """The last state of every table of the configured slot, by table name. Only reads:
+    a missing control topic raises
+    :class:`~capture.publisher.ControlTopicMissingError` and is not created."""
+    control = ControlReader(settings.kafka, None)
     try:
         state = control.load(settings.postgres.slot)
     finally:

@@ -207,12 +207,24 @@ class ControlState:
         }
 
 
+_UNKNOWN_TOPIC = (KafkaError._UNKNOWN_TOPIC, KafkaError.UNKNOWN_TOPIC_OR_PART)
+
+
+class ControlTopicMissingError(ConfigError):
+    """The control topic does not exist: capture has not started on this cluster yet."""
+
+
 class ControlReader:
     """Reads the compacted control topic from the beginning and feeds applied offsets
-    to the book. No consumer group: every capture instance needs the whole state."""
+    to the book. No consumer group: every capture instance needs the whole state.
 
-    def __init__(self, settings: KafkaSettings, topics: Topics) -> None:
-        topics.ensure(settings.control_topic, compacted=True)
+    With ``topics`` (the service, which writes to the topic) a missing control topic is
+    created; without (operator commands that only read) it never is, and a missing one
+    raises :class:`ControlTopicMissingError`."""
+
+    def __init__(self, settings: KafkaSettings, topics: Topics | None) -> None:
+        if topics is not None:
+            topics.ensure(settings.control_topic, compacted=True)
         self._consumer = Consumer(
             {
                 "bootstrap.servers": settings.bootstrap_servers,
@@ -224,7 +236,18 @@ class ControlReader:
         )
         self._topic = settings.control_topic
         metadata = self._consumer.list_topics(settings.control_topic, timeout=10)
-        self._partitions = sorted(metadata.topics[settings.control_topic].partitions)
+        found = metadata.topics.get(settings.control_topic)
+        missing = (
+            found is None
+            or not found.partitions
+            or (found.error is not None and found.error.code() in _UNKNOWN_TOPIC)
+        )
+        if topics is None and missing:
+            self._consumer.close()
+            raise ControlTopicMissingError(
+                f"capture has not started yet (no control topic {settings.control_topic})"
+            )
+        self._partitions = [] if found is None else sorted(found.partitions)
         self._consumer.assign(
             [TopicPartition(settings.control_topic, p, 0) for p in self._partitions]
         )
