@@ -1,7 +1,8 @@
 """``python -m apply``: read settings, build the Spark session, run the query until
 SIGTERM/SIGINT (or until caught up, with the ``available_now`` trigger).
 
-``python -m apply errored`` lists the errored tables; ``python -m apply reapply
+``python -m apply errored`` lists the errored tables from the control topic, without
+Spark (``--from-lake`` reads the dead-letter table instead); ``python -m apply reapply
 <schema.table>`` re-applies a table's parked records once its cause is fixed, and
 ``python -m apply discard <schema.table> <topic>/<partition>/<offset>`` sets aside a
 parked record that can never be applied (docs/apply.md, errored tables).
@@ -23,6 +24,7 @@ from apply.errors import ConfigError, TableError, TransientError
 from apply.settings import ApplySettings
 from apply.spark_jars import configured_jars
 from apply.spark_session import build_session
+from apply.table_status import format_errored, read_table_statuses
 from deploy.settings_reference import settings_table
 
 RUN, ERRORED, REAPPLY, DISCARD, JARS = "run", "errored", "reapply", "discard", "jars"
@@ -47,7 +49,16 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     )
     commands = parser.add_subparsers(dest="command", metavar="command")
     commands.add_parser(RUN, help="run the streaming job (the default)")
-    commands.add_parser(ERRORED, help="list the errored tables and why they stopped")
+    errored = commands.add_parser(
+        ERRORED,
+        help="list the errored tables and why they stopped (from the control topic, no Spark)",
+    )
+    errored.add_argument(
+        "--from-lake",
+        action="store_true",
+        help="read the dead-letter Delta table with Spark instead (the truth, when the "
+        "control topic may lag behind: docs/apply.md, errored tables)",
+    )
     reapply = commands.add_parser(
         REAPPLY,
         help="re-apply the parked records of an errored table after fixing the cause",
@@ -106,6 +117,20 @@ def _report(job: ApplyJob, arguments: argparse.Namespace) -> int:
     return 0
 
 
+def _errored_from_control_topic(settings: ApplySettings, log: logging.Logger) -> int:
+    """``errored`` without Spark: the statuses apply published (apply/table_status.py)."""
+    try:
+        statuses = read_table_statuses(settings.kafka)
+    except ConfigError as exc:
+        log.error("%s", exc)  # noqa: TRY400 - the message is the help
+        return 2
+    except TransientError as exc:
+        log.error("%s", exc)  # noqa: TRY400
+        return 1
+    print(format_errored(statuses))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     arguments = _arguments(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
@@ -115,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValidationError as exc:
         print(f"invalid apply settings:\n{exc}", file=sys.stderr)
         return 2
+    if arguments.command == ERRORED and not arguments.from_lake:
+        return _errored_from_control_topic(settings, log)
     try:
         jars = configured_jars(settings.spark)
     except ConfigError as exc:

@@ -18,6 +18,11 @@ the query fails and the process exits, for its supervisor to restart it.
 
 :meth:`ApplyJob.reapply` wires ``python -m apply reapply`` (:mod:`apply.reapply`), and
 :meth:`ApplyJob.discard` ``python -m apply discard``.
+
+Each table's errored state and parked count also go to the control topic
+(:mod:`apply.table_status`), always after the dead-letter commit that changed them:
+after a batch that parked new records, after ``reapply`` and ``discard``, and at start
+for every table with rows in the dead-letter table.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import logging
 import re
 import threading
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
@@ -39,6 +45,7 @@ from apply.merge import transaction_app_id
 from apply.progress import BatchResult, ParkedTable, TableResult, batch_progress, recovered_progress
 from apply.reapply import ReapplyOutcome, reapply_app_id, reapply_table
 from apply.settings import ApplySettings, KafkaSettings
+from apply.table_status import now_micros, table_statuses
 from apply.tables import table_of_topic
 
 _TRANSIENT_ATTEMPTS = 3
@@ -150,8 +157,19 @@ class ApplyJob:
                 time.sleep(_BACKOFF_S * 2 ** (attempt - 1))
                 continue
             self._publisher.publish(batch_progress(result))
+            self.publish_table_statuses(p.table for p in result.parked if p.parked)
             log_results(batch_id, list(result.applied), started, result.parked)
             return result
+
+    def publish_table_statuses(self, tables: Iterable[str]) -> None:
+        """Publish the errored state and parked count of ``tables`` as the dead-letter
+        table holds them now (:mod:`apply.table_status`); call it only after the commit
+        that changed them."""
+        names = sorted(set(tables))
+        if not names:
+            return
+        errored = errored_tables(self._spark, self._context(self._context_id).dead_letter)
+        self._publisher.publish(table_statuses(names, errored, now_micros()))
 
     def republish_recorded_progress(self) -> int:
         """Publish the progress every Delta table under the lake root recorded."""
@@ -178,6 +196,9 @@ class ApplyJob:
         parked = parked_offsets(self._spark, self._context(self._context_id).dead_letter)
         messages = recovered_progress(states, parked)
         self._publisher.publish(messages)
+        # Every table that ever parked a record: errored ones and released ones alike,
+        # so a status lost between a commit and its publish is put right.
+        self.publish_table_statuses(parked)
         return len(messages)
 
     def errored(self) -> list[ErroredTable]:
@@ -189,7 +210,7 @@ class ApplyJob:
         """Mark one waiting parked record of ``table`` discarded: what ``python -m apply
         discard`` does for a record that can never be applied
         (:func:`apply.dead_letter.discard`). False when no such record waits."""
-        return discard(
+        discarded = discard(
             self._spark,
             self._context(self._context_id).dead_letter,
             table,
@@ -197,13 +218,21 @@ class ApplyJob:
             partition=partition,
             offset=offset,
         )
+        if discarded:
+            self.publish_table_statuses([table])
+        return discarded
 
     def reapply(self, table: str) -> ReapplyOutcome:
         """Re-apply the parked records of ``table`` (``schema.table``) and publish the
         progress of its partitions (:mod:`apply.reapply`)."""
         self._catalog.refresh()
         context = self._context(reapply_app_id(self._context_id))
-        outcome = reapply_table(self._spark, table, context)
+        try:
+            outcome = reapply_table(self._spark, table, context)
+        finally:
+            # A pass may have released records before a later one failed: the status is
+            # published either way, from what the dead-letter table holds now.
+            self.publish_table_statuses([table])
         states = {r.topic: r.state for p in outcome.passes for r in p.results}
         if states:
             parked = parked_offsets(self._spark, context.dead_letter)

@@ -2,7 +2,8 @@
 
 - :class:`SchemaCatalog` reads the schema topic (compacted, keyed by fingerprint) to its
   end, at start and again whenever a batch names a fingerprint it has not seen.
-- :class:`ProgressPublisher` publishes :class:`~schemas.control.AppliedProgress` to the
+- :class:`ProgressPublisher` publishes :class:`~schemas.control.AppliedProgress` (and
+  :class:`~schemas.control.ApplyTableStatus`, :mod:`apply.table_status`) to the
   control topic after each Delta commit, with an idempotent ``acks=all`` producer and a
   synchronous flush: capture confirms WAL only from what it reads there, so a message
   lost here would only delay confirmation, never lose data, and the next batch (or the
@@ -19,7 +20,7 @@ from confluent_kafka.cimpl import TopicPartition
 
 from apply.errors import ConfigError, TransientError
 from apply.settings import KafkaSettings
-from schemas.control import AppliedProgress
+from schemas.control import AppliedProgress, ApplyTableStatus
 from schemas.errors import SchemaMessageError
 from schemas.schema_topic import read_schema_message
 from schemas.single_object import Fingerprint
@@ -115,7 +116,7 @@ class ProgressPublisher:
             raise self._missing_topic()
         self._topic_seen = found.error is None
 
-    def publish(self, messages: Iterable[AppliedProgress]) -> None:
+    def publish(self, messages: Iterable[AppliedProgress | ApplyTableStatus]) -> None:
         pending = list(messages)
         if not pending:
             return
@@ -143,5 +144,5 @@ class ProgressPublisher:
                 pending = [m for m in pending if m.key() in set(failed)]
             time.sleep(0.5 * 2**attempt)
         raise TransientError(
-            f"{len(pending)} applied-progress messages could not be published to {self._topic}"
+            f"{len(pending)} control messages could not be published to {self._topic}"
         )
