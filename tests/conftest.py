@@ -1,3 +1,3 @@
 """Fixtures live in plugin modules under tests/plugins; this file only lists them."""
 
-pytest_plugins = ["tests.plugins.services", "tests.plugins.spark"]
+pytest_plugins = ["tests.plugins.services", "tests.plugins.spark", "tests.plugins.pipeline"]

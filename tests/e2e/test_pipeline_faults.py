@@ -1,0 +1,204 @@
+"""The pipeline under pgbench, crashes and outages: the lake ends equal to the source.
+
+Every scenario runs capture and apply as real processes (``tests/plugins/pipeline.py``)
+on a PostgreSQL and a Kafka of this module's own, drives pgbench, does its worst, stops
+the workload, waits until the slot has passed the WAL written (capture confirms an LSN
+only once apply has it in Delta), and then checks that every table equals its source and
+that no key appears twice in Delta.
+
+pgbench's ``pgbench_history`` has no primary key. The documented rule
+(docs/capture.md, tables without a primary key): such a table is captured with
+``REPLICA IDENTITY FULL`` and keyed by its whole row, which for an append-only table like
+this one is exact as long as no two rows are identical in every column.
+
+Repeat counts come from the environment so ``make soak`` can run the long form:
+``CDC_SOAK_KILLS`` (kills per service), ``CDC_SOAK_SECONDS`` (workload length).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from deploy.local import stack
+from deploy.local.process import read_pid
+from tests.plugins.pipeline import (
+    PGBENCH_TABLES,
+    Pipeline,
+    create_database,
+    kafka_pid,
+    pgbench,
+    start_pgbench,
+    wait_caught_up,
+    wait_for,
+)
+
+pytestmark = pytest.mark.slow
+KILLS = int(os.environ.get("CDC_SOAK_KILLS", "2"))
+SECONDS = int(os.environ.get("CDC_SOAK_SECONDS", "40"))
+RATE = "40"  # transactions per second: 4 changes each, well within apply's pace here
+
+
+def _pipeline(state: stack.StackState, name: str, workdir: Path) -> Pipeline:
+    dsn = create_database(state.postgres.dsn, name)
+    pgbench(dsn, "-i", "-s", "1", "-q")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("ALTER TABLE public.pgbench_history REPLICA IDENTITY FULL")
+    return Pipeline(
+        name=name,
+        dsn=dsn,
+        bootstrap=state.kafka.bootstrap_servers,
+        tables=tuple(f"public.{t}" for t in PGBENCH_TABLES),
+        workdir=workdir,
+    )
+
+
+def _source_rows(dsn: str, table: str) -> list[tuple[Any, ...]]:
+    with psycopg.connect(dsn) as conn:
+        columns = _columns(conn, table)
+        query = sql.SQL("SELECT {} FROM {}").format(
+            sql.SQL(", ").join(sql.Identifier(c) for c in columns),
+            sql.Identifier(*table.split(".")),
+        )
+        return sorted(tuple(r) for r in conn.execute(query).fetchall())
+
+
+def _columns(conn: psycopg.Connection[tuple[Any, ...]], table: str) -> list[str]:
+    schema, name = table.split(".")
+    rows = conn.execute(
+        "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0 "
+        "AND NOT attisdropped ORDER BY attnum",
+        [f'"{schema}"."{name}"'],
+    ).fetchall()
+    return [str(r[0]) for r in rows]
+
+
+def assert_lake_equals_source(spark: Any, pipeline: Pipeline) -> None:
+    """Every table row for row, and no key twice in Delta."""
+    from pyspark.sql import functions as sf  # noqa: PLC0415
+
+    for table in pipeline.tables:
+        with psycopg.connect(pipeline.dsn) as conn:
+            columns = _columns(conn, table)
+        lake = spark.read.format("delta").load(pipeline.table_path(table))
+        duplicates = lake.groupBy(*columns).count().filter(sf.col("count") > 1).count()
+        assert duplicates == 0, f"{table}: {duplicates} rows appear more than once in Delta"
+        expected = _source_rows(pipeline.dsn, table)
+        actual = sorted(tuple(r) for r in lake.select(*columns).collect())
+        if actual != expected:
+            missing = sorted(set(expected) - set(actual))[:5]
+            extra = sorted(set(actual) - set(expected))[:5]
+            raise AssertionError(
+                f"{table}: lake has {len(actual)} rows, source {len(expected)}; "
+                f"missing e.g. {missing}; extra e.g. {extra}\n{pipeline.logs()}"
+            )
+
+
+def _finish(spark: Any, pipeline: Pipeline, bench: Any) -> None:
+    assert bench.wait(SECONDS + 120) == 0, (pipeline.workdir / "pgbench.log").read_text()
+    assert pipeline.capture.running(), pipeline.logs()
+    assert pipeline.apply.running(), pipeline.logs()
+    wait_caught_up(pipeline)
+    assert_lake_equals_source(spark, pipeline)
+
+
+def _workload(pipeline: Pipeline, seconds: int) -> Any:
+    return start_pgbench(
+        pipeline.dsn,
+        "-n",
+        "-c",
+        "2",
+        "-j",
+        "1",
+        "-T",
+        str(seconds),
+        "-R",
+        RATE,
+        log=pipeline.workdir / "pgbench.log",
+    )
+
+
+def _started(pipeline: Pipeline) -> None:
+    pipeline.capture.start()
+    pipeline.apply.start()
+    # The initial snapshot of 100,000 accounts is in the lake once the slot moves past it.
+    wait_caught_up(pipeline, timeout_s=600)
+
+
+@pytest.fixture
+def pipeline(own_stack: stack.StackState, unique_name: str, tmp_path: Path) -> Any:
+    built = _pipeline(own_stack, unique_name, tmp_path)
+    yield built
+    built.stop()
+
+
+def test_pgbench_through_the_pipeline(spark: Any, pipeline: Pipeline) -> None:
+    _started(pipeline)
+    bench = _workload(pipeline, SECONDS // 2)
+    _finish(spark, pipeline, bench)
+
+
+def test_kill_9_of_capture_and_apply_during_the_workload(spark: Any, pipeline: Pipeline) -> None:
+    seed = random.randrange(1 << 32)
+    chooser = random.Random(seed)
+    _started(pipeline)
+    bench = _workload(pipeline, SECONDS)
+    victims = [pipeline.capture, pipeline.apply] * KILLS
+    chooser.shuffle(victims)
+    plan = [(v.name, round(chooser.uniform(1.0, SECONDS / (2 * KILLS)), 1)) for v in victims]
+    print(f"kill plan (seed {seed}): {plan}")
+    for service, (_, delay) in zip(victims, plan, strict=True):
+        time.sleep(delay)
+        service.kill()
+        time.sleep(chooser.uniform(0.5, 2.0))
+        service.start()
+    _finish(spark, pipeline, bench)
+    assert pipeline.capture.kills == KILLS
+    assert pipeline.apply.kills == KILLS
+
+
+def test_kafka_stopped_and_killed_mid_workload(
+    spark: Any, pipeline: Pipeline, own_stack: stack.StackState
+) -> None:
+    _started(pipeline)
+    bench = _workload(pipeline, SECONDS)
+    kafka = own_stack.kafka
+    time.sleep(SECONDS / 5)
+    assert kafka.stop()  # SIGTERM: a controlled shutdown
+    time.sleep(5)
+    kafka.start()
+    time.sleep(SECONDS / 5)
+    os.kill(kafka_pid(own_stack), signal.SIGKILL)
+    wait_for(lambda: not kafka.running(), "the killed broker to exit", 30)
+    time.sleep(5)
+    kafka.start()
+    _finish(spark, pipeline, bench)
+
+
+def test_postgres_restarted_mid_workload(
+    spark: Any, pipeline: Pipeline, own_stack: stack.StackState
+) -> None:
+    _started(pipeline)
+    postgres = own_stack.postgres
+    log = pipeline.workdir / "pgbench.log"
+    # pgbench ends when its server goes away, so the workload runs in two parts.
+    first = _workload(pipeline, SECONDS // 3)
+    time.sleep(SECONDS / 6)
+    pid = read_pid(postgres.pid_file)
+    assert pid is not None
+    os.kill(pid, signal.SIGINT)  # fast shutdown: sessions and the walsender are cut
+    wait_for(lambda: not postgres.running(), "PostgreSQL to shut down", 60)
+    first.wait(60)
+    postgres.start()
+    second = start_pgbench(
+        pipeline.dsn, "-n", "-c", "2", "-j", "1", "-T", str(SECONDS // 3), "-R", RATE, log=log
+    )
+    _finish(spark, pipeline, second)

@@ -1,0 +1,250 @@
+"""The whole pipeline as real processes, on a stack of its own, for the fault tests.
+
+``python -m capture`` and ``python -m apply`` run as child processes (each in its own
+process group, so a kill -9 takes the apply driver and its JVM together), configured only
+through their environment, exactly as a user runs them. The stack (PostgreSQL + Kafka) is
+started for the test module under a temporary root, so a test may stop, kill or restart a
+broker or the database without touching the services other tests share.
+
+The workload is pgbench (the PostgreSQL server's own benchmark), run against a database
+of the test's own, so its fixed table names never collide with another test's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from deploy.local import stack
+from deploy.local.postgres import find_bindir
+from deploy.local.process import read_pid
+from schemas.lsn import Lsn, parse_lsn
+
+ROOT = Path(__file__).resolve().parents[2]
+Connection = psycopg.Connection[tuple[object, ...]]
+
+PGBENCH_TABLES = ("pgbench_accounts", "pgbench_branches", "pgbench_tellers", "pgbench_history")
+
+
+def wait_for(predicate: Callable[[], bool], what: str, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(0.25)
+
+
+@pytest.fixture(scope="module")
+def own_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[stack.StackState]:
+    """A PostgreSQL and a Kafka for this module alone (they get stopped and killed)."""
+    root = tmp_path_factory.mktemp("own-stack")
+    state = stack.up(root, env_file=None)
+    try:
+        yield state
+    finally:
+        stack.down(root, wipe=True)
+
+
+@dataclass
+class Service:
+    """One service process: started, killed, restarted; its output appended to ``log``."""
+
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    log: Path
+    process: subprocess.Popen[bytes] | None = None
+    kills: int = 0
+
+    def start(self) -> None:
+        assert self.process is None or self.process.poll() is not None, f"{self.name} runs"
+        with self.log.open("ab") as out:
+            out.write(f"\n==== start {self.name} at {time.strftime('%X')}\n".encode())
+            out.flush()
+            self.process = subprocess.Popen(
+                self.argv,
+                cwd=ROOT,
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def kill(self) -> None:
+        """kill -9 of the whole process group (the apply driver takes its JVM along)."""
+        assert self.process is not None
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(30)
+        self.kills += 1
+
+    def terminate(self, timeout_s: float = 90) -> int:
+        """SIGTERM, the way an orchestrator stops it; the exit status."""
+        assert self.process is not None
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(30)
+                raise AssertionError(f"{self.name} ignored SIGTERM for {timeout_s} s") from None
+        return self.process.returncode
+
+    def tail(self, chars: int = 4000) -> str:
+        return self.log.read_text(errors="replace")[-chars:] if self.log.exists() else ""
+
+
+@dataclass
+class Pipeline:
+    """capture + apply for one database, every name derived from ``name``."""
+
+    name: str
+    dsn: str
+    bootstrap: str
+    tables: tuple[str, ...]
+    workdir: Path
+    capture: Service = field(init=False)
+    apply: Service = field(init=False)
+
+    def __post_init__(self) -> None:
+        base = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("CAPTURE_", "APPLY_", "CDC_", "PYSPARK_"))
+        }
+        capture_env = {
+            **base,
+            "CAPTURE_POSTGRES__DSN": self.dsn,
+            "CAPTURE_POSTGRES__SLOT": self.name,
+            "CAPTURE_POSTGRES__PUBLICATION": self.name,
+            "CAPTURE_POSTGRES__TABLES": json.dumps(list(self.tables)),
+            "CAPTURE_KAFKA__BOOTSTRAP_SERVERS": self.bootstrap,
+            "CAPTURE_KAFKA__TOPIC_PREFIX": self.name,
+            "CAPTURE_KAFKA__CONTROL_TOPIC": f"{self.name}._control",
+            "CAPTURE_KAFKA__SCHEMA_TOPIC": f"{self.name}._schemas",
+            "CAPTURE_KAFKA__PARTITIONS": "2",
+            "CAPTURE_STATUS_INTERVAL_S": "0.5",
+            "CAPTURE_SPOOL_DIR": str(self.workdir / "spool"),
+        }
+        apply_env = {
+            **base,
+            "APPLY_KAFKA__BOOTSTRAP_SERVERS": self.bootstrap,
+            "APPLY_KAFKA__TOPIC_PREFIX": self.name,
+            "APPLY_KAFKA__CONTROL_TOPIC": f"{self.name}._control",
+            "APPLY_KAFKA__SCHEMA_TOPIC": f"{self.name}._schemas",
+            "APPLY_LAKE__ROOT": str(self.lake_root),
+            "APPLY_LAKE__CHECKPOINT_ROOT": str(self.workdir / "checkpoints"),
+            "APPLY_TRIGGER__INTERVAL": "1 second",
+            "APPLY_SPARK__MASTER": "local[2]",
+            "APPLY_SPARK__CONF": json.dumps(
+                {
+                    "spark.driver.memory": "1g",
+                    "spark.sql.shuffle.partitions": "2",
+                    "spark.ui.enabled": "false",
+                }
+            ),
+            "APPLY_TABLE_PARALLELISM": "2",
+        }
+        self.capture = Service(
+            "capture", [sys.executable, "-m", "capture"], capture_env, self.workdir / "capture.log"
+        )
+        self.apply = Service(
+            "apply", [sys.executable, "-m", "apply"], apply_env, self.workdir / "apply.log"
+        )
+
+    @property
+    def lake_root(self) -> Path:
+        return self.workdir / "lake"
+
+    def table_path(self, table: str) -> str:
+        schema, name = table.split(".", 1)
+        return str(self.lake_root / schema / name)
+
+    def logs(self) -> str:
+        return f"--- capture log:\n{self.capture.tail()}\n--- apply log:\n{self.apply.tail()}"
+
+    def stop(self) -> None:
+        for service in (self.apply, self.capture):
+            if service.running():
+                service.terminate()
+
+
+def slot_confirmed(conn: Connection, slot: str) -> Lsn | None:
+    row = conn.execute(
+        "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
+        [slot],
+    ).fetchone()
+    return None if row is None or row[0] is None else parse_lsn(str(row[0]))
+
+
+def current_wal(conn: Connection) -> Lsn:
+    row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+    assert row is not None
+    return parse_lsn(str(row[0]))
+
+
+def wait_caught_up(pipeline: Pipeline, timeout_s: float = 300) -> Lsn:
+    """Wait until the slot is confirmed past the WAL written so far; capture confirms an
+    LSN only once apply has the changes before it in Delta, so the lake then holds
+    every change committed before this call."""
+    with psycopg.connect(pipeline.dsn, autocommit=True) as conn:
+        target = current_wal(conn)
+
+        def caught_up() -> bool:
+            confirmed = slot_confirmed(conn, pipeline.name)
+            return confirmed is not None and confirmed >= target
+
+        try:
+            wait_for(caught_up, f"the slot to pass {target}", timeout_s)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{pipeline.logs()}") from None
+    return target
+
+
+def create_database(admin_dsn: str, name: str) -> str:
+    """A new database ``name`` on the server of ``admin_dsn``; its DSN."""
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    info = psycopg.conninfo.conninfo_to_dict(admin_dsn)
+    info["dbname"] = name
+    return psycopg.conninfo.make_conninfo(**{k: str(v) for k, v in info.items() if v is not None})
+
+
+def pgbench(dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run the server's pgbench with ``args``; raise with its output when it fails."""
+    result = subprocess.run(
+        [str(find_bindir() / "pgbench"), *args, dsn],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=900,
+    )
+    assert result.returncode == 0, f"pgbench {args} failed:\n{result.stdout}{result.stderr}"
+    return result
+
+
+def start_pgbench(dsn: str, *args: str, log: Path) -> subprocess.Popen[bytes]:
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            [str(find_bindir() / "pgbench"), *args, dsn], stdout=out, stderr=subprocess.STDOUT
+        )
+
+
+def kafka_pid(state: stack.StackState) -> int:
+    pid = read_pid(state.kafka.pid_file)
+    assert pid is not None, "the module's Kafka is not running"
+    return pid
