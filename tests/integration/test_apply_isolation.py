@@ -31,7 +31,7 @@ from apply.table_pool import table_session
 from apply.tables import TableId, table_path
 from schemas import column_type as ct
 from schemas.change_record import ChangeEncoder, Column, TableDescription, build_table_schemas
-from schemas.control import AppliedProgress, decode_progress
+from schemas.control import AppliedProgress, ApplyTableStatus, decode_control
 from schemas.lsn import Lsn
 from schemas.schema_topic import TABLE_KEY_SCHEMA_MESSAGE, table_schema_messages
 from schemas.single_object import format_fingerprint
@@ -287,10 +287,19 @@ def test_a_lost_writer_schema_parks_only_its_table_until_the_schema_is_back(
     assert rows(spark, l_path, "note") == {1: ("a",)}
     # Capture hears of both tables: the parked offset at once, the lake position after
     # the reapply; the newest message per partition is what counts (compacted topic).
+    # 3 progress messages, and the lost table's apply status after parking and reapply.
     newest: dict[tuple[str, int], AppliedProgress] = {}
-    for message in consume_all(bootstrap, [settings.kafka.control_topic], expected=3):
-        progress_message = decode_progress(message.key(), message.value())
-        newest[(progress_message.topic, progress_message.partition)] = progress_message
+    statuses: list[ApplyTableStatus] = []
+    for message in consume_all(bootstrap, [settings.kafka.control_topic], expected=5):
+        decoded = decode_control(message.key(), message.value())
+        if isinstance(decoded, AppliedProgress):
+            newest[(decoded.topic, decoded.partition)] = decoded
+        elif isinstance(decoded, ApplyTableStatus):
+            statuses.append(decoded)
+    assert [(s.table, s.errored, s.parked) for s in statuses] == [
+        (l_name, True, 1),
+        (l_name, False, 0),
+    ]
     assert {tp: (m.next_offset, m.commit_lsn, m.ordinal) for tp, m in newest.items()} == {
         (h_topic.name, 0): (h_end[0], Lsn(0x100), 1),
         (l_topic.name, 0): (l_end[0], Lsn(0x100), 0),
