@@ -152,6 +152,10 @@ class KafkaReader:
             raise StatusError(f"cannot list the end offsets of the topics: {exc}") from exc
 
     def _read_control(self, ends: Mapping[int, int]) -> None:
+        if any(self._log.positions.get(p, 0) > end for p, end in ends.items()):
+            # The topic ends before where the last read stopped: it was deleted and
+            # created again, so what was read from it no longer holds.
+            self._log = _ControlLog()
         spans = {
             (self._control_topic, p): (self._log.positions.get(p, 0), end)
             for p, end in ends.items()
