@@ -54,28 +54,44 @@ from dataclasses import dataclass
 
 from pyspark.sql import DataFrame, SparkSession
 
-from apply.dead_letter import ErroredTable, ParkRequest, dead_letter_path, errored_tables, park
+from apply.dead_letter import (
+    ErroredTable,
+    ParkRequest,
+    dead_letter_path,
+    errored_tables,
+    park,
+    release_superseded,
+)
 from apply.decode import RECORD_COLUMNS, TopicSurvey, decode_topic, persisted, survey
 from apply.delta_schema import (
-    ColumnPlan,
     ExistingTable,
     ValueSchema,
     ensure_table,
     parse_value_schema,
     plan_columns,
+    prepare_replacement,
     read_existing_table,
 )
 from apply.errors import (
     BadRecordError,
     ConfigError,
     MissingSchemaError,
+    SchemaChangeError,
     TableError,
     UnknownSchemaError,
 )
-from apply.history import TableHistory, read_history, recover_state
-from apply.merge import BatchMeasure, empty_source, measure, merge_into, merge_source
+from apply.history import TableHistory, newest_commit, read_history, recover_state
+from apply.merge import (
+    BatchMeasure,
+    empty_source,
+    measure,
+    merge_into,
+    merge_source,
+    replace_table,
+)
 from apply.positions import (
     PartitionBatch,
+    Position,
     TableState,
     TopicPartition,
     advance,
@@ -83,8 +99,10 @@ from apply.positions import (
     encode_state,
 )
 from apply.progress import BatchResult, ParkedTable, TableResult
+from apply.superseded import TablePlan, measure_supersession, plan_table
 from apply.table_pool import run_per_table, table_session
-from apply.tables import table_of_topic, table_path
+from apply.tables import TableId, table_of_topic, table_path
+from schemas.lsn import format_lsn
 from schemas.single_object import Fingerprint, format_fingerprint
 
 log = logging.getLogger(__name__)
@@ -164,6 +182,16 @@ def _table_task(
     table = str(table_of_topic(topic_survey.topic))
     before = errored.get(table)
     if before is not None:
+        released = _released(
+            session,
+            batch=batch,
+            batch_id=batch_id,
+            topic_survey=topic_survey,
+            context=context,
+            errored=before,
+        )
+        if released is not None:
+            return released
         return _Park(
             survey=topic_survey,
             error=before.error,
@@ -189,6 +217,68 @@ def _table_task(
             state=_lake_state(session, topic_survey, context),
             schemas=_parsable_schemas(topic_survey, context),
         )
+
+
+def _released(
+    spark: SparkSession,
+    *,
+    batch: DataFrame,
+    batch_id: int,
+    topic_survey: TopicSurvey,
+    context: ApplyContext,
+    errored: ErroredTable,
+) -> TableResult | None:
+    """An errored table's batch applied, and its parked records released, when a TRUNCATE
+    positioned after every parked record supersedes them all (a resync reached apply);
+    None when the table stays parked.
+
+    The TRUNCATE is this batch's, or one the lake table already holds: the latter when
+    an earlier attempt committed the batch and died before the release."""
+    table = errored.table
+    newest = errored.newest
+    if newest is None or errored.unpositioned or _missing_schemas(topic_survey, context):
+        return None  # a record without position could be after any TRUNCATE
+    state = _lake_state(spark, topic_survey, context)
+    erased = None if state is None else state.truncated_at
+    if erased is None or erased <= newest:
+        try:
+            schemas = [
+                parse_value_schema(table_of_topic(topic_survey.topic), f, context.writer_schemas[f])
+                for f in sorted(topic_survey.fingerprints)
+            ]
+        except TableError:
+            return None
+        if not schemas:
+            return None
+        erased = measure_supersession(batch, topic_survey.topic, schemas, state).truncate
+        if erased is None or erased <= newest:
+            return None
+    try:
+        result = apply_table(spark, batch, batch_id, topic_survey, context)
+    except TableError as exc:
+        log.error(  # noqa: TRY400 - the message says what to do; the trace adds nothing
+            "batch %d: table %s stays errored, its batch after the TRUNCATE fails too: %s",
+            batch_id,
+            table,
+            exc,
+        )
+        return None
+    release_superseded(
+        spark, context.dead_letter, table, erased, None if result is None else result.version
+    )
+    log.warning(
+        "batch %d: table %s is released: the TRUNCATE at %s supersedes its %d parked records",
+        batch_id,
+        table,
+        _at(erased),
+        errored.records,
+    )
+    return result
+
+
+def _at(position: Position | None) -> str:
+    """A position as logs show it: ``<commit LSN>#<ordinal>``."""
+    return "-" if position is None else f"{format_lsn(position.commit_lsn)}#{position.ordinal}"
 
 
 def _missing_schemas(topic_survey: TopicSurvey, context: ApplyContext) -> list[str]:
@@ -413,9 +503,14 @@ def apply_table(
     if existing is None and not schemas:
         log.warning("tombstones for a table not created yet, nothing to record: %s", name)
         return None
-    plan = plan_columns(table, existing, schemas)
+    previous = history.state if history is not None else None
+    plan = _plan(batch, topic, table=table, existing=existing, schemas=schemas, previous=previous)
 
-    decoded = decode_topic(batch, topic, schemas, plan.columns) if schemas else None
+    decoded = (
+        decode_topic(batch, topic, schemas, plan.columns.columns, plan.superseded)
+        if schemas
+        else None
+    )
     with persisted(decoded):
         return _apply_decoded(
             spark,
@@ -429,6 +524,38 @@ def apply_table(
         )
 
 
+def _plan(
+    batch: DataFrame,
+    topic: str,
+    *,
+    table: TableId,
+    existing: ExistingTable | None,
+    schemas: list[ValueSchema],
+    previous: TableState | None,
+) -> TablePlan:
+    """The table's columns for the batch. Records a TRUNCATE superseded are left out of
+    planning (:mod:`apply.superseded`); finding them costs a Spark job, so only when the
+    plain plan fails or the batch holds more than one writer schema."""
+    try:
+        columns = plan_columns(table, existing, schemas)
+    except SchemaChangeError:
+        if not schemas:
+            raise
+    else:
+        if len(schemas) <= 1:
+            return TablePlan(columns, frozenset(), replace=False)
+    supersession = measure_supersession(batch, topic, schemas, previous)
+    plan = plan_table(table, existing, schemas, supersession, previous)
+    if plan.superseded:
+        log.info(
+            "%s: writer schemas %s are superseded by the TRUNCATE at %s",
+            table,
+            ", ".join(sorted(format_fingerprint(f) for f in plan.superseded)),
+            _at(supersession.erased_before(previous)),
+        )
+    return plan
+
+
 def _apply_decoded(
     spark: SparkSession,
     *,
@@ -437,7 +564,7 @@ def _apply_decoded(
     context: ApplyContext,
     history: TableHistory | None,
     existing: ExistingTable | None,
-    plan: ColumnPlan,
+    plan: TablePlan,
     decoded: DataFrame | None,
 ) -> TableResult:
     """:func:`apply_table` once the records are decoded: measure, then MERGE. ``decoded``
@@ -464,37 +591,63 @@ def _apply_decoded(
     truncate = measured.truncate
     state = advance(previous, name, batch_id, _partition_batches(topic_survey, measured), truncate)
 
-    ensure_table(spark, path, table, plan, existing)
-    if history is None or plan.added:
-        refreshed = read_history(spark, path, name)
-        assert refreshed is not None  # ensure_table just wrote the table
-        version_before = refreshed.version
+    columns = plan.columns
+    if plan.replace:
+        assert existing is not None  # plan_table replaces an existing table only
+        prepare_replacement(spark, path, columns, existing)
+        version_before = newest_commit(spark, path).version
     else:
-        version_before = history.version
+        ensure_table(spark, path, table, columns, existing)
+        if history is None or columns.added:
+            refreshed = read_history(spark, path, name)
+            assert refreshed is not None  # ensure_table just wrote the table
+            version_before = refreshed.version
+        else:
+            version_before = history.version
     source = (
         merge_source(
             decoded,
             previous=previous,
             topic=topic,
-            plan=plan,
+            plan=columns,
             erased_before=state.truncated_at,
             unchanged_columns=measured.unchanged_columns,
         )
         if decoded is not None
-        else empty_source(spark, plan)
+        else empty_source(spark, columns)
     )
-    outcome = merge_into(
-        spark,
-        path=path,
-        table=name,
-        source=source,
-        plan=plan,
-        truncate=truncate,
-        version_before=version_before,
-        app_id=context.txn_app_id,
-        batch_id=batch_id,
-        metadata=encode_state(state),
-    )
+    if plan.replace:
+        log.warning(
+            "batch %d to %s: the lake table cannot take the new schema; the TRUNCATE at %s "
+            "erases every row it holds, so it is replaced by the rows from there on",
+            batch_id,
+            name,
+            _at(truncate),
+        )
+        outcome = replace_table(
+            spark,
+            path=path,
+            table=name,
+            source=source,
+            plan=columns,
+            version_before=version_before,
+            app_id=context.txn_app_id,
+            batch_id=batch_id,
+            metadata=encode_state(state),
+        )
+    else:
+        outcome = merge_into(
+            spark,
+            path=path,
+            table=name,
+            source=source,
+            plan=columns,
+            truncate=truncate,
+            version_before=version_before,
+            app_id=context.txn_app_id,
+            batch_id=batch_id,
+            metadata=encode_state(state),
+        )
     if not outcome.committed:
         # Delta skipped the MERGE: this txnAppId committed this batch id, or a later
         # one, before. Only the first is a replay; report what that commit recorded.
@@ -521,12 +674,14 @@ def _apply_decoded(
         superseded=changes - source_rows if outcome.committed else 0,
         truncates=truncates,
         source_rows=source_rows,
-        rows_inserted=_metric(metrics, "numTargetRowsInserted"),
+        rows_inserted=_metric(
+            metrics, "numOutputRows" if plan.replace else "numTargetRowsInserted"
+        ),
         rows_updated=_metric(metrics, "numTargetRowsUpdated"),
         rows_deleted=_metric(metrics, "numTargetRowsDeleted"),
         rows_truncated=_metric(metrics, "numTargetRowsNotMatchedBySourceDeleted"),
-        table_created=plan.create,
-        columns_added=tuple(column.name for column in plan.added),
+        table_created=columns.create and not plan.replace,
+        columns_added=tuple(column.name for column in columns.added),
         partitions=tuple(sorted((topic, partition) for partition in topic_survey.partitions)),
         state=state,
     )

@@ -58,7 +58,7 @@ from delta.exceptions import (
     ConcurrentTransactionException,
 )
 from delta.tables import DeltaTable
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as sf
 from pyspark.sql.types import (
     ArrayType,
@@ -74,7 +74,8 @@ from pyspark.sql.types import (
 from apply.decode import COMMIT_LSN, ORDINAL, decode_positions
 from apply.delta_schema import ValueSchema
 from apply.errors import TransientError
-from apply.positions import TopicPartition
+from apply.positions import Position, TopicPartition
+from schemas.lsn import Lsn
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +148,10 @@ class ErroredTable:
     error_kind: str
     records: int
     """Records parked and waiting."""
+    newest: Position | None = None
+    """The position of the newest waiting record that has one."""
+    unpositioned: int = 0
+    """Waiting records other than tombstones without a position (they did not decode)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,6 +189,11 @@ def errored_tables(spark: SparkSession, path: str) -> dict[str, ErroredTable]:
             sf.min(BATCH_ID).alias("since"),
             sf.min_by(sf.struct(ERROR, ERROR_KIND), sf.struct(BATCH_ID, OFFSET)).alias("first"),
             sf.count(sf.lit(1)).alias("records"),
+            sf.max(sf.struct(COMMIT_LSN, ORDINAL)).alias("newest"),
+            # Tombstones have no position, and need none: apply skips them.
+            sf.count_if(sf.col("value").isNotNull() & sf.col(COMMIT_LSN).isNull()).alias(
+                "unpositioned"
+            ),
         )
         .collect()
     )
@@ -194,9 +204,17 @@ def errored_tables(spark: SparkSession, path: str) -> dict[str, ErroredTable]:
             error=row["first"][ERROR],
             error_kind=row["first"][ERROR_KIND],
             records=int(row["records"]),
+            newest=_position(row["newest"]),
+            unpositioned=int(row["unpositioned"]),
         )
         for row in rows
     }
+
+
+def _position(value: Row | None) -> Position | None:
+    if value is None or value[COMMIT_LSN] is None:
+        return None
+    return Position(Lsn(int(value[COMMIT_LSN])), int(value[ORDINAL]))
 
 
 def _ensure(spark: SparkSession, path: str) -> None:
@@ -295,6 +313,27 @@ def release(
     condition = (
         (sf.col(TABLE) == sf.lit(table)) & _waiting() & (sf.col(BATCH_ID) <= sf.lit(up_to_batch))
     )
+    values: dict[str, str | Column] = {
+        REAPPLIED_AT: sf.current_timestamp(),
+        REAPPLIED_VERSION: sf.lit(lake_version).cast(LongType()),
+    }
+    _update(spark, path, table, condition, values)
+
+
+def release_superseded(
+    spark: SparkSession, path: str, table: str, erased_before: Position, lake_version: int | None
+) -> None:
+    """Mark the waiting records of ``table`` positioned before ``erased_before``, a
+    TRUNCATE that ``lake_version`` of its Delta table holds, as re-applied into that
+    version: the TRUNCATE erased whatever they carried, so applying them could change
+    nothing (docs/apply.md, errored tables); tombstones, which apply skips, go with them.
+    Records without a position stay waiting. Idempotent."""
+    lsn, ordinal = sf.col(COMMIT_LSN), sf.col(ORDINAL)
+    before = (lsn < sf.lit(erased_before.commit_lsn)) | (
+        (lsn == sf.lit(erased_before.commit_lsn)) & (ordinal < sf.lit(erased_before.ordinal))
+    )
+    superseded = sf.col("value").isNull() | (lsn.isNotNull() & before)
+    condition = (sf.col(TABLE) == sf.lit(table)) & _waiting() & superseded
     values: dict[str, str | Column] = {
         REAPPLIED_AT: sf.current_timestamp(),
         REAPPLIED_VERSION: sf.lit(lake_version).cast(LongType()),

@@ -43,6 +43,7 @@ from schemas.single_object import (
     MARKER,
     Fingerprint,
     fingerprint_bytes,
+    format_fingerprint,
 )
 
 RECORD_COLUMNS = ("topic", "partition", "offset", "value")
@@ -171,6 +172,7 @@ def decode_topic(
     topic: str,
     schemas: Sequence[ValueSchema],
     columns: Sequence[ColumnSpec],
+    superseded: frozenset[Fingerprint] = frozenset(),
 ) -> DataFrame:
     """The topic's non-null values decoded (step 2 of the module docstring).
 
@@ -178,6 +180,9 @@ def decode_topic(
     ``op``, ``commit_lsn``, ``ordinal``, ``commit_ts`` (timestamp), ``unchanged`` (the
     Avro names of unchanged TOAST columns) and ``row``: a struct of ``columns`` taken
     from ``after``, or from ``before`` when there is no ``after`` (a DELETE's key).
+    Records of a ``superseded`` writer schema (every one of them positioned before a
+    TRUNCATE, :mod:`apply.superseded`) keep their envelope and get a row of nulls: their
+    positions still count, their columns need not fit ``columns``.
     """
     if not schemas:
         raise ValueError("decode_topic needs at least one writer schema")
@@ -186,7 +191,11 @@ def decode_topic(
     body = value.substr(sf.lit(HEADER_SIZE + 1), sf.length(value) - sf.lit(HEADER_SIZE))
     groups = []
     for schema in schemas:
-        present = {column.name for column in schema.columns}
+        present = (
+            set()
+            if schema.fingerprint in superseded
+            else {column.name for column in schema.columns}
+        )
         decoded = records.where(
             _fingerprint_slice(value) == sf.lit(fingerprint_bytes(schema.fingerprint))
         ).select(
@@ -254,3 +263,36 @@ def decode_positions(records: DataFrame, schemas: Sequence[ValueSchema]) -> Data
         position[COMMIT_LSN].alias(COMMIT_LSN),
         position[ORDINAL].alias(ORDINAL),
     )
+
+
+def decode_envelopes(batch: DataFrame, topic: str, schemas: Sequence[ValueSchema]) -> DataFrame:
+    """The topic's non-null values as their envelope only: ``partition``, ``fingerprint``
+    (the writer fingerprint, 16 hex digits), ``op``, ``commit_lsn`` and ``ordinal``; null
+    fields for a body that does not decode. No row is decoded, so records of writer
+    schemas the table cannot take still get their positions."""
+    if not schemas:
+        raise ValueError("decode_envelopes needs at least one writer schema")
+    value = sf.col("value")
+    records = batch.where((sf.col("topic") == sf.lit(topic)) & value.isNotNull())
+    body = value.substr(sf.lit(HEADER_SIZE + 1), sf.length(value) - sf.lit(HEADER_SIZE))
+    groups = []
+    for schema in schemas:
+        decoded = records.where(
+            _fingerprint_slice(value) == sf.lit(fingerprint_bytes(schema.fingerprint))
+        ).select(
+            "partition",
+            from_avro(body, schema.decode_json, {"mode": "PERMISSIVE"}).alias("v"),
+        )
+        groups.append(
+            decoded.select(
+                "partition",
+                sf.lit(format_fingerprint(schema.fingerprint)).alias("fingerprint"),
+                sf.col("v.op").alias(OP),
+                sf.col("v.commit_lsn").cast("bigint").alias(COMMIT_LSN),
+                sf.col("v.ordinal").cast("bigint").alias(ORDINAL),
+            )
+        )
+    combined = groups[0]
+    for group in groups[1:]:
+        combined = combined.unionByName(group)
+    return combined

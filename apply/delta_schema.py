@@ -52,6 +52,7 @@ resync or a rename at the source.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -97,6 +98,7 @@ KEY_COLUMNS_PROPERTY = "pgdelta.keyColumns"
 """Table property listing the key columns (JSON array of column names)."""
 
 _TIMESTAMP_NTZ_FEATURE = "timestampNtz"
+_AVRO_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 _PRIMITIVES: dict[str, DataType] = {
     "boolean": BooleanType(),
@@ -417,3 +419,29 @@ def ensure_table(
         .option("mergeSchema", "true")
         .save(path)
     )
+
+
+def prepare_replacement(
+    spark: SparkSession, path: str, plan: ColumnPlan, existing: ExistingTable
+) -> None:
+    """Ready the table for a replacement by ``plan``'s columns (:mod:`apply.superseded`):
+    the table features and key-column property the new columns need, which an overwrite
+    cannot set. Idempotent commits of their own, before the replacement, like the
+    evolution in :func:`ensure_table`: should the replacement not follow, the next
+    attempt plans against the new key and replaces again, or, when the types now fit,
+    merges the same batch with its TRUNCATE, which leaves the same rows."""
+    adds_timestamp_ntz = any(_contains_timestamp_ntz(column.data_type) for column in plan.columns)
+    if adds_timestamp_ntz and not existing.has_timestamp_ntz:
+        DeltaTable.forPath(spark, path).addFeatureSupport(_TIMESTAMP_NTZ_FEATURE)
+    if plan.key_columns != existing.key_columns:
+        # Spark has no API for a table property of an existing table, and neither
+        # TBLPROPERTIES nor ALTER TABLE's name take parameter markers (Spark 4.0), so this
+        # is SQL text: the path as a quoted identifier (backticks doubled), the value a
+        # JSON array of Avro names, [A-Za-z_][A-Za-z0-9_]* (checked): nothing to escape.
+        keys = json.dumps(list(plan.key_columns))
+        if not all(_AVRO_NAME.fullmatch(name) for name in plan.key_columns):
+            raise ValueError(f"key columns {keys} are not Avro names")
+        quoted = "`" + path.replace("`", "``") + "`"
+        spark.sql(
+            f"ALTER TABLE delta.{quoted} SET TBLPROPERTIES ('{KEY_COLUMNS_PROPERTY}' = '{keys}')"
+        )

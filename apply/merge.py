@@ -122,8 +122,11 @@ def _position_literal(position: Position) -> Column:
     )
 
 
-def replay_flag(previous: TableState | None, topic: str) -> Column:
-    """True for a decoded record at or below its partition's applied position."""
+def replay_flag(
+    previous: TableState | None, topic: str, *, malformed: Column | None = None
+) -> Column:
+    """True for a decoded record at or below its partition's applied position
+    (``malformed``: the flag of a record that did not decode, by default its column)."""
     entries = [
         (partition, progress.position)
         for (state_topic, partition), progress in (previous.partitions if previous else {}).items()
@@ -141,7 +144,8 @@ def replay_flag(previous: TableState | None, topic: str) -> Column:
         ),
         sf.col("partition"),
     )
-    return sf.coalesce(~sf.col(MALFORMED) & (_position() <= applied), sf.lit(False))
+    bad = sf.col(MALFORMED) if malformed is None else malformed
+    return sf.coalesce(~bad & (_position() <= applied), sf.lit(False))
 
 
 @dataclass(frozen=True, slots=True)
@@ -428,6 +432,53 @@ def merge_into(
             table,
             f"the MERGE does not fit the Delta table at {path} ({exc.getCondition()}): was the "
             "table altered outside apply? Restore its schema or resync the table",
+        ) from exc
+    commit = newest_commit(spark, path)
+    if commit.version == version_before:
+        return MergeOutcome(committed=False, version=commit.version, metrics={})
+    return MergeOutcome(committed=True, version=commit.version, metrics=commit.metrics)
+
+
+def replace_table(
+    spark: SparkSession,
+    *,
+    path: str,
+    table: str,
+    source: MergeSource,
+    plan: ColumnPlan,
+    version_before: int,
+    app_id: str,
+    batch_id: int,
+    metadata: str,
+) -> MergeOutcome:
+    """Replace the table's schema and rows by the rows of ``source`` (its latest change
+    per key from the batch's TRUNCATE on; deletes leave no row) in one commit, with the
+    same transaction id and metadata as a MERGE: an overwrite with ``overwriteSchema``.
+    Only for a batch whose TRUNCATE erases every row the table holds from before it
+    (:mod:`apply.superseded`); table properties are kept."""
+    row = sf.col(ROW)
+    rows = source.frame.where(sf.col(OP) != sf.lit(Operation.DELETE.value)).select(
+        *[row[c.name].cast(c.data_type).alias(c.name) for c in plan.columns],
+        sf.col(COMMIT_LSN).alias(COMMIT_LSN_COLUMN),
+        sf.col(ORDINAL).alias(ORDINAL_COLUMN),
+        sf.col(COMMIT_TS).alias(COMMIT_TS_COLUMN),
+    )
+    # Writer options, not session settings: a DataFrame write commits under the session
+    # of its DataFrame, which is the batch's, not the table's (apply.table_pool).
+    try:
+        (
+            rows.write.format("delta")
+            .mode("overwrite")
+            .option("overwriteSchema", "true")
+            .option("txnAppId", app_id)
+            .option("txnVersion", str(batch_id))
+            .option("userMetadata", metadata)
+            .save(path)
+        )
+    except _CONCURRENT_WRITES as exc:
+        raise TransientError(
+            f"table {table}: another writer committed to {path} during its replacement; "
+            "retry the batch, and make sure one apply job owns each table"
         ) from exc
     commit = newest_commit(spark, path)
     if commit.version == version_before:
