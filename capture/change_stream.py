@@ -93,6 +93,17 @@ class TransactionCommitted:
 
 
 @dataclass(frozen=True, slots=True)
+class RelationChanged:
+    """A table's Relation differs from the one cached (a DDL): the codec is rebuilt
+    already. The caller decides whether the rows the table held before need a resync
+    (:mod:`capture.schema_change`)."""
+
+    table: str
+    previous: Relation
+    current: Relation
+
+
+@dataclass(frozen=True, slots=True)
 class ChangeFailed:
     """A change could not be turned into a record (with
     :attr:`ChangeStream.defer_errors`). The caller decides: a snapshot may turn out to
@@ -105,7 +116,14 @@ class ChangeFailed:
 _ROW_CHANGES = (Insert, Update, Delete)
 _new_record = frozen_constructor(OutgoingRecord)
 
-Output = OutgoingRecord | SchemaRecord | TransactionStarted | TransactionCommitted | ChangeFailed
+Output = (
+    OutgoingRecord
+    | SchemaRecord
+    | TransactionStarted
+    | TransactionCommitted
+    | ChangeFailed
+    | RelationChanged
+)
 
 
 class TableCodec:
@@ -231,7 +249,7 @@ class ChangeStream:
             self._tx = None
             out.append(TransactionCommitted(message.end_lsn))
         elif isinstance(message, Relation):
-            self._relation(message)
+            self._relation(message, out)
         elif isinstance(message, Truncate):
             for oid in message.relation_oids:
                 codec = self.codecs.get(oid)
@@ -241,7 +259,7 @@ class ChangeStream:
         # the catalog, and the publication does not request messages.
         return iter(out)
 
-    def _relation(self, relation: Relation) -> None:
+    def _relation(self, relation: Relation, out: list[Output]) -> None:
         relation = self.rekey(relation)
         cached = self.codecs.get(relation.oid)
         if cached is not None and cached.relation == relation:
@@ -254,6 +272,9 @@ class ChangeStream:
         except TableError as exc:
             self.errored[table] = exc
             self.codecs.pop(relation.oid, None)
+            return
+        if cached is not None and table not in self.errored:
+            out.append(RelationChanged(table, cached.relation, relation))
 
     def _row_change(
         self, message: Insert | Update | Delete, change_lsn: Lsn, out: list[Output]

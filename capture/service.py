@@ -25,6 +25,7 @@ from capture.change_stream import (
     ChangeFailed,
     ChangeStream,
     OutgoingRecord,
+    RelationChanged,
     SchemaRecord,
     TransactionCommitted,
     TransactionStarted,
@@ -35,6 +36,7 @@ from capture.progress import ProgressBook
 from capture.publisher import ChangePublisher, ControlReader, ControlState, Topics
 from capture.replication import ReplicationStream
 from capture.replication_protocol import PrimaryKeepalive
+from capture.schema_change import added_columns, read_added_columns, resync_reason
 from capture.settings import CaptureSettings
 from capture.snapshot import SnapshotRun
 from capture.source import (
@@ -110,6 +112,19 @@ def describe_columns(
         )
         for c in relation.columns
     ]
+
+
+def _resync_reason(
+    catalog: psycopg.Connection[tuple[object, ...]], changed: RelationChanged
+) -> str | None:
+    """Why a table whose Relation changed must be snapshotted again, if it must
+    (:mod:`capture.schema_change`); the catalog is read only when columns were added."""
+    added = added_columns(changed.previous, changed.current)
+    if not added:
+        return None
+    return resync_reason(
+        changed.previous, changed.current, read_added_columns(catalog, changed.current, added)
+    )
 
 
 class CaptureService:
@@ -294,6 +309,10 @@ class CaptureService:
                             book.begin(out.commit_lsn)
                         elif isinstance(out, ChangeFailed):
                             flow.route_failure(out, commit_lsn)
+                        elif isinstance(out, RelationChanged):
+                            reason = _resync_reason(catalog, out)
+                            if reason is not None:
+                                flow.resync(out.table, reason, commit_lsn)
                         elif isinstance(out, TransactionCommitted):
                             book.commit(out.end_lsn)
                             if (

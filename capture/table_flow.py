@@ -70,6 +70,8 @@ class TableFlow:
         self._pins: dict[str, int] = {}
         self._published_schemas: set[bytes] = set()
         self._run: SnapshotRun | None = None
+        self._recheck: dict[str, tuple[Lsn, str]] = {}
+        """Resyncs asked for while a run held the table pending: (commit LSN, reason)."""
         for table in states.in_state(TableState.PENDING):
             self._hold(table)
         for table, message in states.errors().items():
@@ -110,6 +112,31 @@ class TableFlow:
         for table in tables:
             if table not in self._states:
                 self._discover(table)
+
+    def resync(self, table: str, reason: str, commit_lsn: Lsn) -> None:
+        """Snapshot ``table`` again while everything keeps streaming, because of a change
+        of the open transaction (committing at ``commit_lsn``) that filled its rows
+        without a logical change (:mod:`capture.schema_change`): from now on its changes
+        are held and pin the book, the next run snapshots it starting with a TRUNCATE,
+        then the held changes follow, as for a table added while running."""
+        state = self._states.state(table)
+        if state is TableState.ERRORED:
+            return  # a resync of its own is needed anyway
+        if state is TableState.PENDING:
+            if self._run is not None and table in self._run.tables:
+                # The run's consistent point is not known yet: decided when it is.
+                self._recheck[table] = (commit_lsn, reason)
+            return  # not snapshotted yet: the snapshot will read the new catalog
+        snapshot_lsn = self._states.snapshot_lsn(table)
+        if (
+            state is not TableState.STREAMING
+            and snapshot_lsn is not None
+            and commit_lsn <= snapshot_lsn
+        ):
+            return  # the running snapshot sees this transaction, so the change too
+        log.warning("table %s is resynced while running: %s", table, reason)
+        self._publish_status(self._states.resync(table, reason))
+        self._hold(table)
 
     def known(self, table: str) -> bool:
         return table in self._states
@@ -189,6 +216,10 @@ class TableFlow:
             for table in item.tables:
                 if states.state(table) is TableState.PENDING:
                     self._publish_status(states.snapshot_started(table, item.snapshot_lsn))
+            for table in item.tables:
+                recheck = self._recheck.pop(table, None)
+                if recheck is not None and states.state(table) is TableState.SNAPSHOT:
+                    self.resync(table, recheck[1], recheck[0])
             # Durable before the first snapshot record: a table with no status never had
             # one produced, which is what lets its first snapshot skip the TRUNCATE.
             self._publisher.flush()
@@ -205,6 +236,7 @@ class TableFlow:
             raise item.error
         else:
             self._run = None
+            self._recheck.clear()
 
     def _catch_up(self, table: str) -> None:
         spool = self._held[table]

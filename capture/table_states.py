@@ -3,8 +3,9 @@
 States (:class:`~schemas.control.TableState`) and what moves a table between them:
 
 - ``pending``: known, not snapshotted. New tables start here (``snapshot_mode=initial``),
-  and ``python -m capture resync`` puts a table back here. A table found pending or
-  mid-snapshot at start is snapshotted again from scratch.
+  ``python -m capture resync`` puts a table back here, and so does a schema change that
+  filled existing rows without a logical change (:meth:`TableStates.resync`, online). A
+  table found pending or mid-snapshot at start is snapshotted again from scratch.
 - ``snapshot``: a snapshot run copies the table at a consistent point ``C`` of a fresh
   exported snapshot (:mod:`capture.snapshot`); its rows are published at position
   ``snapshot_lsn = C - 1``.
@@ -49,6 +50,7 @@ class Route(enum.Enum):
 
 
 _HOLDING = frozenset({TableState.PENDING, TableState.SNAPSHOT, TableState.CATCH_UP})
+_RESYNCABLE = frozenset({TableState.SNAPSHOT, TableState.CATCH_UP, TableState.STREAMING})
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,16 +110,28 @@ class TableStates:
     # -- transitions ---------------------------------------------------------------------
 
     def snapshot_started(self, table: str, snapshot_lsn: Lsn) -> TableStatus:
-        self._expect(table, TableState.PENDING)
-        return self._set(table, _Table(TableState.SNAPSHOT, snapshot_lsn))
+        current = self._expect(table, TableState.PENDING)
+        return self._set(table, _Table(TableState.SNAPSHOT, snapshot_lsn, current.message))
 
     def snapshot_done(self, table: str) -> TableStatus:
         current = self._expect(table, TableState.SNAPSHOT)
-        return self._set(table, _Table(TableState.CATCH_UP, current.snapshot_lsn))
+        return self._set(table, _Table(TableState.CATCH_UP, current.snapshot_lsn, current.message))
 
     def caught_up(self, table: str) -> TableStatus:
         current = self._expect(table, TableState.CATCH_UP)
-        return self._set(table, _Table(TableState.STREAMING, current.snapshot_lsn))
+        # The message stays: why the table was last snapshotted (a resync's reason).
+        return self._set(table, _Table(TableState.STREAMING, current.snapshot_lsn, current.message))
+
+    def resync(self, table: str, reason: str) -> TableStatus:
+        """Snapshot the table again while running (``reason`` becomes the status message,
+        kept until it streams again): from ``streaming``, or from ``snapshot`` or
+        ``catch_up`` when the running snapshot may predate the cause. Its changes are held
+        from now on, and the new snapshot starts with a TRUNCATE."""
+        current = self._tables.get(table)
+        if current is None or current.state not in _RESYNCABLE:
+            found = "unknown" if current is None else current.state.value
+            raise ValueError(f"{table} is {found}: only a captured, snapshotted table resyncs")
+        return self._set(table, _Table(TableState.PENDING, None, reason))
 
     def errored(self, table: str, message: str) -> TableStatus:
         return self._set(table, _Table(TableState.ERRORED, None, message))
