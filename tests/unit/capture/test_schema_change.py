@@ -1,15 +1,21 @@
 """Which Relation changes resync a table (capture.schema_change), the resync transition
-(capture.table_states) and the Relation change the stream reports: pure."""
+(capture.table_states), the Relation change the stream reports, and when a table being
+snapshotted is taken again (capture.table_flow, with an in-memory publisher and run)."""
 
 from __future__ import annotations
 
+import queue
 from dataclasses import replace
+from typing import Any, cast
 
 import pytest
 
 from capture.change_stream import ChangeStream, RelationChanged
 from capture.pgoutput import Relation, RelationColumn
+from capture.progress import ProgressBook
 from capture.schema_change import AddedColumn, added_columns, resync_reason
+from capture.snapshot import RunFinished, SnapshotTaken, TableCopied
+from capture.table_flow import TableFlow
 from capture.table_states import Route, TableStates
 from schemas.control import TableState
 from schemas.lsn import Lsn
@@ -109,3 +115,98 @@ def test_only_a_snapshotted_table_resyncs() -> None:
     for table in ("public.pending", "public.bad", "public.unknown"):
         with pytest.raises(ValueError, match="only a captured, snapshotted table resyncs"):
             states.resync(table, "why")
+
+
+class _Publisher:
+    """What TableFlow hands the producer, kept in memory."""
+
+    def __init__(self) -> None:
+        self.statuses: list[Any] = []
+        self.records: list[Any] = []
+
+    def publish(self, record: Any, pin: int | None = None) -> None:
+        self.records.append(record)
+
+    def publish_status(self, status: Any) -> None:
+        self.statuses.append(status)
+
+    def publish_schema(self, schema: Any) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+
+class _Run:
+    """A snapshot run whose items the test hands over."""
+
+    def __init__(self, tables: list[str]) -> None:
+        self.tables = tuple(tables)
+        self.items: queue.Queue[Any] = queue.Queue()
+
+    def cancel(self) -> None:
+        pass
+
+
+def _flow() -> tuple[TableFlow, _Publisher, list[_Run]]:
+    states = TableStates("slot", {}, snapshot_new=True, clock=lambda: 7)
+    states.add(["public.t"])
+    publisher = _Publisher()
+    runs: list[_Run] = []
+
+    def start_run(tables: list[str], truncate: list[str]) -> Any:
+        runs.append(_Run(tables))
+        return runs[-1]
+
+    flow = TableFlow(
+        states,
+        book=ProgressBook(Lsn(0)),
+        publisher=cast("Any", publisher),
+        changes=ChangeStream(_describe, "cdc"),
+        start_run=start_run,
+        spool_dir=None,
+    )
+    return flow, publisher, runs
+
+
+def _states_of(publisher: _Publisher) -> list[TableState]:
+    return [status.state for status in publisher.statuses]
+
+
+def test_a_snapshot_that_sees_the_change_is_kept_one_that_predates_it_is_taken_again() -> None:
+    flow, publisher, runs = _flow()
+    flow.step()
+    (run,) = runs
+    run.items.put(SnapshotTaken(("public.t",), Lsn(100)))
+    flow.step()
+    assert _states_of(publisher)[-1] is TableState.SNAPSHOT
+
+    flow.resync("public.t", "why", Lsn(100))  # committed before the consistent point
+    assert _states_of(publisher)[-1] is TableState.SNAPSHOT
+
+    flow.resync("public.t", "why", Lsn(101))
+    assert (publisher.statuses[-1].state, publisher.statuses[-1].message) == (
+        TableState.PENDING,
+        "why",
+    )
+    run.items.put(TableCopied("public.t", 5))  # the old run's end no longer counts
+    run.items.put(RunFinished())
+    flow.step()
+    flow.step()
+    assert _states_of(publisher)[-1] is TableState.PENDING
+    assert len(runs) == 2, "a new run takes the table again"
+    assert runs[1].tables == ("public.t",)
+    flow.close()
+
+
+def test_a_change_during_a_run_not_positioned_yet_is_decided_at_its_consistent_point() -> None:
+    for consistent_point, resynced in ((Lsn(300), False), (Lsn(250), True)):
+        flow, publisher, runs = _flow()
+        flow.step()
+        flow.resync("public.t", "why", Lsn(300))  # pending, in the run: wait for its point
+        assert publisher.statuses == []
+        runs[0].items.put(SnapshotTaken(("public.t",), consistent_point))
+        flow.step()
+        expected = [TableState.SNAPSHOT, TableState.PENDING] if resynced else [TableState.SNAPSHOT]
+        assert _states_of(publisher) == expected
+        flow.close()
