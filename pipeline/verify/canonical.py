@@ -153,7 +153,9 @@ def _infinity_guard(
     finite: sql.Composable, value: sql.Composable, positive: int, negative: int
 ) -> sql.Composable:
     return _q(
-        "CASE WHEN isfinite({v}) THEN {finite} WHEN {v} > 'epoch' THEN {pos} ELSE {neg} END",
+        # No ELSE: a NULL stays NULL.
+        "CASE WHEN isfinite({v}) THEN {finite} WHEN {v} > 'epoch' THEN {pos} "
+        "WHEN {v} < 'epoch' THEN {neg} END",
         v=value,
         finite=finite,
         pos=sql.Literal(str(positive)),
@@ -379,7 +381,8 @@ def source_md5(text: sql.Composable) -> sql.Composable:
 
 def source_bucket(key_md5: sql.Composable, buckets: int) -> sql.Composable:
     return _q(
-        "(('x' || substr({h}, 1, 8))::bit(32)::int8 % {n})",
+        # mod(), not %: psycopg reads % in a query with parameters as a placeholder.
+        "mod(('x' || substr({h}, 1, 8))::bit(32)::int8, {n})",
         h=key_md5,
         n=sql.Literal(buckets),
     )

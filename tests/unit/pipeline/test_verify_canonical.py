@@ -133,7 +133,7 @@ def test_rows_join_columns_and_mark_absent_lake_columns() -> None:
 
 
 def test_hash_parts_agree_in_width() -> None:
-    assert pg(source_bucket(_md5(), 7)) == ("(('x' || substr(h, 1, 8))::bit(32)::int8 % 7)")
+    assert pg(source_bucket(_md5(), 7)) == ("mod(('x' || substr(h, 1, 8))::bit(32)::int8, 7)")
     assert lake_bucket("h", 7) == "pmod(cast(conv(substr(h, 1, 8), 16, 10) as bigint), 7)"
     assert pg(source_value60(_md5())) == "('x' || substr(h, 1, 15))::bit(60)::int8"
     assert lake_value60("h") == "cast(conv(substr(h, 1, 15), 16, 10) as bigint)"
