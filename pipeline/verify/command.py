@@ -8,7 +8,6 @@ PostgreSQL unreachable); 3 the pipeline's slot did not reach a verify point in t
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from collections.abc import Callable
 
@@ -28,8 +27,6 @@ from pipeline.verify.rounds import (
 from pipeline.verify.source import VerifyPointTimeoutError
 
 EXIT_OK, EXIT_DIFFERENT, EXIT_CONFIG, EXIT_TIMEOUT = 0, 1, 2, 3
-
-log = logging.getLogger("pipeline.verify")
 
 
 def _positive(kind: type[int] | type[float]) -> Callable[[str], int | float]:
