@@ -129,11 +129,7 @@ def verify_tables(
             f"nothing to verify: no table of publication {postgres.publication} has a Delta "
             f"table under {root}; check APPLY_LAKE__ROOT, or name tables with --table"
         )
-    errored = lake_side.errored(spark, dead_letter_path(root))
     runs = [_TableRun(ref, TableReport(ref.qualified)) for ref in chosen]
-    for run in runs:
-        if run.ref.qualified in errored:
-            run.report.errored = errored[run.ref.qualified]
     for number in range(1, rounds + 1):
         pending = [run for run in runs if not run.done]
         if not pending:
@@ -146,6 +142,10 @@ def verify_tables(
                 for run in pending:
                     _describe(point.connection, run, published[run.ref])
             source_side.wait_for_slot(dsn, password, postgres.slot, point.lsn, timeout_s)
+            # Read after the wait: a table parked before the verify point is errored now.
+            errored = lake_side.errored(spark, dead_letter_path(root))
+            for run in pending:
+                run.report.errored = errored.get(run.ref.qualified, run.report.errored)
             for run in pending:
                 if run.done:
                     continue

@@ -354,6 +354,16 @@ def test_a_change_after_the_verify_point_is_not_reported_once_applied(
             report = results[0]
             assert report.ok, format_human(report)
             assert report.tables[0].rounds in (1, 2)
+
+            # A retyped column: apply cannot follow, parks the table's records.
+            pg.execute(sql.SQL("ALTER TABLE {}.acct ALTER COLUMN v TYPE bigint").format(s))
+            pg.execute(sql.SQL("UPDATE {}.acct SET v = 5 WHERE id = 1").format(s))
+            report = verify_tables(settings, apply_settings, spark, [table], rounds=1)
+            acct = report.tables[0]
+            assert acct.status is TableStatus.ERRORED, format_human(report)
+            assert acct.errored is not None
+            assert "changed type" in acct.errored
+            assert any("column v is int in the lake" in note for note in acct.notes)
     finally:
         runner.close(pg)
     assert not runner.errors, runner.errors
