@@ -196,7 +196,8 @@ def rows_in_buckets(
 def rows_of_keys(
     spark: SparkSession, frame: DataFrame, keys: Sequence[str], table: str
 ) -> dict[str, LakeRow]:
-    wanted = spark.createDataFrame(
-        [(key,) for key in keys], StructType([StructField("k", StringType(), False)])
-    )
+    with _spark_errors(table):
+        wanted = spark.createDataFrame(
+            [(key,) for key in keys], StructType([StructField("k", StringType(), False)])
+        )
     return _key_rows(frame.join(sf.broadcast(wanted), "k", "left_semi"), table)

@@ -289,12 +289,16 @@ def _hashed(shape: TableShape) -> sql.Composable:
 
 
 def estimated_rows(conn: Connection, table: TableRef) -> int:
-    row = conn.execute(
-        "SELECT c.reltuples::int8 FROM pg_catalog.pg_class c "
-        "JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
-        "WHERE n.nspname = %s AND c.relname = %s",
-        [table.schema, table.name],
-    ).fetchone()
+    """The planner's estimate (``reltuples``; -1, never analysed, counts as 0)."""
+    try:
+        row = conn.execute(
+            "SELECT c.reltuples::int8 FROM pg_catalog.pg_class c "
+            "JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = %s AND c.relname = %s",
+            [table.schema, table.name],
+        ).fetchone()
+    except psycopg.Error as exc:
+        raise TransientError(f"reading the size of {table.qualified} failed: {exc}") from exc
     return max(0, int(row[0])) if row is not None else 0
 
 
