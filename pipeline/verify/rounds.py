@@ -136,29 +136,55 @@ def verify_tables(
             break
         if number > 1:
             time.sleep(pause_s)
-        final = number == rounds
-        with source_side.verify_point(dsn, password) as point:
-            if number == 1:
-                for run in pending:
-                    _describe(point.connection, run, published[run.ref])
-            source_side.wait_for_slot(dsn, password, postgres.slot, point.lsn, timeout_s)
-            # Read after the wait: a table parked before the verify point is errored now.
-            errored = lake_side.errored(spark, dead_letter_path(root))
-            for run in pending:
-                run.report.errored = errored.get(run.ref.qualified, run.report.errored)
-            for run in pending:
-                if run.done:
-                    continue
-                table_started = time.monotonic()
-                run.report.verify_points.append(format_lsn(point.lsn))
-                try:
-                    with point.connection.transaction():  # a savepoint per table
-                        _round(spark, root, point, run, final=final, max_keys=max_keys)
-                except _TableFailure as exc:
-                    run.report.error = str(exc)
-                    run.done = True
-                run.report.elapsed_s += time.monotonic() - table_started
+        _verify_round(
+            spark,
+            capture_settings,
+            root,
+            pending,
+            published if number == 1 else None,
+            final=number == rounds,
+            timeout_s=timeout_s,
+            max_keys=max_keys,
+        )
     return VerifyReport([run.report for run in runs], time.monotonic() - started)
+
+
+def _verify_round(
+    spark: SparkSession,
+    capture_settings: CaptureSettings,
+    root: str,
+    pending: list[_TableRun],
+    describe: dict[TableRef, tuple[str, ...] | None] | None,
+    *,
+    final: bool,
+    timeout_s: float,
+    max_keys: int,
+) -> None:
+    """One round: verify point -> describe (first round: ``describe`` holds the
+    published columns) -> wait for the slot -> errored tables -> compare each table."""
+    postgres = capture_settings.postgres
+    password = postgres.password.get_secret_value() if postgres.password else None
+    with source_side.verify_point(postgres.dsn, password) as point:
+        if describe is not None:
+            for run in pending:
+                _describe(point.connection, run, describe[run.ref])
+        source_side.wait_for_slot(postgres.dsn, password, postgres.slot, point.lsn, timeout_s)
+        # Read after the wait: a table parked before the verify point is errored now.
+        errored = lake_side.errored(spark, dead_letter_path(root))
+        for run in pending:
+            run.report.errored = errored.get(run.ref.qualified, run.report.errored)
+        for run in pending:
+            if run.done:
+                continue
+            started = time.monotonic()
+            run.report.verify_points.append(format_lsn(point.lsn))
+            try:
+                with point.connection.transaction():  # a savepoint per table
+                    _round(spark, root, point, run, final=final, max_keys=max_keys)
+            except _TableFailure as exc:
+                run.report.error = str(exc)
+                run.done = True
+            run.report.elapsed_s += time.monotonic() - started
 
 
 def _describe(conn: Connection, run: _TableRun, published: Sequence[str] | None) -> None:
