@@ -26,6 +26,10 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from apply.settings import ApplySettings, LakeSettings
+from apply.settings import KafkaSettings as ApplyKafka
+from capture.settings import CaptureSettings, PostgresSettings
+from capture.settings import KafkaSettings as CaptureKafka
 from deploy.local import stack
 from deploy.local.postgres import find_bindir
 from deploy.local.process import read_pid
@@ -173,6 +177,33 @@ class Pipeline:
     def table_path(self, table: str) -> str:
         schema, name = table.split(".", 1)
         return str(self.lake_root / schema / name)
+
+    def settings(self) -> tuple[CaptureSettings, ApplySettings]:
+        """The services' settings as their environment gives them, for in-process tools
+        such as verify."""
+        capture = CaptureSettings(
+            postgres=PostgresSettings(
+                dsn=self.dsn, slot=self.name, publication=self.name, tables=list(self.tables)
+            ),
+            kafka=CaptureKafka(
+                bootstrap_servers=self.bootstrap,
+                topic_prefix=self.name,
+                control_topic=f"{self.name}._control",
+                schema_topic=f"{self.name}._schemas",
+            ),
+        )
+        apply = ApplySettings(
+            kafka=ApplyKafka(
+                bootstrap_servers=self.bootstrap,
+                topic_prefix=self.name,
+                control_topic=f"{self.name}._control",
+                schema_topic=f"{self.name}._schemas",
+            ),
+            lake=LakeSettings(
+                root=str(self.lake_root), checkpoint_root=str(self.workdir / "checkpoints")
+            ),
+        )
+        return capture, apply
 
     def logs(self) -> str:
         return f"--- capture log:\n{self.capture.tail()}\n--- apply log:\n{self.apply.tail()}"
