@@ -5,13 +5,14 @@ PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 LINTED := capture apply schemas pipeline deploy tests bench
 
-.PHONY: help bootstrap jars up down status lint typecheck test test-unit demo bench bench-apply clean
+.PHONY: help bootstrap jars up down status lint typecheck test test-unit soak demo bench bench-apply clean
 
 help:
 	@echo "make demo       run the pipeline end to end on a local PostgreSQL + Kafka + Spark"
 	@echo "make test       bootstrap, lint, type-check and run every test against real services"
 	@echo "make up / down  start / stop the local PostgreSQL + Kafka (env in .local/stack.env)"
 	@echo "make test-unit  only the tests that need nothing running"
+	@echo "make soak       the fault and scenario tests in their long form (about an hour)"
 
 bootstrap:
 	@bash deploy/bootstrap.sh
@@ -39,6 +40,11 @@ test: lint typecheck
 
 test-unit: bootstrap
 	$(VENV)/bin/pytest tests/unit $(PYTEST_ARGS)
+
+# The e2e proof scenarios with more kills and longer workloads than CI's short form.
+soak: bootstrap
+	CDC_SOAK_KILLS=$${CDC_SOAK_KILLS:-8} CDC_SOAK_SECONDS=$${CDC_SOAK_SECONDS:-300} \
+		$(VENV)/bin/pytest tests/e2e -k "faults or scenarios or network" $(PYTEST_ARGS)
 
 demo: bootstrap
 	@$(PY) -m deploy.demo
