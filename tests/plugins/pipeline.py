@@ -279,3 +279,12 @@ def kafka_pid(state: stack.StackState) -> int:
     pid = read_pid(state.kafka.pid_file)
     assert pid is not None, "the module's Kafka is not running"
     return pid
+
+
+def watch_schemas(pipeline: Pipeline, schemas: list[str], refresh_s: float) -> None:
+    """Have capture also take every table of ``schemas``, searching them for new tables
+    every ``refresh_s`` seconds (``CAPTURE_POSTGRES__SCHEMAS``, ``CAPTURE_TABLE_REFRESH_S``);
+    call before capture starts. ``pipeline.tables`` still names what verify compares."""
+    assert not pipeline.capture.running(), "capture reads its environment only at start"
+    pipeline.capture.env["CAPTURE_POSTGRES__SCHEMAS"] = json.dumps(schemas)
+    pipeline.capture.env["CAPTURE_TABLE_REFRESH_S"] = str(refresh_s)
