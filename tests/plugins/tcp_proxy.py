@@ -1,0 +1,218 @@
+"""A TCP proxy the test controls, to cut a service off the network and let it back on.
+
+The proxy listens on a free loopback port and forwards each connection to one target
+``host:port``. :meth:`TcpProxy.cut` takes the network away in one of two ways:
+
+- :attr:`Cut.RESET` -- every open connection is closed with a reset (``SO_LINGER`` 0),
+  and each new connection is accepted and reset at once: what a peer that went away
+  looks like (a restarted host, a firewall sending RSTs). Clients see an error now.
+- :attr:`Cut.BLACKHOLE` -- nothing is closed and nothing more is forwarded, either way;
+  new connections are accepted (the kernel completes the handshake) but never reach the
+  target: what a dead network looks like. Clients see nothing at all, so only their own
+  timeouts can notice.
+
+:meth:`TcpProxy.restore` forwards again. Bytes a blackholed connection held are then
+delivered in order, as TCP retransmission would after a partition heals, and connections
+accepted during a blackhole are connected to the target then, as a connect whose SYN
+retries outlasted the outage. Connections reset by a cut stay closed.
+
+Invariant: while cut, no byte reaches the target or the client; the proxy never alters,
+drops or reorders the bytes of a connection it keeps open.
+
+One accept thread and, per connection, one thread per direction; each waits on the
+proxy's ``flowing`` event, so a cut and a restore take effect within one poll interval
+(:data:`_POLL_S`) without any lock held across I/O.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import select
+import socket
+import struct
+import threading
+from dataclasses import dataclass, field
+from types import TracebackType
+
+_POLL_S = 0.05
+_CHUNK = 64 * 1024
+
+
+class Cut(enum.Enum):
+    RESET = "reset"
+    BLACKHOLE = "blackhole"
+
+
+def _reset(sock: socket.socket) -> None:
+    """Close with RST instead of FIN, so the peer gets ECONNRESET at once."""
+    with contextlib.suppress(OSError):  # already closed
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()
+
+
+@dataclass(eq=False)
+class _Connection:
+    client: socket.socket
+    upstream: socket.socket | None = None
+    closed: threading.Event = field(default_factory=threading.Event)
+
+    def close(self, *, reset: bool) -> None:
+        self.closed.set()
+        for sock in (self.client, self.upstream):
+            if sock is None:
+                continue
+            if reset:
+                _reset(sock)
+            else:
+                sock.close()
+
+
+class TcpProxy:
+    """Forwards ``127.0.0.1:<port>`` to ``target``; see the module docstring."""
+
+    def __init__(self, target_host: str, target_port: int) -> None:
+        self._target = (target_host, target_port)
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._listener.settimeout(_POLL_S)
+        self._flowing = threading.Event()
+        self._flowing.set()
+        self._mode: Cut | None = None
+        self._closing = threading.Event()
+        self._lock = threading.Lock()
+        self._connections: set[_Connection] = set()
+        self._accepted = 0
+        self._threads: list[threading.Thread] = []
+        self._acceptor = threading.Thread(target=self._accept_loop, name="proxy-accept")
+        self._acceptor.daemon = True
+        self._acceptor.start()
+
+    @property
+    def port(self) -> int:
+        return int(self._listener.getsockname()[1])
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def accepted(self) -> int:
+        """Connections accepted since the start, whatever became of them."""
+        with self._lock:
+            return self._accepted
+
+    @property
+    def open_connections(self) -> int:
+        with self._lock:
+            return sum(1 for c in self._connections if not c.closed.is_set())
+
+    @property
+    def cut_mode(self) -> Cut | None:
+        return self._mode
+
+    def cut(self, mode: Cut = Cut.RESET) -> None:
+        """Take the network away (module docstring); a second cut may change the mode."""
+        self._mode = mode
+        self._flowing.clear()
+        if mode is Cut.RESET:
+            with self._lock:
+                connections, self._connections = self._connections, set()
+            for connection in connections:
+                connection.close(reset=True)
+
+    def restore(self) -> None:
+        self._mode = None
+        self._flowing.set()
+
+    def close(self) -> None:
+        self._closing.set()
+        self._flowing.set()  # wake every waiting thread so it sees the close
+        self._acceptor.join(5)
+        self._listener.close()
+        with self._lock:
+            connections, self._connections = self._connections, set()
+        for connection in connections:
+            connection.close(reset=False)
+        for thread in self._threads:
+            thread.join(5)
+
+    def __enter__(self) -> TcpProxy:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _accept_loop(self) -> None:
+        while not self._closing.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return  # the listener was closed
+            with self._lock:
+                self._accepted += 1
+            if self._mode is Cut.RESET:
+                _reset(client)
+                continue
+            connection = _Connection(client)
+            with self._lock:
+                self._connections.add(connection)
+            self._spawn(self._connect, connection)
+
+    def _spawn(self, target: object, *args: object) -> None:
+        thread = threading.Thread(target=target, args=args, daemon=True)  # type: ignore[arg-type]
+        with self._lock:
+            self._threads = [t for t in self._threads if t.is_alive()]
+            self._threads.append(thread)
+        thread.start()
+
+    def _wait_flowing(self, connection: _Connection) -> bool:
+        """Block while the network is cut; False once the connection or proxy closed."""
+        while not self._flowing.wait(_POLL_S):
+            if connection.closed.is_set() or self._closing.is_set():
+                return False
+        return not (connection.closed.is_set() or self._closing.is_set())
+
+    def _connect(self, connection: _Connection) -> None:
+        if not self._wait_flowing(connection):
+            return
+        try:
+            connection.upstream = socket.create_connection(self._target, timeout=10)
+        except OSError:
+            self._drop(connection, reset=True)  # the target is down: the client sees it
+            return
+        if connection.closed.is_set():  # reset by a cut while connecting
+            connection.upstream.close()
+            return
+        connection.upstream.settimeout(None)
+        self._spawn(self._pump, connection, connection.client, connection.upstream)
+        self._spawn(self._pump, connection, connection.upstream, connection.client)
+
+    def _pump(self, connection: _Connection, source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while self._wait_flowing(connection):
+                ready, _, _ = select.select([source], [], [], _POLL_S)
+                if not ready:
+                    continue
+                data = source.recv(_CHUNK)
+                if not data:
+                    break
+                # Read before a cut, held until the restore: nothing crosses while cut.
+                if not self._wait_flowing(connection):
+                    return
+                sink.sendall(data)
+        except (OSError, ValueError):
+            pass  # closed under us by a cut or by the other direction
+        self._drop(connection, reset=False)
+
+    def _drop(self, connection: _Connection, *, reset: bool) -> None:
+        with self._lock:
+            self._connections.discard(connection)
+        if not connection.closed.is_set():
+            connection.close(reset=reset)
