@@ -82,6 +82,7 @@ class TcpProxy:
         self._lock = threading.Lock()
         self._connections: set[_Connection] = set()
         self._accepted = 0
+        self._forwarded = 0
         self._threads: list[threading.Thread] = []
         self._acceptor = threading.Thread(target=self._accept_loop, name="proxy-accept")
         self._acceptor.daemon = True
@@ -100,6 +101,12 @@ class TcpProxy:
         """Connections accepted since the start, whatever became of them."""
         with self._lock:
             return self._accepted
+
+    @property
+    def forwarded(self) -> int:
+        """Connections that reached the target since the start (none does while cut)."""
+        with self._lock:
+            return self._forwarded
 
     @property
     def open_connections(self) -> int:
@@ -191,6 +198,8 @@ class TcpProxy:
             connection.upstream.close()
             return
         connection.upstream.settimeout(None)
+        with self._lock:
+            self._forwarded += 1
         self._spawn(self._pump, connection, connection.client, connection.upstream)
         self._spawn(self._pump, connection, connection.upstream, connection.client)
 

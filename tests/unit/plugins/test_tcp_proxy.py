@@ -105,7 +105,7 @@ def test_forwards_both_ways(proxy: TcpProxy) -> None:
     with connect(proxy) as sock:
         sock.sendall(payload)
         assert receive(sock, len(payload)) == payload
-    assert proxy.accepted == 1
+    assert proxy.accepted == proxy.forwarded == 1
 
 
 def test_a_reset_cut_closes_open_connections_and_resets_new_ones(proxy: TcpProxy) -> None:
@@ -116,6 +116,7 @@ def test_a_reset_cut_closes_open_connections_and_resets_new_ones(proxy: TcpProxy
         assert closed_by_peer(sock)
     assert turned_away(proxy)
     assert proxy.open_connections == 0
+    assert (proxy.accepted, proxy.forwarded) == (2, 1)
     proxy.restore()
     with connect(proxy) as sock:
         sock.sendall(b"again")
