@@ -78,12 +78,20 @@ def find_java() -> str:
 @dataclass(frozen=True, slots=True)
 class LocalKafka:
     """One KRaft node under ``root``: clients on ``port``, the controller on
-    ``controller_port``."""
+    ``controller_port``.
+
+    ``advertised_port``: the port the broker tells clients to connect to, when it is not
+    ``port``. Kafka clients bootstrap once and then connect only to the advertised
+    address, so a test that puts a proxy in front of the broker (to cut the network)
+    advertises the proxy's port; every client then goes through the proxy, the broker's
+    own readiness probe included.
+    """
 
     root: Path
     port: int
     controller_port: int
     heap: str = "768m"
+    advertised_port: int | None = None
 
     @property
     def bootstrap_servers(self) -> str:
@@ -178,7 +186,7 @@ class LocalKafka:
             "listeners": (
                 f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}"
             ),
-            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.advertised_port or self.port}",
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": "PLAINTEXT",
             "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",

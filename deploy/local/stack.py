@@ -38,6 +38,8 @@ class StackState:
     kafka_root: str
     kafka_port: int
     kafka_controller_port: int
+    # Set only by tests that put a proxy in front of the broker (LocalKafka).
+    kafka_advertised_port: int | None = None
 
     @property
     def postgres(self) -> LocalPostgres:
@@ -45,7 +47,12 @@ class StackState:
 
     @property
     def kafka(self) -> LocalKafka:
-        return LocalKafka(Path(self.kafka_root), self.kafka_port, self.kafka_controller_port)
+        return LocalKafka(
+            Path(self.kafka_root),
+            self.kafka_port,
+            self.kafka_controller_port,
+            advertised_port=self.kafka_advertised_port,
+        )
 
     def env(self) -> dict[str, str]:
         dsn = self.postgres.dsn
@@ -70,8 +77,18 @@ def load(root: Path = STATE_ROOT) -> StackState | None:
         return None
 
 
-def up(root: Path = STATE_ROOT, env_file: Path | None = ENV_FILE) -> StackState:
-    """Start whatever of the stack is not running; write the env file."""
+def up(
+    root: Path = STATE_ROOT,
+    env_file: Path | None = ENV_FILE,
+    *,
+    kafka_port: int | None = None,
+    kafka_advertised_port: int | None = None,
+) -> StackState:
+    """Start whatever of the stack is not running; write the env file.
+
+    ``kafka_port`` and ``kafka_advertised_port`` apply to a new stack only: a test that
+    reaches the broker through a proxy listens on the advertised port and forwards to
+    ``kafka_port`` (:class:`~deploy.local.kafka.LocalKafka`)."""
     resolve("kafka")
     state = load(root)
     if state is None:
@@ -79,8 +96,9 @@ def up(root: Path = STATE_ROOT, env_file: Path | None = ENV_FILE) -> StackState:
             postgres_root=str(_postgres_root(root)),
             postgres_port=free_port(),
             kafka_root=str(root / "kafka"),
-            kafka_port=free_port(),
+            kafka_port=kafka_port or free_port(),
             kafka_controller_port=free_port(),
+            kafka_advertised_port=kafka_advertised_port,
         )
         root.mkdir(parents=True, exist_ok=True)
         _state_file(root).write_text(json.dumps(asdict(state), indent=2))
