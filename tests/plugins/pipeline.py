@@ -32,8 +32,9 @@ from capture.settings import CaptureSettings, PostgresSettings
 from capture.settings import KafkaSettings as CaptureKafka
 from deploy.local import stack
 from deploy.local.postgres import find_bindir
-from deploy.local.process import read_pid
+from deploy.local.process import free_port, read_pid
 from schemas.lsn import Lsn, parse_lsn
+from tests.plugins.tcp_proxy import TcpProxy
 
 ROOT = Path(__file__).resolve().parents[2]
 Connection = psycopg.Connection[tuple[object, ...]]
@@ -58,6 +59,49 @@ def own_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[stack.StackS
         yield state
     finally:
         stack.down(root, wipe=True)
+
+
+@dataclass(frozen=True)
+class ProxiedStack:
+    """A stack of the module's own whose broker is reachable only through ``kafka_proxy``:
+    the broker advertises the proxy's port, so a client that bootstraps anywhere still
+    connects through it, and cutting the proxy cuts every Kafka client off."""
+
+    state: stack.StackState
+    kafka_proxy: TcpProxy
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return self.kafka_proxy.address
+
+
+@pytest.fixture(scope="module")
+def proxied_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxiedStack]:
+    """A PostgreSQL and a Kafka for this module alone, Kafka behind a proxy the test cuts."""
+    import shutil  # noqa: PLC0415
+
+    root = tmp_path_factory.mktemp("proxied-stack")
+    kafka_port = free_port()
+    with TcpProxy("127.0.0.1", kafka_port) as proxy:
+        # The proxy forwards before the broker starts: its readiness probe goes through it.
+        state = stack.up(
+            root, env_file=None, kafka_port=kafka_port, kafka_advertised_port=proxy.port
+        )
+        try:
+            yield ProxiedStack(state, proxy)
+        finally:
+            # Not down(wipe=True), which also deletes the shared stack's env file.
+            stack.down(root)
+            shutil.rmtree(state.postgres_root, ignore_errors=True)
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def dsn_through(dsn: str, proxy: TcpProxy) -> str:
+    """``dsn`` with its host and port replaced by the proxy's."""
+    info = psycopg.conninfo.conninfo_to_dict(dsn)
+    info["host"] = "127.0.0.1"
+    info["port"] = str(proxy.port)
+    return psycopg.conninfo.make_conninfo(**{k: str(v) for k, v in info.items() if v is not None})
 
 
 @dataclass
@@ -121,6 +165,9 @@ class Pipeline:
     bootstrap: str
     tables: tuple[str, ...]
     workdir: Path
+    # The DSN capture itself uses, when not ``dsn`` (through a proxy the test cuts); the
+    # workload, verify and the waits use ``dsn``.
+    capture_dsn: str | None = None
     capture: Service = field(init=False)
     apply: Service = field(init=False)
 
@@ -132,7 +179,7 @@ class Pipeline:
         }
         capture_env = {
             **base,
-            "CAPTURE_POSTGRES__DSN": self.dsn,
+            "CAPTURE_POSTGRES__DSN": self.capture_dsn or self.dsn,
             "CAPTURE_POSTGRES__SLOT": self.name,
             "CAPTURE_POSTGRES__PUBLICATION": self.name,
             "CAPTURE_POSTGRES__TABLES": json.dumps(list(self.tables)),

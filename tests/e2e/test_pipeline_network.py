@@ -1,0 +1,157 @@
+"""The pipeline under pgbench while the network is cut: the lake ends equal to the source.
+
+capture and apply run as real processes (``tests/plugins/pipeline.py``) on a stack of
+this module's own; a TCP proxy (``tests/plugins/tcp_proxy.py``) stands between a
+service and what it talks to, and the test cuts it (open connections reset, new ones
+refused) for a while, then restores it. Nobody restarts a service by hand: each must
+notice the cut, retry, and pick up where the slot and the Delta commits say it was. Every
+scenario ends like the fault scenarios: the workload stops, the slot passes the WAL
+written, verify reports every table equal and no key is twice in Delta.
+
+- PostgreSQL: capture's DSN names the proxy, so its replication connection, its catalog
+  connection and its snapshot connections all go through it. pgbench, verify and the
+  waits connect directly.
+- Kafka: clients connect to the address the broker *advertises*, so the module's broker
+  advertises the proxy's port (``proxied_stack``): capture's producer and control
+  consumer and apply's Spark Kafka source reach the broker only through the proxy.
+
+``CDC_SOAK_SECONDS`` sets the workload length for the long form (``make soak``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from tests.e2e.test_pipeline_faults import assert_lake_equals_source
+from tests.plugins.pipeline import (
+    PGBENCH_TABLES,
+    Pipeline,
+    ProxiedStack,
+    create_database,
+    dsn_through,
+    pgbench,
+    slot_confirmed,
+    start_pgbench,
+    wait_caught_up,
+    wait_for,
+)
+from tests.plugins.tcp_proxy import Cut, TcpProxy
+
+pytestmark = pytest.mark.slow
+SECONDS = int(os.environ.get("CDC_SOAK_SECONDS", "30"))
+RATE = "40"  # transactions per second, as in the fault scenarios
+POSTGRES_CUT_S = 10
+KAFKA_CUT_S = 15
+
+
+@pytest.fixture
+def postgres_proxy(proxied_stack: ProxiedStack) -> Iterator[TcpProxy]:
+    with TcpProxy("127.0.0.1", proxied_stack.state.postgres_port) as proxy:
+        yield proxy
+
+
+@pytest.fixture
+def pipeline(
+    proxied_stack: ProxiedStack, postgres_proxy: TcpProxy, unique_name: str, tmp_path: Path
+) -> Iterator[Pipeline]:
+    dsn = create_database(proxied_stack.state.postgres.dsn, unique_name)
+    pgbench(dsn, "-i", "-s", "1", "-q")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("ALTER TABLE public.pgbench_history REPLICA IDENTITY FULL")
+    built = Pipeline(
+        name=unique_name,
+        dsn=dsn,
+        bootstrap=proxied_stack.bootstrap_servers,
+        tables=tuple(f"public.{t}" for t in PGBENCH_TABLES),
+        workdir=tmp_path,
+        capture_dsn=dsn_through(dsn, postgres_proxy),
+    )
+    yield built
+    built.stop()
+
+
+def _started(pipeline: Pipeline) -> None:
+    """Both services run and the initial snapshot is in the lake.
+
+    The slot is created by capture, at the WAL position of that moment, so a target read
+    before it exists is passed at once. A change written after it exists is confirmed
+    only once the snapshot's pin is released, i.e. once the snapshot rows are applied."""
+    pipeline.capture.start()
+    pipeline.apply.start()
+    with psycopg.connect(pipeline.dsn, autocommit=True) as conn:
+        wait_for(lambda: slot_confirmed(conn, pipeline.name) is not None, "capture's slot", 300)
+        conn.execute("UPDATE public.pgbench_branches SET filler = 'started' WHERE bid = 1")
+    wait_caught_up(pipeline, timeout_s=600)
+
+
+def _workload(pipeline: Pipeline) -> Any:
+    return start_pgbench(
+        pipeline.dsn,
+        "-n",
+        "-c",
+        "2",
+        "-j",
+        "1",
+        "-T",
+        str(SECONDS),
+        "-R",
+        RATE,
+        log=pipeline.workdir / "pgbench.log",
+    )
+
+
+def _cut_for(proxy: TcpProxy, seconds: float) -> None:
+    """Cut ``proxy`` (reset) for ``seconds``, then restore it."""
+    proxy.cut(Cut.RESET)
+    time.sleep(seconds)  # the outage itself: how long the network is away
+    proxy.restore()
+
+
+def _finish(spark: Any, pipeline: Pipeline, bench: Any) -> None:
+    assert bench.wait(SECONDS + 120) == 0, (pipeline.workdir / "pgbench.log").read_text()
+    wait_caught_up(pipeline)
+    # Recovered on their own: the processes started at the beginning are still the ones
+    # running, and nobody restarted them.
+    assert pipeline.capture.running(), pipeline.logs()
+    assert pipeline.apply.running(), pipeline.logs()
+    assert pipeline.capture.kills == pipeline.apply.kills == 0
+    assert_lake_equals_source(spark, pipeline)
+
+
+def test_capture_cut_off_postgres_recovers_by_itself(
+    spark: Any, pipeline: Pipeline, postgres_proxy: TcpProxy
+) -> None:
+    _started(pipeline)
+    bench = _workload(pipeline)
+    time.sleep(SECONDS / 4)  # let changes flow before the cut
+    before = postgres_proxy.forwarded
+    _cut_for(postgres_proxy, POSTGRES_CUT_S)
+    # capture noticed (its connections were reset) and retried: the retry policy logged it
+    # and new connections went through the proxy after the restore.
+    wait_for(
+        lambda: "transient failure, retrying" in pipeline.capture.log.read_text(),
+        "capture to log its retry",
+        60,
+    )
+    wait_for(lambda: postgres_proxy.forwarded > before, "capture to reconnect", 120)
+    _finish(spark, pipeline, bench)
+
+
+def test_services_cut_off_kafka_recover_by_themselves(
+    spark: Any, pipeline: Pipeline, proxied_stack: ProxiedStack
+) -> None:
+    kafka_proxy = proxied_stack.kafka_proxy
+    _started(pipeline)
+    bench = _workload(pipeline)
+    time.sleep(SECONDS / 4)  # let changes flow before the cut
+    before = kafka_proxy.forwarded
+    _cut_for(kafka_proxy, KAFKA_CUT_S)
+    wait_for(lambda: kafka_proxy.forwarded > before, "the Kafka clients to reconnect", 120)
+    _finish(spark, pipeline, bench)
