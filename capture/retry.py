@@ -3,12 +3,17 @@
 Only :class:`~capture.errors.TransientError` is retried. Every retry starts the service
 from scratch (new connections, streaming from the slot's confirmed LSN), which is safe
 because nothing past an applied transaction was ever confirmed.
+
+The backoff grows while attempts keep failing and starts over after a run that streamed
+for a while (``healthy_s``) before it failed: an outage hours after the last one is
+retried within a second, not after the 30 s ceiling the last outage climbed to.
 """
 
 from __future__ import annotations
 
 import logging
 import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -36,15 +41,21 @@ def run_with_retry(
     sleep: Callable[[float], None],
     backoff: Backoff = Backoff(),
     rng: random.Random | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    healthy_s: float = 60.0,
 ) -> None:
-    """Call ``run`` until it returns, retrying transient failures; a run that got far
-    enough to reset ``attempt`` is not punished for an old failure."""
+    """Call ``run`` until it returns, retrying transient failures; a run that lasted
+    ``healthy_s`` before failing starts the backoff over, so it is not punished for an
+    old failure."""
     rng = rng or random.Random()  # noqa: S311 - jitter, not cryptography
     attempt = 0
     while not should_stop():
+        started = clock()
         try:
             run()
         except TransientError as exc:
+            if clock() - started >= healthy_s:
+                attempt = 0
             delay = backoff.delay(attempt, rng)
             log.warning("transient failure, retrying in %.1fs: %s", delay, exc)
             attempt += 1
