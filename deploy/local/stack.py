@@ -144,12 +144,14 @@ def _postgres_root(root: Path) -> Path:
     As root the server runs as the ``postgres`` user, which must be able to reach its data
     directory. A checkout under a private directory (``/root``, a 0700 home) is not
     reachable, so the cluster then lives under the system temp directory instead, in a
-    folder named after this checkout so two checkouts never share one.
+    folder named after this stack's root (which lies inside the checkout), so two
+    checkouts, or two stacks of one checkout (a test module starts its own), never share
+    one.
     """
     preferred = root / "postgres"
     if os.geteuid() != 0 or _world_traversable(root):
         return preferred
-    digest = hashlib.sha256(str(PROJECT_ROOT).encode()).hexdigest()[:12]
+    digest = hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:12]
     return Path(tempfile.gettempdir()) / f"cdc-postgres-{digest}"
 
 
