@@ -35,6 +35,7 @@ from tests.plugins.pipeline import (
     create_database,
     kafka_pid,
     pgbench,
+    slot_confirmed,
     start_pgbench,
     wait_caught_up,
     wait_for,
@@ -124,7 +125,16 @@ def _workload(pipeline: Pipeline, seconds: int) -> Any:
 def _started(pipeline: Pipeline) -> None:
     pipeline.capture.start()
     pipeline.apply.start()
-    # The initial snapshot of 100,000 accounts is in the lake once the slot moves past it.
+    # The slot is created at the end of the WAL, so a target read before it exists would
+    # be passed at once. Wait for the slot, write past its start, then wait: the snapshot
+    # pins the slot, so it moves past that write only once the snapshot is in the lake.
+    with psycopg.connect(pipeline.dsn, autocommit=True) as conn:
+        wait_for(
+            lambda: slot_confirmed(conn, pipeline.name) is not None,
+            f"capture to create its slot\n{pipeline.logs()}",
+            120,
+        )
+        conn.execute("SELECT pg_logical_emit_message(true, 'test', 'after slot creation')")
     wait_caught_up(pipeline, timeout_s=600)
 
 
