@@ -89,6 +89,18 @@ class LocalPostgres:
     def pid_file(self) -> Path:
         return self.root / "launcher.pid"
 
+    def postmaster_pid(self) -> int | None:
+        """The postmaster's own pid, from ``postmaster.pid`` (first line).
+
+        The launcher's pid file may name a ``runuser`` wrapper (when run as root), which
+        does not pass SIGINT/SIGQUIT on; PostgreSQL's shutdown modes need the postmaster.
+        """
+        try:
+            first_line = (self.data_dir / "postmaster.pid").read_text().split("\n", 1)[0]
+        except FileNotFoundError:
+            return None
+        return int(first_line) if first_line.strip().isdigit() else None
+
     @property
     def dsn(self) -> str:
         return f"postgresql://{SUPERUSER}@127.0.0.1:{self.port}/postgres"

@@ -28,7 +28,6 @@ import psycopg
 import pytest
 
 from deploy.local import stack
-from deploy.local.process import read_pid
 from tests.plugins.pipeline import (
     PGBENCH_TABLES,
     Pipeline,
@@ -188,10 +187,6 @@ def test_kafka_stopped_and_killed_mid_workload(
     _finish(spark, pipeline, bench)
 
 
-@pytest.mark.skip(
-    reason="not done: SIGINT to the launcher's pid did not shut PostgreSQL down within 60 s "
-    "(the pid file may name the launcher's wrapper, not the postmaster); see the session note"
-)
 def test_postgres_restarted_mid_workload(
     spark: Any, pipeline: Pipeline, own_stack: stack.StackState
 ) -> None:
@@ -201,7 +196,7 @@ def test_postgres_restarted_mid_workload(
     # pgbench ends when its server goes away, so the workload runs in two parts.
     first = _workload(pipeline, SECONDS // 3)
     time.sleep(SECONDS / 6)
-    pid = read_pid(postgres.pid_file)
+    pid = postgres.postmaster_pid()
     assert pid is not None
     os.kill(pid, signal.SIGINT)  # fast shutdown: sessions and the walsender are cut
     wait_for(lambda: not postgres.running(), "PostgreSQL to shut down", 60)

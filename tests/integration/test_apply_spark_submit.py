@@ -54,7 +54,9 @@ def test_the_entry_point_runs_under_spark_submit(services: Services, tmp_path: P
             "--conf",
             "spark.ui.enabled=false",
             str(Path(entry_point.__file__)),
+            # --from-lake: plain `errored` reads the control topic without Spark.
             "errored",
+            "--from-lake",
         ],
         env=env,
         capture_output=True,
