@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
-LINTED := capture apply schemas pipeline deploy tests bench
+LINTED := runtime capture apply schemas pipeline deploy tests bench
 
 .PHONY: help bootstrap jars up down status lint typecheck test test-unit soak demo bench bench-apply clean
 

@@ -25,7 +25,7 @@ from apply.settings import ApplySettings
 from apply.spark_jars import configured_jars
 from apply.spark_session import build_session
 from apply.table_status import format_errored, read_table_statuses
-from deploy.settings_reference import settings_table
+from runtime.settings_table import settings_table
 
 RUN, ERRORED, REAPPLY, DISCARD, JARS = "run", "errored", "reapply", "discard", "jars"
 

@@ -38,7 +38,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from apply.batch import ApplyContext, apply_batch
 from apply.dead_letter import ErroredTable, discard, errored_tables, parked_offsets
-from apply.errors import TableError, TransientError, UnknownSchemaError
+from apply.errors import TableError, UnknownSchemaError
 from apply.feedback import ProgressPublisher, SchemaCatalog
 from apply.history import recover_state
 from apply.merge import transaction_app_id
@@ -47,9 +47,10 @@ from apply.reapply import ReapplyOutcome, reapply_app_id, reapply_table
 from apply.settings import ApplySettings, KafkaSettings
 from apply.table_status import now_micros, table_statuses
 from apply.tables import table_of_topic
+from runtime.retry import Backoff, call_with_retry
 
 _TRANSIENT_ATTEMPTS = 3
-_BACKOFF_S = 2.0
+_BATCH_BACKOFF = Backoff(initial_s=2.0, maximum_s=8.0)
 
 log = logging.getLogger(__name__)
 
@@ -133,33 +134,27 @@ class ApplyJob:
     def apply(self, batch: DataFrame, batch_id: int) -> BatchResult:
         """The ``foreachBatch`` body: apply, then publish what was applied or parked."""
         started = time.monotonic()
-        refreshed = False
-        attempt = 0
-        while True:
-            try:
-                result = apply_batch(
-                    batch,
-                    batch_id,
-                    self._context(self._context_id),
-                    park_missing_schemas=refreshed,
-                )
-            except UnknownSchemaError:
-                # Capture flushes a schema before the first record using it: read again.
-                # A table whose schema is still missing then is parked, alone.
-                self._catalog.refresh()
-                refreshed = True
-                continue
-            except TransientError as exc:
-                attempt += 1
-                if attempt >= _TRANSIENT_ATTEMPTS:
-                    raise
-                log.warning("batch %d failed, retrying (attempt %d): %s", batch_id, attempt, exc)
-                time.sleep(_BACKOFF_S * 2 ** (attempt - 1))
-                continue
-            self._publisher.publish(batch_progress(result))
-            self.publish_table_statuses(p.table for p in result.parked if p.parked)
-            log_results(batch_id, list(result.applied), started, result.parked)
-            return result
+        result = call_with_retry(
+            lambda: self._apply_loading_schemas(batch, batch_id),
+            what=f"batch {batch_id}",
+            attempts=_TRANSIENT_ATTEMPTS,
+            backoff=_BATCH_BACKOFF,
+        )
+        self._publisher.publish(batch_progress(result))
+        self.publish_table_statuses(p.table for p in result.parked if p.parked)
+        log_results(batch_id, list(result.applied), started, result.parked)
+        return result
+
+    def _apply_loading_schemas(self, batch: DataFrame, batch_id: int) -> BatchResult:
+        try:
+            return apply_batch(batch, batch_id, self._context(self._context_id))
+        except UnknownSchemaError:
+            # Capture flushes a schema before the first record using it: read again.
+            # A table whose schema is still missing then is parked, alone.
+            self._catalog.refresh()
+            return apply_batch(
+                batch, batch_id, self._context(self._context_id), park_missing_schemas=True
+            )
 
     def publish_table_statuses(self, tables: Iterable[str]) -> None:
         """Publish the errored state and parked count of ``tables`` as the dead-letter

@@ -1,5 +1,8 @@
 """Errors of the apply job, classified by what happens next.
 
+The classes are the shared ones of :mod:`runtime.errors`, plus the subclasses below;
+what each means for apply:
+
 - :class:`TransientError` -- the world may heal: retry the micro-batch. Nothing is lost,
   because a retried batch is idempotent (see :mod:`apply.merge`): tables that already
   committed it are skipped by Delta's transaction id, the others apply it.
@@ -24,25 +27,19 @@ Kafka coordinates and the fix, never a row value.
 
 from __future__ import annotations
 
+from runtime.errors import ConfigError, PipelineError, TableError, TransientError
 
-class PipelineError(Exception):
-    """Base of every error the apply job raises on purpose."""
-
-
-class TransientError(PipelineError):
-    """Retry the micro-batch: the cause is outside the data and may go away."""
-
-
-class ConfigError(PipelineError):
-    """Fatal: the settings or the topics the job reads need a change."""
-
-
-class TableError(PipelineError):
-    """One table is broken until someone acts; its records are parked, replayable."""
-
-    def __init__(self, table: str, message: str) -> None:
-        super().__init__(f"table {table}: {message}")
-        self.table = table
+__all__ = [
+    "BadRecordError",
+    "CommitMetadataError",
+    "ConfigError",
+    "MissingSchemaError",
+    "PipelineError",
+    "SchemaChangeError",
+    "TableError",
+    "TransientError",
+    "UnknownSchemaError",
+]
 
 
 class UnknownSchemaError(TransientError):

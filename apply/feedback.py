@@ -20,6 +20,7 @@ from confluent_kafka.cimpl import TopicPartition
 
 from apply.errors import ConfigError, TransientError
 from apply.settings import KafkaSettings
+from runtime.retry import call_with_retry
 from schemas.control import AppliedProgress, ApplyTableStatus
 from schemas.errors import SchemaMessageError
 from schemas.schema_topic import read_schema_message
@@ -121,28 +122,36 @@ class ProgressPublisher:
         if not pending:
             return
         self._check_topic()
-        for attempt in range(_PUBLISH_ATTEMPTS):
-            failed: list[bytes] = []
+        call_with_retry(
+            lambda: self._publish_once(pending),
+            what=f"publishing to {self._topic}",
+            attempts=_PUBLISH_ATTEMPTS,
+        )
 
-            def report(err: KafkaError | None, msg: Message, failed: list[bytes] = failed) -> None:
-                if err is not None:
-                    failed.append(msg.key() or b"")
+    def _publish_once(self, pending: list[AppliedProgress | ApplyTableStatus]) -> None:
+        """Produce ``pending`` and wait for delivery; on failure ``pending`` keeps only
+        the messages not delivered, so a retry sends nothing twice that it need not."""
+        failed: list[bytes] = []
 
-            for message in pending:
-                try:
-                    self._producer.produce(
-                        self._topic, message.value(), message.key(), on_delivery=report
-                    )
-                except KafkaException as exc:
-                    error = exc.args[0] if exc.args else None
-                    if isinstance(error, KafkaError) and error.code() in _NO_SUCH_TOPIC:
-                        raise self._missing_topic() from exc
-                    raise TransientError(f"cannot publish to {self._topic}: {exc}") from exc
-            if self._producer.flush(30) == 0 and not failed:
-                return
-            if failed:
-                pending = [m for m in pending if m.key() in set(failed)]
-            time.sleep(0.5 * 2**attempt)
+        def report(err: KafkaError | None, msg: Message) -> None:
+            if err is not None:
+                failed.append(msg.key() or b"")
+
+        for message in pending:
+            try:
+                self._producer.produce(
+                    self._topic, message.value(), message.key(), on_delivery=report
+                )
+            except KafkaException as exc:
+                error = exc.args[0] if exc.args else None
+                if isinstance(error, KafkaError) and error.code() in _NO_SUCH_TOPIC:
+                    raise self._missing_topic() from exc
+                raise TransientError(f"cannot publish to {self._topic}: {exc}") from exc
+        if self._producer.flush(30) == 0 and not failed:
+            return
+        if failed:
+            undelivered = set(failed)
+            pending[:] = [m for m in pending if m.key() in undelivered]
         raise TransientError(
             f"{len(pending)} control messages could not be published to {self._topic}"
         )

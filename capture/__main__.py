@@ -19,10 +19,10 @@ from pydantic import ValidationError
 
 from capture import admin
 from capture.errors import ConfigError, ProtocolError, TransientError
-from capture.retry import run_with_retry
 from capture.service import CaptureService
 from capture.settings import CaptureSettings
-from deploy.settings_reference import settings_table
+from runtime.retry import run_with_retry
+from runtime.settings_table import settings_table
 
 
 def main(argv: list[str] | None = None) -> int:

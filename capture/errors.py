@@ -1,10 +1,10 @@
 """Errors of the capture service, classified by what happens next.
 
-Every failure the service can meet maps to one of three outcomes, and the class says
-which, so the caller never inspects message strings:
+The classes are the shared ones of :mod:`runtime.errors`, plus :class:`ProtocolError`;
+what each means for capture:
 
 - :class:`TransientError` -- the world may heal (PostgreSQL restarted, a broker is
-  unreachable). The retry policy in :mod:`capture.retry` backs off and tries again; the
+  unreachable). The retry policy in :mod:`runtime.retry` backs off and tries again; the
   replication slot has not moved past anything unpublished, so a retry loses nothing.
 - :class:`TableError` -- one table cannot go on until someone acts (no replica
   identity, a schema change the lake cannot follow). That table is parked in the
@@ -21,25 +21,9 @@ Foreign exceptions (psycopg, ``KafkaException``) are translated at the boundary 
 
 from __future__ import annotations
 
+from runtime.errors import ConfigError, PipelineError, TableError, TransientError
 
-class PipelineError(Exception):
-    """Base of every error the capture service raises on purpose."""
-
-
-class TransientError(PipelineError):
-    """Retry with backoff: the cause is outside us and may go away."""
-
-
-class ConfigError(PipelineError):
-    """Fatal at start: the settings or the source database need a change."""
-
-
-class TableError(PipelineError):
-    """One table is broken until someone acts; the others go on."""
-
-    def __init__(self, table: str, message: str) -> None:
-        super().__init__(f"table {table}: {message}")
-        self.table = table
+__all__ = ["ConfigError", "PipelineError", "ProtocolError", "TableError", "TransientError"]
 
 
 class ProtocolError(PipelineError):

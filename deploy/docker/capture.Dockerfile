@@ -18,6 +18,8 @@ COPY pyproject.toml README.md ./
 COPY capture ./capture
 COPY apply ./apply
 COPY schemas ./schemas
+COPY runtime ./runtime
+COPY pipeline ./pipeline
 COPY deploy ./deploy
 RUN pip install . && rm -rf /tmp/src
 

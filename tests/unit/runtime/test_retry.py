@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from capture.errors import ConfigError, TransientError
-from capture.retry import Backoff, run_with_retry
+from runtime.errors import ConfigError, TransientError
+from runtime.retry import Backoff, call_with_retry, run_with_retry
 
 
 class Script:
@@ -82,3 +82,55 @@ def test_a_stop_ends_the_retries() -> None:
         script.run, should_stop=lambda: script.runs >= 3, sleep=script.sleep, rng=Ceiling()
     )
     assert script.runs == 3
+
+
+class Flaky:
+    """A step that fails transiently ``failures`` times, then returns its call count."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+        self.calls = 0
+
+    def __call__(self) -> int:
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise TransientError(f"failure {self.calls}")
+        return self.calls
+
+
+def test_a_bounded_step_returns_once_it_succeeds_within_its_attempts() -> None:
+    sleeps: list[float] = []
+    step = Flaky(failures=2)
+    result = call_with_retry(
+        step, what="step", attempts=3, sleep=sleeps.append, rng=random.Random(1)
+    )
+    assert result == 3
+    assert len(sleeps) == 2
+    assert all(0 <= s <= Backoff().maximum_s for s in sleeps)
+
+
+def test_a_bounded_step_raises_its_last_failure_after_its_attempts() -> None:
+    sleeps: list[float] = []
+    step = Flaky(failures=5)
+    with pytest.raises(TransientError, match="failure 3"):
+        call_with_retry(step, what="step", attempts=3, sleep=sleeps.append)
+    assert step.calls == 3
+    assert len(sleeps) == 2, "no sleep after the last attempt"
+
+
+def test_a_bounded_step_does_not_retry_other_errors() -> None:
+    calls = 0
+
+    def broken() -> None:
+        nonlocal calls
+        calls += 1
+        raise ConfigError("wrong")
+
+    with pytest.raises(ConfigError):
+        call_with_retry(broken, what="step", attempts=3, sleep=lambda _: None)
+    assert calls == 1
+
+
+def test_a_bounded_step_needs_at_least_one_attempt() -> None:
+    with pytest.raises(ValueError, match="at least 1"):
+        call_with_retry(Flaky(0), what="step", attempts=0)
