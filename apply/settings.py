@@ -8,10 +8,14 @@ configuration suits one small machine (few shuffle partitions, UI off); anything
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from runtime.logs import LogSettings
+from runtime.telemetry import MetricsSettings
 
 
 class KafkaSettings(BaseModel):
@@ -23,6 +27,20 @@ class KafkaSettings(BaseModel):
     schema_topic: str = Field("cdc._schemas", description="writer schemas by fingerprint")
     max_offsets_per_trigger: int | None = Field(
         None, ge=1, description="cap on records per micro-batch (all topics together)"
+    )
+    client: dict[str, str] = Field(
+        default_factory=dict,
+        description=(
+            "Kafka client properties for every client of the job (security.protocol, sasl.*, "
+            "ssl.*): the Spark source gets them as kafka.* options"
+        ),
+    )
+    client_secrets_dir: Path | None = Field(
+        None,
+        description=(
+            "directory of secret client properties, one file each, named after the property "
+            "(e.g. sasl.password): a mounted Secret"
+        ),
     )
 
 
@@ -77,6 +95,8 @@ class ApplySettings(BaseSettings):
     lake: LakeSettings = Field(default_factory=LakeSettings)
     trigger: TriggerSettings = Field(default_factory=TriggerSettings)
     spark: SparkSettings = Field(default_factory=SparkSettings)
+    metrics: MetricsSettings = Field(default_factory=lambda: MetricsSettings(port=9109))
+    log: LogSettings = Field(default_factory=LogSettings)
     table_parallelism: int = Field(
         4,
         ge=1,

@@ -14,6 +14,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from runtime.logs import LogSettings
+from runtime.telemetry import MetricsSettings
+
 
 class PostgresSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -23,6 +26,10 @@ class PostgresSettings(BaseModel):
         description="libpq connection string of the source database, without the password",
     )
     password: SecretStr | None = Field(None, description="password, kept out of the DSN")
+    password_file: Path | None = Field(
+        None,
+        description="file holding the password (a mounted secret); instead of password",
+    )
     slot: str = Field("cdc_slot", description="logical replication slot to stream from")
     publication: str = Field("cdc_pub", description="publication naming the captured tables")
     tables: list[str] = Field(
@@ -42,8 +49,37 @@ class KafkaSettings(BaseModel):
     schema_topic: str = Field("cdc._schemas", description="writer schemas by fingerprint")
     partitions: int = Field(3, ge=1, description="partitions of a newly created change topic")
     replication_factor: int = Field(1, ge=1, description="of newly created topics")
+    client: dict[str, str] = Field(
+        default_factory=dict,
+        description=(
+            "librdkafka properties for every Kafka client of the service (security.protocol, "
+            "sasl.*, ssl.*): producer, admin and consumer"
+        ),
+    )
+    client_secrets_dir: Path | None = Field(
+        None,
+        description=(
+            "directory of secret client properties, one file each, named after the property "
+            "(e.g. sasl.password): a mounted Secret"
+        ),
+    )
     producer: dict[str, str] = Field(
         default_factory=dict, description="extra librdkafka producer settings (passthrough)"
+    )
+
+
+class WalSettings(BaseModel):
+    """Watching the WAL the slot keeps on the source (docs/operations.md, WAL safety)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    warn_retained_bytes: int = Field(
+        10 * 1024**3,
+        ge=0,
+        description="warn (log and metric) when the slot retains more WAL than this (0: never)",
+    )
+    check_interval_s: float = Field(
+        30.0, gt=0, description="how often the slot's retained WAL and wal_status are read"
     )
 
 
@@ -56,6 +92,9 @@ class CaptureSettings(BaseSettings):
 
     postgres: PostgresSettings = Field(default_factory=PostgresSettings)
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    metrics: MetricsSettings = Field(default_factory=lambda: MetricsSettings(port=9108))
+    log: LogSettings = Field(default_factory=LogSettings)
+    wal: WalSettings = Field(default_factory=WalSettings)
     tombstones: bool = Field(
         False, description="after each delete, also publish a null value (for compaction)"
     )
