@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from capture.errors import TableError
+from capture.metrics import Tally
 from capture.pgoutput import (
     Begin,
     ColumnKind,
@@ -230,6 +231,8 @@ class ChangeStream:
     defer_errors: bool = False
     """Hand failed changes out (:class:`ChangeFailed`) instead of erroring the table at
     once: the caller knows whether a snapshot already holds the change."""
+    decoded: Tally | None = None
+    """Counts every change record made, by (table, operation), for the metrics."""
     _published_schemas: set[int] = field(default_factory=set)
     _tx: _Transaction | None = None
 
@@ -384,6 +387,8 @@ class ChangeStream:
         # already guarantee what Change checks (which images each operation carries).
         ordinal = tx.ordinal
         tx.ordinal = ordinal + 1
+        if self.decoded is not None:
+            self.decoded.add((codec.table, op.value))
         encoder = codec.encoder
         key = encoder.encode_row_key(after if after is not None else before)
         value = encoder.encode_fields(

@@ -22,6 +22,7 @@ from confluent_kafka.cimpl import NewTopic, TopicPartition
 
 from capture.change_stream import OutgoingRecord, SchemaRecord
 from capture.errors import ConfigError, TransientError
+from capture.metrics import CaptureMetrics
 from capture.progress import ProgressBook, RecordTicket
 from capture.settings import KafkaSettings
 from schemas.control import (
@@ -90,10 +91,17 @@ class ChangePublisher:
     """Produces change and schema records and reports deliveries to the book."""
 
     def __init__(
-        self, settings: KafkaSettings, book: ProgressBook, topics: Topics, *, start: Lsn
+        self,
+        settings: KafkaSettings,
+        book: ProgressBook,
+        topics: Topics,
+        *,
+        start: Lsn,
+        metrics: CaptureMetrics | None = None,
     ) -> None:
         self._settings = settings
         self._book = book
+        self._metrics = metrics
         self._topics = topics
         self._producer = Producer(producer_conf(settings))
         self.failure: str | None = None
@@ -142,6 +150,8 @@ class ChangePublisher:
         self._topics.ensure(record.topic)
         size = len(record.key) + (len(record.value) if record.value is not None else 0)
         ticket = self._book.produced(size) if pin is None else self._book.produced_under(pin, size)
+        if self._metrics is not None:
+            self._metrics.record_produced(record.table, record.headers, record.value, size)
         headers: list[tuple[str, str | bytes | None]] = list(record.headers)
         report = partial(self._report, ticket)
         while True:

@@ -1,0 +1,265 @@
+"""The capture service's metrics: every series ``/metrics`` shows, in one registry.
+
+Names follow the Prometheus conventions (https://prometheus.io/docs/practices/naming/):
+prefix ``cdc_capture_``, base units in the name (``_bytes``, ``_seconds``), ``_total``
+on counters. docs/operations.md lists them; a unit test checks that list against
+:meth:`CaptureMetrics.names`, so neither can drift.
+
+Invariants:
+
+- The hot path (a few microseconds per change) never takes a lock for a metric: counts
+  per table and operation are plain dict increments in the capture loop's thread
+  (:class:`Tally`), and positions are plain attributes (:class:`StreamPosition`); both
+  are read only when Prometheus scrapes, by a collector that copies them (a dict copy
+  is atomic under the GIL, so a scrape sees each count whole).
+- Everything else is a prometheus_client object updated where the number is known: the
+  WAL watch thread (slot gauges), the snapshot worker (rows done and estimated), the
+  loop once per status interval (table states).
+- LSNs are exported as numbers (bytes into the WAL): exact up to 2**53, 8 PiB of WAL.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from capture.progress import ProgressBook
+from runtime.telemetry import metric_names
+from schemas.control import TableState
+from schemas.headers import OPERATION as OPERATION_HEADER
+from schemas.headers import Headers
+
+PREFIX = "cdc_capture_"
+WAL_STATUSES = ("reserved", "extended", "unreserved", "lost")
+"""``pg_replication_slots.wal_status`` values, each a series of ``slot_wal_status``."""
+TOMBSTONE = "tombstone"
+
+
+class Tally:
+    """Counts by label values, bumped without a lock from one thread."""
+
+    __slots__ = ("counts",)
+
+    def __init__(self) -> None:
+        self.counts: dict[tuple[str, ...], float] = {}
+
+    def add(self, key: tuple[str, ...], amount: float = 1) -> None:
+        counts = self.counts
+        counts[key] = counts.get(key, 0) + amount
+
+    def total(self) -> float:
+        return sum(self.counts.copy().values())
+
+
+@dataclass(slots=True)
+class StreamPosition:
+    """Where the replication stream is; written by the capture loop."""
+
+    received_lsn: int = 0
+    confirmed_lsn: int = 0
+    last_keepalive: float | None = None
+    """``time.monotonic()`` of the last primary keepalive; None before the first."""
+    stream_started: float | None = None
+
+
+class _TallyCollector(Collector):
+    def __init__(
+        self, name: str, documentation: str, labels: tuple[str, ...], tally: Tally
+    ) -> None:
+        self._name = name
+        self._documentation = documentation
+        self._labels = list(labels)
+        self._tally = tally
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(self._name, self._documentation, labels=self._labels)
+        for key, value in sorted(self._tally.counts.copy().items()):
+            family.add_metric(list(key), value)
+        yield family
+
+    def describe(self) -> Iterable[CounterMetricFamily]:
+        return [CounterMetricFamily(self._name, self._documentation, labels=self._labels)]
+
+
+class _StreamCollector(Collector):
+    """Gauges read from the loop's plain attributes at scrape time."""
+
+    def __init__(self, metrics: CaptureMetrics) -> None:
+        self._metrics = metrics
+
+    def _families(self) -> dict[str, GaugeMetricFamily]:
+        return {
+            "received": GaugeMetricFamily(
+                f"{PREFIX}received_lsn_bytes",
+                "end of the newest WAL received from the server (LSN as a number)",
+            ),
+            "confirmed": GaugeMetricFamily(
+                f"{PREFIX}confirmed_lsn_bytes",
+                "LSN last confirmed to the slot: the lake holds everything before it",
+            ),
+            "keepalive": GaugeMetricFamily(
+                f"{PREFIX}keepalive_age_seconds",
+                "seconds since the server's last keepalive (since the stream started, "
+                "before the first)",
+            ),
+            "records": GaugeMetricFamily(
+                f"{PREFIX}in_flight_records",
+                "records produced to Kafka and not yet applied to the lake",
+            ),
+            "bytes": GaugeMetricFamily(
+                f"{PREFIX}in_flight_bytes", "encoded bytes of the in-flight records"
+            ),
+        }
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        metrics = self._metrics
+        position = metrics.position
+        families = self._families()
+        families["received"].add_metric([], position.received_lsn)
+        families["confirmed"].add_metric([], position.confirmed_lsn)
+        since = position.last_keepalive or position.stream_started
+        if since is not None:
+            families["keepalive"].add_metric([], max(0.0, time.monotonic() - since))
+        book = metrics.book
+        families["records"].add_metric([], 0 if book is None else book.in_flight_records)
+        families["bytes"].add_metric([], 0 if book is None else book.in_flight_bytes)
+        yield from families.values()
+
+    def describe(self) -> Iterable[GaugeMetricFamily]:
+        return list(self._families().values())
+
+
+def operation_label(headers: Headers, value: bytes | None) -> str:
+    """The operation of a record from its headers; a tombstone has none."""
+    if value is None:
+        return TOMBSTONE
+    for name, header in headers:
+        if name == OPERATION_HEADER and isinstance(header, bytes):
+            return header.decode("ascii")
+    return "unknown"
+
+
+class CaptureMetrics:
+    """Every capture metric, registered in a registry of its own."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        self.decoded = Tally()
+        """(table, operation) -> changes decoded from the stream."""
+        self.produced = Tally()
+        """(table, operation) -> records handed to the producer (stream and snapshot)."""
+        self.produced_bytes = Tally()
+        """(table,) -> encoded key and value bytes produced."""
+        self.position = StreamPosition()
+        self.book: ProgressBook | None = None
+        """The current attempt's in-flight book (None between attempts)."""
+        r = self.registry
+        r.register(
+            _TallyCollector(
+                f"{PREFIX}changes_decoded_total",
+                "row changes decoded from the replication stream",
+                ("table", "operation"),
+                self.decoded,
+            )
+        )
+        r.register(
+            _TallyCollector(
+                f"{PREFIX}records_produced_total",
+                "records handed to the Kafka producer (READ: snapshot rows)",
+                ("table", "operation"),
+                self.produced,
+            )
+        )
+        r.register(
+            _TallyCollector(
+                f"{PREFIX}produced_bytes_total",
+                "encoded key and value bytes handed to the Kafka producer",
+                ("table",),
+                self.produced_bytes,
+            )
+        )
+        r.register(_StreamCollector(self))
+        self.slot_retained_wal = Gauge(
+            f"{PREFIX}slot_retained_wal_bytes",
+            "WAL the server keeps for the slot: pg_current_wal_lsn() - restart_lsn",
+            registry=r,
+        )
+        self.slot_safe_wal_size = Gauge(
+            f"{PREFIX}slot_safe_wal_size_bytes",
+            "WAL that can still be written before the slot may be lost (-1: unlimited)",
+            registry=r,
+        )
+        self.slot_wal_status = Gauge(
+            f"{PREFIX}slot_wal_status",
+            "1 for the slot's current wal_status (reserved, extended, unreserved, lost)",
+            ["status"],
+            registry=r,
+        )
+        self.retained_warn = Gauge(
+            f"{PREFIX}slot_retained_wal_warn_bytes",
+            "the retained-WAL warning threshold (CAPTURE_WAL__WARN_RETAINED_BYTES; 0: off)",
+            registry=r,
+        )
+        self.keep_size = Gauge(
+            f"{PREFIX}max_slot_wal_keep_size_bytes",
+            "the server's max_slot_wal_keep_size (-1: unlimited)",
+            registry=r,
+        )
+        self.snapshot_rows = Gauge(
+            f"{PREFIX}snapshot_rows",
+            "rows published by the table's current or last snapshot",
+            ["table"],
+            registry=r,
+        )
+        self.snapshot_rows_estimate = Gauge(
+            f"{PREFIX}snapshot_rows_estimate",
+            "the table's row count estimate when its snapshot began (pg_class.reltuples)",
+            ["table"],
+            registry=r,
+        )
+        self.table_state = Gauge(
+            f"{PREFIX}table_state",
+            "1 for the table's current state (pending, snapshot, catch_up, streaming, errored)",
+            ["table", "state"],
+            registry=r,
+        )
+        self.reconnects = Counter(
+            f"{PREFIX}reconnects",
+            "capture attempts started again after a transient failure",
+            registry=r,
+        )
+        self.errors = Counter(
+            f"{PREFIX}errors",
+            "errors by kind: ones that ended an attempt, and tables that went errored",
+            ["kind"],
+            registry=r,
+        )
+        for status in WAL_STATUSES:
+            self.slot_wal_status.labels(status).set(0)
+
+    def names(self) -> set[str]:
+        """Every metric name this registry exposes, as Prometheus sees them."""
+        return metric_names(self.registry)
+
+    # -- updates ---------------------------------------------------------------------------
+
+    def record_produced(self, table: str, headers: Headers, value: bytes | None, size: int) -> None:
+        self.produced.add((table, operation_label(headers, value)))
+        self.produced_bytes.add((table,), size)
+
+    def slot_wal(self, retained: int | None, wal_status: str | None, safe: int | None) -> None:
+        if retained is not None:
+            self.slot_retained_wal.set(retained)
+        self.slot_safe_wal_size.set(-1 if safe is None else safe)
+        for status in WAL_STATUSES:
+            self.slot_wal_status.labels(status).set(1 if status == wal_status else 0)
+
+    def table_states(self, states: dict[str, TableState]) -> None:
+        for table, current in states.items():
+            for state in TableState:
+                self.table_state.labels(table, state.value).set(1 if state is current else 0)
