@@ -126,12 +126,10 @@ def test_java_form_refuses_credentials_it_cannot_translate() -> None:
 
 def test_java_form_reads_the_ca_file_into_an_inline_pem_truststore(tmp_path: Path) -> None:
     ca = tmp_path / "ca.pem"
-    ca.write_text("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
+    pem = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----"
+    ca.write_text(pem + "\n")
     java = java_client_properties({"ssl.ca.location": str(ca)}, {})
-    assert java == {
-        "ssl.truststore.type": "PEM",
-        "ssl.truststore.certificates": "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----",
-    }
+    assert java == {"ssl.truststore.type": "PEM", "ssl.truststore.certificates": pem}
     assert java_client_properties({"ssl.ca.pem": "PEM"}, {})["ssl.truststore.certificates"] == (
         "PEM"
     )
@@ -192,7 +190,7 @@ def test_password_inline_is_kept() -> None:
 
 
 def test_password_inline_and_from_a_file_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="both CAPTURE_POSTGRES__PASSWORD and .*_FILE"):
+    with pytest.raises(ConfigError, match=r"both CAPTURE_POSTGRES__PASSWORD and .*_FILE"):
         resolve_password(SecretStr("x"), tmp_path / "p", setting="CAPTURE_POSTGRES__PASSWORD")
 
 
