@@ -1,0 +1,83 @@
+"""PNG charts of the pipeline benchmarks (matplotlib, no display needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+if TYPE_CHECKING:
+    from bench.freshness import Timeline
+
+
+def freshness_charts(
+    directory: Path,
+    timeline: Timeline,
+    kafka_ms: list[float],
+    apply_ms: list[float],
+    plain_ms: list[float],
+    rate: float,
+) -> list[Path]:
+    """``freshness-timeline.png`` (lag and throughput over time) and
+    ``freshness-latency.png`` (the three latency distributions)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    timeline_png = directory / "freshness-timeline.png"
+    figure, (lag, throughput) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
+    lag.plot(timeline.at, [b / 1024**2 for b in timeline.lag_bytes], color="tab:red")
+    lag.set_ylabel("slot lag, MiB of WAL")
+    lag.set_title(f"pgbench -R {rate:.0f}: lag behind the source and change records to Kafka")
+    per_second = [
+        (b - a) / max(t1 - t0, 1e-9)
+        for (t0, a), (t1, b) in zip(
+            zip(timeline.at, timeline.received, strict=True),
+            zip(timeline.at[1:], timeline.received[1:], strict=True),
+            strict=False,
+        )
+    ]
+    throughput.plot(timeline.at[1:], per_second, color="tab:blue")
+    throughput.set_ylabel("change records/s")
+    throughput.set_xlabel("seconds since the workload started")
+    figure.tight_layout()
+    figure.savefig(timeline_png, dpi=100)
+    plt.close(figure)
+
+    latency_png = directory / "freshness-latency.png"
+    figure, axis = plt.subplots(figsize=(9, 5))
+    for values, label in (
+        (kafka_ms, "commit-to-Kafka"),
+        (plain_ms, "commit-to-Delta, plain append (baseline)"),
+        (apply_ms, "commit-to-Delta, apply (MERGE)"),
+    ):
+        ordered = sorted(values)
+        fractions = [(i + 1) / len(ordered) for i in range(len(ordered))]
+        axis.plot(ordered, fractions, label=label)
+    axis.set_xscale("log")
+    axis.set_xlabel("latency, ms (log scale)")
+    axis.set_ylabel("fraction of change records")
+    axis.set_title("Freshness: latency from the source commit")
+    axis.grid(True, which="both", alpha=0.3)
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(latency_png, dpi=100)
+    plt.close(figure)
+    return [timeline_png, latency_png]
+
+
+def rate_chart(directory: Path, steps: list[tuple[float, list[float], list[int]]]) -> Path:
+    """``sustainable-rate.png``: the slot lag through each rate step, one panel a step."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "sustainable-rate.png"
+    figure, axes = plt.subplots(len(steps), 1, figsize=(9, 2.2 * len(steps)), squeeze=False)
+    for axis, (rate, at, lag_bytes) in zip(axes[:, 0], steps, strict=True):
+        axis.plot(at, [b / 1024**2 for b in lag_bytes], color="tab:red")
+        axis.set_title(f"pgbench -R {rate:.0f}", fontsize=10)
+        axis.set_ylabel("lag, MiB")
+    axes[-1, 0].set_xlabel("seconds since the step started")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path

@@ -1,0 +1,482 @@
+"""Freshness and footprint of the whole pipeline under a fixed pgbench rate.
+
+``python -m bench.freshness --rate 100 --seconds 120`` starts a stack of its own with
+pgbench's tables (:mod:`bench.pipeline_run`), capture and apply as processes, waits for
+the initial snapshot to be applied, then runs ``pgbench -R <rate>`` for ``--seconds``
+and prints, for the change records of that window:
+
+- **commit-to-Kafka**: from the source transaction's commit time (``commit_ts`` in the
+  record, PostgreSQL's clock) to the moment a consumer of this program received the
+  record (same machine, same clock; the consumer fetches with ``fetch.wait.max.ms=5``,
+  so the figure is an upper bound by a few ms);
+- **commit-to-Delta (apply)**: to the moment the Delta commit that made the record's
+  change visible was written: the first commit of the record's table whose apply state
+  (commit ``userMetadata``, :mod:`apply.positions`) has the record's partition applied
+  past its offset; the instant is the modification time of that commit's
+  ``_delta_log`` file, i.e. when a reader could first see it;
+- **commit-to-Delta (plain append, the baseline)**: the same for a Structured Streaming
+  query running at the same time, with the same Spark build and trigger interval, that
+  appends the raw Kafka records to one Delta table (:mod:`bench.plain_append`); its
+  record's batch comes from the query's checkpoint (``offsets/<batch>``) and the
+  batch's commit from ``epochId`` in the Delta log.
+
+Targets (issue "Prove it"): commit-to-Kafka p50 <= 50 ms and p99 <= 250 ms;
+commit-to-Delta p50 <= 2x and p99 <= 4x the plain append's.
+
+Footprint over the same window: CPU seconds of each service's process tree per million
+change records, and peak RSS (:class:`bench.pipeline_run.ProcessTree`).
+
+Both Spark drivers (apply and the baseline) run at once on the same cores, with
+PostgreSQL, Kafka, capture and pgbench: on a 2-core machine they slow each other, which
+the report states with the load average. Charts (``--charts DIR``): lag and throughput
+over time, and the latency distributions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import json
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Consumer, Message, TopicPartition
+
+from apply.positions import decode_state
+from bench.pipeline_run import (
+    PREFIX,
+    TABLES,
+    PipelineRun,
+    Sampler,
+    Service,
+    load_average,
+    machine,
+    pgbench,
+    pipeline_run,
+    say,
+)
+from schemas.headers import COMMIT_LSN
+from schemas.naming import schema_topic, table_topic
+from schemas.reader import ContractReader
+
+Record = tuple[str, int, int]
+"""(topic, partition, offset) of a change record."""
+
+
+@dataclass
+class Arrivals:
+    """Change records received during the window: when each was committed and received."""
+
+    commit_us: dict[Record, int] = field(default_factory=dict)
+    received_us: dict[Record, int] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.received_us)
+
+
+class ArrivalWatcher:
+    """Consumes the change topics from their ends as of its start, on a thread."""
+
+    def __init__(self, bootstrap: str, topics: list[str]) -> None:
+        self._consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": "bench-freshness",
+                "enable.auto.commit": False,
+                "fetch.wait.max.ms": 5,
+                "fetch.min.bytes": 1,
+            }
+        )
+        self._reader = ContractReader(schema_topic(PREFIX))
+        self._load_schemas()
+        partitions: list[TopicPartition] = []
+        for topic in topics:
+            metadata = self._consumer.list_topics(topic, timeout=10).topics[topic]
+            for partition in metadata.partitions:
+                _, high = self._consumer.get_watermark_offsets(
+                    TopicPartition(topic, partition), timeout=10
+                )
+                partitions.append(TopicPartition(topic, partition, high))
+        self._consumer.assign(partitions)
+        self.arrivals = Arrivals()
+        self._commit_ts: dict[bytes, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.failure: BaseException | None = None
+
+    def _load_schemas(self) -> None:
+        topic = schema_topic(PREFIX)
+        metadata = self._consumer.list_topics(topic, timeout=10).topics[topic]
+        ends = {}
+        for partition in metadata.partitions:
+            _, ends[partition] = self._consumer.get_watermark_offsets(
+                TopicPartition(topic, partition), timeout=10
+            )
+        self._consumer.assign([TopicPartition(topic, p, 0) for p in ends])
+        done = {p for p, end in ends.items() if end == 0}
+        while len(done) < len(ends):
+            for message in self._consumer.consume(500, timeout=1):
+                if message.error() is not None:
+                    continue
+                key = message.key()
+                if key is not None:
+                    self._reader.add_schema_message(key, message.value())
+                partition, offset = message.partition() or 0, message.offset() or 0
+                if offset + 1 >= ends[partition]:
+                    done.add(partition)
+        self._consumer.unassign()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> Arrivals:
+        self._stop.set()
+        self._thread.join(30)
+        self._consumer.close()
+        if self.failure is not None:
+            raise self.failure
+        return self.arrivals
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                messages = self._consumer.consume(1000, timeout=0.1)
+                now_us = time.time_ns() // 1000
+                for message in messages:
+                    value = message.value()
+                    if message.error() is not None or value is None:
+                        continue
+                    record = (
+                        message.topic() or "",
+                        message.partition() or 0,
+                        message.offset() or 0,
+                    )
+                    self.arrivals.received_us[record] = now_us
+                    self.arrivals.commit_us[record] = self._commit_time(message, value)
+        except BaseException as exc:  # raised by stop() on the main thread
+            self.failure = exc
+
+    def _commit_time(self, message: Message, value: bytes) -> int:
+        headers = message.headers() or []
+        pairs = headers.items() if isinstance(headers, dict) else headers
+        found = next((v for k, v in pairs if k == COMMIT_LSN), None)
+        commit_lsn = found.encode() if isinstance(found, str) else found or b""
+        known = self._commit_ts.get(commit_lsn)
+        if known is None:
+            decoded = self._reader.decode_value(value)
+            known = int(decoded["commit_ts"].timestamp() * 1_000_000)
+            self._commit_ts[commit_lsn] = known
+        return known
+
+
+def _delta_commits(table_dir: Path) -> Iterable[tuple[float, dict[str, Any]]]:
+    """Each commit of a Delta table: (modification time in µs, its commitInfo)."""
+    for path in sorted((table_dir / "_delta_log").glob("*.json")):
+        info: dict[str, Any] = {}
+        for line in path.read_text().splitlines():
+            action = json.loads(line)
+            if "commitInfo" in action:
+                info = action["commitInfo"]
+        yield path.stat().st_mtime_ns / 1000, info
+
+
+def apply_visibility(lake: Path) -> dict[tuple[str, int], tuple[list[int], list[float]]]:
+    """Per (topic, partition): the next offsets applied and when each became visible,
+    in commit order, from the apply state every commit carries."""
+    seen: dict[tuple[str, int], tuple[list[int], list[float]]] = {}
+    for table in TABLES:
+        for visible_us, info in _delta_commits(lake / "public" / table):
+            state = decode_state(info.get("userMetadata"))
+            if state is None:
+                continue
+            for (topic, partition), progress in state.partitions.items():
+                offsets, times = seen.setdefault((topic, partition), ([], []))
+                if not offsets or progress.next_offset > offsets[-1]:
+                    offsets.append(progress.next_offset)
+                    times.append(visible_us)
+    return seen
+
+
+def baseline_visibility(
+    table_dir: Path, checkpoint: Path
+) -> dict[tuple[str, int], tuple[list[int], list[float]]]:
+    """The same for the plain append: a batch's end offsets (checkpoint ``offsets/N``)
+    and the time its Delta commit (``epochId`` N) was written."""
+    committed: dict[int, float] = {}
+    for visible_us, info in _delta_commits(table_dir):
+        epoch = info.get("operationParameters", {}).get("epochId")
+        if epoch is not None:
+            committed[int(epoch)] = visible_us
+    seen: dict[tuple[str, int], tuple[list[int], list[float]]] = {}
+    for batch in sorted(committed):
+        lines = (checkpoint / "offsets" / str(batch)).read_text().splitlines()
+        for topic, ends in json.loads(lines[2]).items():
+            for partition, end in ends.items():
+                offsets, times = seen.setdefault((topic, int(partition)), ([], []))
+                if not offsets or int(end) > offsets[-1]:
+                    offsets.append(int(end))
+                    times.append(committed[batch])
+    return seen
+
+
+def visible_latencies_ms(
+    arrivals: Arrivals, visibility: dict[tuple[str, int], tuple[list[int], list[float]]]
+) -> list[float]:
+    latencies = []
+    for record, commit_us in arrivals.commit_us.items():
+        topic, partition, offset = record
+        offsets, times = visibility.get((topic, partition), ([], []))
+        # The first commit whose next offset is past the record's offset.
+        at = bisect.bisect_right(offsets, offset)
+        if at == len(offsets):
+            raise SystemExit(f"bench: {topic}/{partition}@{offset} never became visible")
+        latencies.append((times[at] - commit_us) / 1000)
+    return latencies
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+@dataclass
+class Timeline:
+    """One sample a second: for the charts and the footprint."""
+
+    at: list[float] = field(default_factory=list)
+    lag_bytes: list[int] = field(default_factory=list)
+    received: list[int] = field(default_factory=list)
+
+
+def _start_baseline(run: PipelineRun) -> Service:
+    baseline = Service(
+        "plain append",
+        [
+            sys.executable,
+            "-m",
+            "bench.plain_append",
+            "--bootstrap",
+            run.bootstrap,
+            "--pattern",
+            rf"^{PREFIX}\.public\..*",
+            "--path",
+            str(run.root / "baseline" / "table"),
+            "--checkpoint",
+            str(run.root / "baseline" / "checkpoint"),
+            "--trigger",
+            run.trigger,
+        ],
+        run.service_env(),
+        run.root / "plain_append.log",
+    )
+    baseline.start()
+    run.services.append(baseline)
+    return baseline
+
+
+def _wait_for(condition: Any, what: str, run: PipelineRun, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        for service in run.services:
+            service.check()
+        if time.monotonic() > deadline:
+            raise SystemExit(f"bench: timed out waiting for {what}; logs in {run.root}")
+        time.sleep(0.5)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.freshness", description=__doc__)
+    parser.add_argument("--rate", type=float, default=100.0, help="pgbench transactions/s")
+    parser.add_argument("--seconds", type=int, default=120, help="length of the workload")
+    parser.add_argument("--scale", type=int, default=1, help="pgbench -i scale")
+    parser.add_argument("--trigger", default="2 seconds", help="both queries' trigger")
+    parser.add_argument("--charts", type=Path, help="write PNG charts into this directory")
+    parser.add_argument("--keep", action="store_true", help="keep logs and lake")
+    arguments = parser.parse_args(argv)
+
+    topics = [table_topic(PREFIX, "public", t) for t in TABLES]
+    loads = [load_average()]
+    with pipeline_run(scale=arguments.scale, trigger=arguments.trigger, keep=arguments.keep) as run:
+        capture, apply = run.start_pipeline()
+        say("waiting for the initial snapshot to be applied")
+        _wait_for(lambda: run.lag_bytes() is not None, "the slot", run, 300)
+        _wait_for(
+            lambda: all((run.lake / "public" / t / "_delta_log").exists() for t in TABLES),
+            "the lake tables",
+            run,
+            900,
+        )
+        run.wait_caught_up(900)
+        baseline = _start_baseline(run)
+        _wait_for(
+            (run.root / "baseline" / "checkpoint" / "offsets" / "0").exists,
+            "the plain append's first batch",
+            run,
+            300,
+        )
+        watcher = ArrivalWatcher(run.bootstrap, topics)
+        watcher.start()
+        timeline = Timeline()
+        started = time.monotonic()
+
+        def sample() -> None:
+            run.sample_services()
+            timeline.at.append(time.monotonic() - started)
+            timeline.lag_bytes.append(run.lag_bytes() or 0)
+            timeline.received.append(len(watcher.arrivals))
+
+        run.sample_services()
+        cpu_before = {s.name: s.tree.total_cpu_s for s in (capture, apply) if s.tree}
+        say(f"pgbench at {arguments.rate:.0f} tps for {arguments.seconds} s")
+        with Sampler(sample):
+            bench = pgbench(
+                run, seconds=arguments.seconds, rate=arguments.rate, log=run.root / "pgbench.log"
+            )
+            while bench.poll() is None:
+                for service in run.services:
+                    service.check()
+                time.sleep(1)
+                loads.append(load_average())
+            caught_up_s = run.wait_caught_up(600)
+            run.sample_services()
+            cpu_after = {s.name: s.tree.total_cpu_s for s in (capture, apply) if s.tree}
+            peaks = {s.name: s.tree.total_peak_rss for s in (capture, apply) if s.tree}
+            ends = _high_watermarks(run.bootstrap, topics)
+            _wait_for(
+                lambda: _baseline_covers(run.root / "baseline" / "checkpoint", ends),
+                "the plain append to catch up",
+                run,
+                600,
+            )
+        arrivals = watcher.stop()
+        run.stop_services()
+        if len(arrivals) == 0:
+            raise SystemExit("bench: no change record arrived during the window")
+        kafka_ms = [(arrivals.received_us[r] - c) / 1000 for r, c in arrivals.commit_us.items()]
+        apply_ms = visible_latencies_ms(arrivals, apply_visibility(run.lake))
+        plain_ms = visible_latencies_ms(
+            arrivals,
+            baseline_visibility(
+                run.root / "baseline" / "table", run.root / "baseline" / "checkpoint"
+            ),
+        )
+        del baseline
+        report = _report(
+            arguments,
+            arrivals,
+            kafka_ms,
+            apply_ms,
+            plain_ms,
+            cpu_before,
+            cpu_after,
+            peaks,
+            caught_up_s,
+            loads,
+        )
+        print(report)
+        if arguments.charts is not None:
+            from bench.charts import freshness_charts  # noqa: PLC0415 - matplotlib is heavy
+
+            written = freshness_charts(
+                arguments.charts, timeline, kafka_ms, apply_ms, plain_ms, arguments.rate
+            )
+            say(f"charts: {', '.join(str(p) for p in written)}")
+    return 0
+
+
+def _high_watermarks(bootstrap: str, topics: list[str]) -> dict[tuple[str, int], int]:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-freshness-ends"})
+    try:
+        ends = {}
+        for topic in topics:
+            for partition in consumer.list_topics(topic, timeout=10).topics[topic].partitions:
+                _, high = consumer.get_watermark_offsets(
+                    TopicPartition(topic, partition), timeout=10
+                )
+                ends[(topic, partition)] = high
+        return ends
+    finally:
+        consumer.close()
+
+
+def _baseline_covers(checkpoint: Path, ends: dict[tuple[str, int], int]) -> bool:
+    commits = checkpoint / "commits"
+    if not commits.exists():
+        return False
+    done = [int(p.name) for p in commits.iterdir() if p.name.isdigit()]
+    if not done:
+        return False
+    lines = (checkpoint / "offsets" / str(max(done))).read_text().splitlines()
+    offsets = json.loads(lines[2])
+    return all(
+        int(offsets.get(topic, {}).get(str(partition), 0)) >= end
+        for (topic, partition), end in ends.items()
+    )
+
+
+def _report(
+    arguments: argparse.Namespace,
+    arrivals: Arrivals,
+    kafka_ms: list[float],
+    apply_ms: list[float],
+    plain_ms: list[float],
+    cpu_before: dict[str, float],
+    cpu_after: dict[str, float],
+    peaks: dict[str, int],
+    caught_up_s: float,
+    loads: list[tuple[float, float, float]],
+) -> str:
+    def p(values: list[float], q: float) -> str:
+        return f"{percentile(values, q):,.0f}"
+
+    changes = len(arrivals)
+    apply_p50, plain_p50 = percentile(apply_ms, 0.5), percentile(plain_ms, 0.5)
+    apply_p99, plain_p99 = percentile(apply_ms, 0.99), percentile(plain_ms, 0.99)
+    kafka_p50, kafka_p99 = percentile(kafka_ms, 0.5), percentile(kafka_ms, 0.99)
+    lines = [
+        f"machine: {machine()}; load average (1 min) during the run: "
+        f"{min(x[0] for x in loads):.1f} to {max(x[0] for x in loads):.1f}",
+        f"workload: pgbench -R {arguments.rate:.0f} for {arguments.seconds} s, scale "
+        f"{arguments.scale}; trigger {arguments.trigger}; {changes:,} change records",
+        "",
+        "| latency, ms | p50 | p99 | max | target |",
+        "| --- | ---: | ---: | ---: | --- |",
+        f"| commit-to-Kafka | {p(kafka_ms, 0.5)} | {p(kafka_ms, 0.99)} | "
+        f"{max(kafka_ms):,.0f} | p50 <= 50: {_met(kafka_p50 <= 50)}; "
+        f"p99 <= 250: {_met(kafka_p99 <= 250)} |",
+        f"| commit-to-Delta, apply (MERGE) | {p(apply_ms, 0.5)} | {p(apply_ms, 0.99)} | "
+        f"{max(apply_ms):,.0f} | p50 <= 2x plain: {apply_p50 / plain_p50:.2f}x "
+        f"{_met(apply_p50 <= 2 * plain_p50)}; p99 <= 4x plain: {apply_p99 / plain_p99:.2f}x "
+        f"{_met(apply_p99 <= 4 * plain_p99)} |",
+        f"| commit-to-Delta, plain append (baseline) | {p(plain_ms, 0.5)} | "
+        f"{p(plain_ms, 0.99)} | {max(plain_ms):,.0f} | |",
+        "",
+        "| service | CPU s in window | CPU s per million changes | peak RSS |",
+        "| --- | ---: | ---: | ---: |",
+    ]
+    for name in ("capture", "apply"):
+        cpu = cpu_after.get(name, 0.0) - cpu_before.get(name, 0.0)
+        lines.append(
+            f"| {name} | {cpu:,.1f} | {cpu / changes * 1e6:,.0f} | "
+            f"{peaks.get(name, 0) / 1024**2:,.0f} MiB |"
+        )
+    lines.append("")
+    lines.append(f"caught up {caught_up_s:.1f} s after pgbench ended")
+    lines.append(
+        f"median of commit-to-Kafka over all records: {statistics.median(kafka_ms):.1f} ms"
+    )
+    return "\n".join(lines)
+
+
+def _met(ok: bool) -> str:
+    return "met" if ok else "NOT met"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
