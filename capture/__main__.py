@@ -19,10 +19,13 @@ from pydantic import ValidationError
 
 from capture import admin
 from capture.errors import ConfigError, ProtocolError, TransientError
+from capture.metrics import CaptureMetrics
 from capture.service import CaptureService
 from capture.settings import CaptureSettings
+from runtime import logs
 from runtime.retry import run_with_retry
 from runtime.settings_table import settings_table
+from runtime.telemetry import Health, serve
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValidationError as exc:
         print(f"invalid capture settings:\n{exc}", file=sys.stderr)
         return 2
+    logs.configure(settings.log)
     try:
         if args.command == "status":
             print(admin.format_statuses(admin.table_statuses(settings)))
@@ -64,13 +68,20 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
-    service = CaptureService(settings, stop)
+    log = logging.getLogger("capture")
+    metrics = CaptureMetrics()
+    health = Health(settings.metrics.not_ready_after_s)
+    service = CaptureService(settings, stop, metrics=metrics, health=health)
 
     def interruptible_sleep(seconds: float) -> None:
         stop.wait(seconds)
 
-    log = logging.getLogger("capture")
     # The messages say what to do; a traceback would bury them, so no log.exception.
+    try:
+        server = serve(settings.metrics, metrics.registry, health)
+    except ConfigError as exc:
+        log.error("configuration error: %s", exc)  # noqa: TRY400
+        return 2
     try:
         run_with_retry(service.run, should_stop=stop.is_set, sleep=interruptible_sleep)
     except ConfigError as exc:
@@ -79,6 +90,10 @@ def main(argv: list[str] | None = None) -> int:
     except ProtocolError as exc:
         log.error("cannot decode the replication stream: %s", exc)  # noqa: TRY400
         return 3
+    finally:
+        health.stopped("capture has stopped")
+        if server is not None:
+            server.close()
     return 0
 
 

@@ -10,6 +10,11 @@ Loop invariants:
   asks, also while reading is paused by backpressure, so the server never times us out.
 - ``flush`` in a status update is always :attr:`ProgressBook.confirmable`.
 - On stop: no more reading, the producer is flushed, one last status update is sent.
+- Metrics and health (:mod:`capture.metrics`, :mod:`runtime.telemetry`) are updated
+  from this loop without slowing it: plain attribute writes per transaction, the rest
+  once per status interval; the slot's retained WAL is read by :mod:`capture.wal_safety`
+  on a connection and thread of its own, and a lost slot found there ends the attempt
+  here with its resync procedure.
 """
 
 from __future__ import annotations
@@ -30,7 +35,8 @@ from capture.change_stream import (
     TransactionCommitted,
     TransactionStarted,
 )
-from capture.errors import ConfigError, TransientError
+from capture.errors import ConfigError, PipelineError, TransientError
+from capture.metrics import CaptureMetrics
 from capture.pgoutput import Relation, decode
 from capture.progress import ProgressBook
 from capture.publisher import ChangePublisher, ControlReader, ControlState, Topics
@@ -53,6 +59,14 @@ from capture.table_flow import TableFlow, now_micros
 from capture.table_states import TableStates
 from capture.type_catalog import load_array_dimensions, load_types
 from capture.typemap import SESSION_SETTINGS, ColumnMapping, libpq_options, map_column
+from capture.wal_safety import (
+    WalWatch,
+    check,
+    read_keep_size,
+    read_slot_wal,
+    warn_if_unlimited,
+)
+from runtime.telemetry import Health
 from schemas.control import TableState, TableStatus
 from schemas.lsn import Lsn, format_lsn
 
@@ -129,16 +143,44 @@ def _resync_reason(
 
 class CaptureService:
     def __init__(
-        self, settings: CaptureSettings, stop: threading.Event, *, stop_at: Lsn | None = None
+        self,
+        settings: CaptureSettings,
+        stop: threading.Event,
+        *,
+        stop_at: Lsn | None = None,
+        metrics: CaptureMetrics | None = None,
+        health: Health | None = None,
     ) -> None:
         """``stop_at``: stop by itself once every transaction ending at or before this LSN
-        is published and delivered (catch-up runs and benchmarks); None streams forever."""
+        is published and delivered (catch-up runs and benchmarks); None streams forever.
+        ``metrics``/``health``: what the endpoint serves (a fresh, unserved pair when
+        not given)."""
         self._settings = settings
         self._stop = stop
         self._stop_at = stop_at
+        self.metrics = metrics or CaptureMetrics()
+        self.health = health or Health(settings.metrics.not_ready_after_s)
+        self.metrics.retained_warn.set(settings.wal.warn_retained_bytes)
+        self._attempts = 0
+        self._keep_size_checked = False
+        self._errored_tables: set[str] = set()
 
     def run(self) -> None:
         """One attempt: set up, stream until stopped; raises on failure."""
+        if self._attempts:
+            self.metrics.reconnects.inc()
+        self._attempts += 1
+        try:
+            self._attempt()
+        except PipelineError as exc:
+            self.metrics.errors.labels(type(exc).__name__).inc()
+            if isinstance(exc, TransientError):
+                self.health.transient_failure(str(exc))
+            raise
+        finally:
+            self.metrics.book = None
+
+    def _attempt(self) -> None:
         settings = self._settings
         password = (
             settings.postgres.password.get_secret_value() if settings.postgres.password else None
@@ -154,6 +196,11 @@ class CaptureService:
             raise TransientError(f"cannot connect to PostgreSQL: {exc}") from exc
         with catalog:
             check_server(catalog)
+            if not self._keep_size_checked:
+                keep_size = read_keep_size(catalog)
+                self.metrics.keep_size.set(keep_size)
+                warn_if_unlimited(keep_size)
+                self._keep_size_checked = True
             tables = resolve_tables(catalog, settings.postgres.tables, settings.postgres.schemas)
             problems = check_tables(catalog, tables)
             for table, problem in problems.items():
@@ -173,6 +220,14 @@ class CaptureService:
                     settings.kafka.topic_prefix,
                 )
                 slot = ensure_slot(catalog, settings.postgres.slot)
+                # A lost slot fails START_REPLICATION with a server error that looks
+                # transient; said here, with the resync, it is not retried forever.
+                check(
+                    read_slot_wal(catalog, slot.name),
+                    slot=slot.name,
+                    warn_retained_bytes=settings.wal.warn_retained_bytes,
+                    metrics=self.metrics,
+                )
                 states = TableStates(
                     settings.postgres.slot,
                     state.tables,
@@ -195,15 +250,34 @@ class CaptureService:
                 book = ProgressBook(slot.confirmed_flush)
                 for (topic, partition), next_offset in state.applied.items():
                     book.applied(topic, partition, next_offset)
-                self._stream(
-                    catalog,
-                    password,
-                    book=book,
-                    topics=topics,
-                    control=control,
-                    states=states,
-                    statuses=statuses,
+                self.metrics.book = book
+                self.metrics.position.confirmed_lsn = slot.confirmed_flush
+                self.metrics.position.received_lsn = max(
+                    self.metrics.position.received_lsn, slot.confirmed_flush
                 )
+                watch = WalWatch(
+                    lambda: psycopg.connect(
+                        settings.postgres.dsn, password=password, autocommit=True
+                    ),
+                    slot=slot.name,
+                    interval_s=settings.wal.check_interval_s,
+                    warn_retained_bytes=settings.wal.warn_retained_bytes,
+                    metrics=self.metrics,
+                )
+                watch.start()
+                try:
+                    self._stream(
+                        catalog,
+                        password,
+                        book=book,
+                        topics=topics,
+                        control=control,
+                        states=states,
+                        statuses=statuses,
+                        watch=watch,
+                    )
+                finally:
+                    watch.close()
             finally:
                 control.close()
 
@@ -217,10 +291,13 @@ class CaptureService:
         control: ControlReader,
         states: TableStates,
         statuses: list[TableStatus],
+        watch: WalWatch,
     ) -> None:
         settings = self._settings
+        metrics = self.metrics
+        position = metrics.position
         start = book.confirmable
-        publisher = ChangePublisher(settings.kafka, book, topics, start=start)
+        publisher = ChangePublisher(settings.kafka, book, topics, start=start, metrics=metrics)
         slot_name = settings.postgres.slot
         for status in statuses:
             publisher.publish_status(status)
@@ -229,10 +306,9 @@ class CaptureService:
             # Write-ahead: the checkpoint reaches Kafka before the slot may pass it.
             publisher.checkpoint(slot_name, book.confirmable)
             publisher.poll(0)
-            stream.send_status(
-                min(book.confirmable, publisher.durable_checkpoint),
-                reply_requested=reply_requested,
-            )
+            confirmed = min(book.confirmable, publisher.durable_checkpoint)
+            stream.send_status(confirmed, reply_requested=reply_requested)
+            position.confirmed_lsn = confirmed
 
         def start_run(tables: list[str], truncate: list[str]) -> SnapshotRun:
             run = SnapshotRun(
@@ -243,6 +319,8 @@ class CaptureService:
                 truncate=truncate,
                 describe=describe_columns,
                 topic_prefix=settings.kafka.topic_prefix,
+                metrics=metrics,
+                progress_interval_s=settings.log.progress_interval_s,
             )
             run.start()
             return run
@@ -252,6 +330,7 @@ class CaptureService:
             settings.kafka.topic_prefix,
             settings.tombstones,
             rekey=lambda relation: key_by_primary_key(catalog, relation),
+            decoded=metrics.decoded,
         )
         flow = TableFlow(
             states,
@@ -269,6 +348,10 @@ class CaptureService:
             start_lsn=start,
             settings=SESSION_SETTINGS,
         )
+        self.health.connected()
+        position.stream_started = time.monotonic()
+        position.last_keepalive = None
+        progress = _ProgressLine(metrics, settings.log.progress_interval_s)
         last_status = 0.0
         last_refresh = time.monotonic()
         commit_lsn = start
@@ -288,6 +371,10 @@ class CaptureService:
                 if isinstance(frame, PrimaryKeepalive):
                     book.keepalive(frame.wal_end)
                     reply = frame.reply_requested
+                    position.last_keepalive = time.monotonic()
+                    if not book.in_transaction and frame.wal_end > position.received_lsn:
+                        # Between transactions the server has decoded this far.
+                        position.received_lsn = frame.wal_end
                     if (
                         self._stop_at is not None
                         and frame.wal_end >= self._stop_at
@@ -315,6 +402,7 @@ class CaptureService:
                                 flow.resync(out.table, reason, commit_lsn)
                         elif isinstance(out, TransactionCommitted):
                             book.commit(out.end_lsn)
+                            position.received_lsn = out.end_lsn
                             if (
                                 self._stop_at is not None
                                 and out.end_lsn >= self._stop_at
@@ -341,6 +429,8 @@ class CaptureService:
                 if reply or now - last_status >= settings.status_interval_s:
                     confirm()
                     last_status = now
+                    self._observe(states, watch)
+                    progress.maybe_log(now)
             # Graceful stop: everything produced is delivered, then one last update.
             flow.close()
             publisher.flush()
@@ -355,6 +445,18 @@ class CaptureService:
         finally:
             flow.close()
             stream.close()
+
+    def _observe(self, states: TableStates, watch: WalWatch) -> None:
+        """Once per status interval: table states to the metrics (a table newly errored
+        counts as an error of its kind), and a lost slot the WAL watch found."""
+        current = {table: state for state in TableState for table in states.in_state(state)}
+        self.metrics.table_states(current)
+        errored = {t for t, s in current.items() if s is TableState.ERRORED}
+        for _ in errored - self._errored_tables:
+            self.metrics.errors.labels("TableError").inc()
+        self._errored_tables = errored
+        if watch.failure is not None:
+            raise watch.failure
 
     def _add_new_tables(
         self, catalog: psycopg.Connection[tuple[object, ...]], flow: TableFlow
@@ -377,3 +479,37 @@ class CaptureService:
             log.info("new tables: %s", ", ".join(t.qualified for t in capturable))
             flow.add_tables([t.qualified for t in capturable])
             ensure_publication(catalog, postgres.publication, capturable)
+
+
+class _ProgressLine:
+    """A log line every ``interval_s``: rates since the last line, LSNs and the lag
+    between what capture received and what the lake holds (confirmed)."""
+
+    def __init__(self, metrics: CaptureMetrics, interval_s: float) -> None:
+        self._metrics = metrics
+        self._interval_s = interval_s
+        self._last = time.monotonic()
+        self._decoded = metrics.decoded.total()
+        self._produced = metrics.produced.total()
+
+    def maybe_log(self, now: float) -> None:
+        elapsed = now - self._last
+        if elapsed < self._interval_s:
+            return
+        metrics = self._metrics
+        decoded, produced = metrics.decoded.total(), metrics.produced.total()
+        position = metrics.position
+        book = metrics.book
+        log.info(
+            "progress: %.0f changes/s decoded, %.0f records/s produced, received %s, "
+            "confirmed %s, lag %d bytes, in flight %d records (%d bytes)",
+            (decoded - self._decoded) / elapsed,
+            (produced - self._produced) / elapsed,
+            format_lsn(Lsn(position.received_lsn)),
+            format_lsn(Lsn(position.confirmed_lsn)),
+            max(0, position.received_lsn - position.confirmed_lsn),
+            0 if book is None else book.in_flight_records,
+            0 if book is None else book.in_flight_bytes,
+            extra={"lsn": format_lsn(Lsn(position.confirmed_lsn))},
+        )
+        self._last, self._decoded, self._produced = now, decoded, produced

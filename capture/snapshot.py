@@ -51,6 +51,7 @@ from psycopg import sql
 from capture.change_stream import OutgoingRecord, SchemaRecord, TableCodec
 from capture.copy_text import CopyRows
 from capture.errors import ConfigError, PipelineError, TableError, TransientError
+from capture.metrics import CaptureMetrics
 from capture.pgoutput import Relation, RelationColumn, ReplicaIdentity
 from capture.source import key_by_primary_key
 from capture.typemap import SESSION_SETTINGS, ColumnMapping, libpq_options
@@ -170,8 +171,12 @@ class SnapshotRun:
         describe: DescribeWith,
         topic_prefix: str,
         queue_size: int = 64,
+        metrics: CaptureMetrics | None = None,
+        progress_interval_s: float = 30.0,
     ) -> None:
         self.tables = tuple(tables)
+        self._metrics = metrics
+        self._progress_interval_s = progress_interval_s
         self._truncate = frozenset(truncate)
         self.items: queue.Queue[SnapshotItem] = queue.Queue(queue_size)
         self._dsn = dsn
@@ -299,6 +304,9 @@ class SnapshotRun:
 
         batch = [record(Operation.TRUNCATE, 0, None)] if table in self._truncate else []
         ordinal = 0
+        progress = _Progress(
+            table, _row_estimate(conn, relation.oid), self._metrics, self._progress_interval_s
+        )
         parser = CopyRows(len(relation.columns))
         query = sql.SQL("COPY (SELECT {} FROM {}) TO STDOUT").format(
             sql.SQL(", ").join(sql.Identifier(c.name) for c in relation.columns),
@@ -325,12 +333,71 @@ class SnapshotRun:
                 if len(batch) >= _BATCH_ROWS and failure is None:
                     self._put(SnapshotRecords(table, schemas, tuple(batch)))
                     batch = []
+                    progress.rows(ordinal)
         if failure is not None:
             raise failure
         parser.finish()
         if batch:
             self._put(SnapshotRecords(table, schemas, tuple(batch)))
+        progress.rows(ordinal)
         return ordinal
+
+
+def _row_estimate(conn: Connection, oid: int) -> int | None:
+    """The planner's row count of the table (``pg_class.reltuples``), None when the
+    table was never vacuumed or analyzed (-1 since PostgreSQL 14)."""
+    row = conn.execute("SELECT reltuples FROM pg_class WHERE oid = %s", [oid]).fetchone()
+    if row is None or row[0] is None or float(row[0]) < 0:
+        return None
+    return int(float(row[0]))
+
+
+class _Progress:
+    """Rows copied of one table: the metrics at every batch, a log line every
+    ``interval_s`` (rows, estimate, rate) so a long snapshot is never silent."""
+
+    def __init__(
+        self,
+        table: str,
+        estimate: int | None,
+        metrics: CaptureMetrics | None,
+        interval_s: float,
+    ) -> None:
+        self._table = table
+        self._estimate = estimate
+        self._metrics = metrics
+        self._interval_s = interval_s
+        self._started = self._last_line = time.monotonic()
+        if metrics is not None:
+            metrics.snapshot_rows.labels(table).set(0)
+            metrics.snapshot_rows_estimate.labels(table).set(-1 if estimate is None else estimate)
+
+    def rows(self, done: int) -> None:
+        if self._metrics is not None:
+            self._metrics.snapshot_rows.labels(self._table).set(done)
+        now = time.monotonic()
+        if now - self._last_line < self._interval_s:
+            return
+        self._last_line = now
+        rate = done / max(now - self._started, 1e-9)
+        if self._estimate:
+            log.info(
+                "snapshot of %s: %d of about %d rows (%.0f%%), %.0f rows/s",
+                self._table,
+                done,
+                self._estimate,
+                100.0 * done / self._estimate,
+                rate,
+                extra={"table": self._table},
+            )
+        else:
+            log.info(
+                "snapshot of %s: %d rows (no estimate: the table was never analyzed), %.0f rows/s",
+                self._table,
+                done,
+                rate,
+                extra={"table": self._table},
+            )
 
 
 class _CancelledError(Exception):
