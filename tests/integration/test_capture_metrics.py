@@ -196,7 +196,7 @@ def test_capture_metrics_move_as_changes_flow(
     assert value(samples, "cdc_capture_slot_wal_status", status="lost") == 0
     assert value(samples, "cdc_capture_slot_retained_wal_warn_bytes") == 1
     keep = value(samples, "cdc_capture_max_slot_wal_keep_size_bytes")
-    assert keep == read_keep_size(pg)  # type: ignore[arg-type]
+    assert keep == read_keep_size(pg)
     age = value(samples, "cdc_capture_keepalive_age_seconds")
     assert age is not None
     assert age >= 0
