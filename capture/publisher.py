@@ -25,6 +25,12 @@ from capture.errors import ConfigError, TransientError
 from capture.metrics import CaptureMetrics
 from capture.progress import ProgressBook, RecordTicket
 from capture.settings import KafkaSettings
+from runtime.kafka_client import (
+    ConnectionErrors,
+    KafkaConf,
+    client_properties,
+    connection_conf,
+)
 from schemas.control import (
     AppliedProgress,
     ControlMessage,
@@ -35,15 +41,25 @@ from schemas.control import (
 )
 from schemas.lsn import Lsn
 
+_SETTING = "CAPTURE_KAFKA"
 _COMPACTED = {"cleanup.policy": "compact"}
 _FLUSH_TIMEOUT_S = 30.0
 
-KafkaConf = dict[str, str | int | float | bool]
+
+def client_conf(settings: KafkaSettings) -> KafkaConf:
+    """What every Kafka client of capture starts from: the bootstrap servers and the
+    shared client properties (``kafka.client`` and its secrets directory, read anew for
+    each client so a rotated secret is used by the next one). The properties each
+    client sets for itself go on top: they are what its guarantees rest on."""
+    properties = client_properties(settings.client, settings.client_secrets_dir, setting=_SETTING)
+    return connection_conf(settings.bootstrap_servers, properties)
 
 
 def producer_conf(settings: KafkaSettings) -> KafkaConf:
-    conf: KafkaConf = {
-        "bootstrap.servers": settings.bootstrap_servers,
+    """The producer's: the client properties, its own guarantees, then ``kafka.producer``
+    (a deliberate per-producer override, e.g. of ``linger.ms``)."""
+    conf = client_conf(settings)
+    conf |= {
         "enable.idempotence": True,
         "acks": "all",
         "compression.type": "lz4",
@@ -52,7 +68,7 @@ def producer_conf(settings: KafkaSettings) -> KafkaConf:
         "partitioner": "murmur2_random",
         "queue.buffering.max.messages": 500_000,
     }
-    conf.update(settings.producer)
+    conf |= settings.producer
     return conf
 
 
@@ -61,7 +77,8 @@ class Topics:
 
     def __init__(self, settings: KafkaSettings) -> None:
         self._settings = settings
-        self._admin = AdminClient({"bootstrap.servers": settings.bootstrap_servers})
+        self._errors = ConnectionErrors(_SETTING)
+        self._admin = AdminClient(client_conf(settings), error_cb=self._errors)
         self._known: set[str] = set()
 
     def ensure(self, topic: str, *, compacted: bool = False, partitions: int | None = None) -> None:
@@ -83,6 +100,8 @@ class Topics:
             if not (
                 isinstance(error, KafkaError) and error.code() == KafkaError.TOPIC_ALREADY_EXISTS
             ):
+                self._admin.poll(0)  # serves the error callback: a refused login says so
+                self._errors.check()
                 raise TransientError(f"cannot create Kafka topic {topic}: {exc}") from exc
         self._known.add(topic)
 
@@ -103,7 +122,8 @@ class ChangePublisher:
         self._book = book
         self._metrics = metrics
         self._topics = topics
-        self._producer = Producer(producer_conf(settings))
+        self._errors = ConnectionErrors(_SETTING)
+        self._producer = Producer(producer_conf(settings), error_cb=self._errors)
         self.failure: str | None = None
         self._checkpoint_sent = start
         self.durable_checkpoint = start
@@ -195,6 +215,7 @@ class ChangePublisher:
 
     def _raise_on_failure(self) -> None:
         if self.failure is not None:
+            self._errors.check()  # credentials rotated away under a running producer
             raise TransientError(
                 f"{self.failure}; stopping so the restart re-reads it from the slot"
             )
@@ -224,6 +245,11 @@ class ControlTopicMissingError(ConfigError):
     """The control topic does not exist: capture has not started on this cluster yet."""
 
 
+CONTROL_GROUP = "pgdelta-capture-control"
+"""The group id of capture's control-topic consumer. Nothing is committed under it
+(partitions are assigned), but a secured cluster's ACLs still name it."""
+
+
 class ControlReader:
     """Reads the compacted control topic from the beginning and feeds applied offsets
     to the book. No consumer group: every capture instance needs the whole state.
@@ -235,17 +261,25 @@ class ControlReader:
     def __init__(self, settings: KafkaSettings, topics: Topics | None) -> None:
         if topics is not None:
             topics.ensure(settings.control_topic, compacted=True)
+        errors = ConnectionErrors(_SETTING)
         self._consumer = Consumer(
-            {
-                "bootstrap.servers": settings.bootstrap_servers,
-                "group.id": "pgdelta-capture-control",
+            client_conf(settings)
+            | {
+                "group.id": CONTROL_GROUP,
                 "enable.auto.commit": False,
                 "auto.offset.reset": "earliest",
                 "enable.partition.eof": True,
-            }
+            },
+            error_cb=errors,
         )
         self._topic = settings.control_topic
-        metadata = self._consumer.list_topics(settings.control_topic, timeout=10)
+        try:
+            metadata = self._consumer.list_topics(settings.control_topic, timeout=10)
+        except KafkaException as exc:
+            self._consumer.poll(0)  # serves the error callback: a refused login says so
+            self._consumer.close()
+            errors.check()
+            raise TransientError(f"cannot read the control topic's metadata: {exc}") from exc
         found = metadata.topics.get(settings.control_topic)
         missing = (
             found is None

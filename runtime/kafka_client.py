@@ -31,6 +31,8 @@ import logging
 from collections.abc import Mapping
 from pathlib import Path
 
+from confluent_kafka import KafkaError
+
 from runtime.errors import ConfigError
 from runtime.secrets import read_secret_file
 
@@ -213,3 +215,54 @@ def _java_truststore(properties: Mapping[str, str]) -> dict[str, str]:
             "Kafka client properties: keep one"
         )
     return {"ssl.truststore.type": "PEM", "ssl.truststore.certificates": pem or ""}
+
+
+# librdkafka reports why it could not connect only through the error callback; a request
+# that fails meanwhile says "broker transport failure". These two kinds are fixed by a
+# setting, not by waiting.
+_AUTHENTICATION = KafkaError._AUTHENTICATION
+_SSL = KafkaError._SSL
+
+
+class ConnectionErrors:
+    """A client's ``error_cb``: remembers the last login and TLS failure, so a request
+    that then fails can say what to fix (:meth:`check`). Holds the librdkafka message
+    only, which names the broker and mechanism, never a credential."""
+
+    def __init__(self, setting: str) -> None:
+        self._setting = setting
+        self.authentication: str | None = None
+        self.tls: str | None = None
+
+    def __call__(self, error: KafkaError) -> None:
+        if error.code() == _AUTHENTICATION:
+            self.authentication = error.str()
+        elif error.code() == _SSL:
+            self.tls = error.str()
+
+    def check(self) -> None:
+        """Raise :class:`ConfigError` if the broker refused the login or the TLS
+        handshake failed; serve the client's callbacks (``poll``) before calling."""
+        where = f"{self._setting}__CLIENT or {self._setting}__CLIENT_SECRETS_DIR"
+        if self.authentication is not None:
+            raise ConfigError(
+                f"Kafka refused the login ({self.authentication}): check sasl.username, "
+                f"sasl.password and sasl.mechanism in {where}"
+            )
+        if self.tls is not None:
+            raise ConfigError(
+                f"the TLS handshake with Kafka failed ({self.tls}): check ssl.ca.location in "
+                f"{where} (the CA that signed the broker's certificate) and that the "
+                "certificate names the host of the bootstrap servers"
+            )
+
+
+KafkaConf = dict[str, str | int | float | bool]
+"""A librdkafka client configuration (callbacks go as keyword arguments: ``error_cb=``)."""
+
+
+def connection_conf(bootstrap_servers: str, properties: Mapping[str, str]) -> KafkaConf:
+    """What every librdkafka client of a service starts from: the bootstrap servers and
+    the shared ``properties`` (:func:`client_properties`). Build the client with a
+    :class:`ConnectionErrors` as ``error_cb`` so a refused login is reported as such."""
+    return {**properties, "bootstrap.servers": bootstrap_servers}
