@@ -15,11 +15,23 @@ transactions are spilled to disk by the server, not held by us.
 The session settings of the connection fix the text form of values (ISO dates, UTC,
 hex bytea...), because pgoutput renders columns with the walsender session's output
 functions; :data:`capture.typemap.SESSION_SETTINGS` lists them.
+
+**The server's shutdown.** A logical walsender told to stop (fast or smart shutdown)
+exits only once its client has confirmed everything it sent (``WalSndDone`` in
+walsender.c), and capture confirms only what the lake has applied: held open, the
+stream would keep PostgreSQL from shutting down until apply caught up, forever while
+apply is down. So the stream keeps a second, ordinary connection that sends nothing:
+a fast shutdown ends ordinary sessions first (``57P01 terminating connection due to
+administrator command``), which makes its socket readable, and the stream then ends
+with a :class:`TransientError`. The retry closes the replication connection, the
+walsender exits, the shutdown goes on, and capture reconnects (with backoff) once the
+server is back, from the slot's confirmed LSN: nothing is lost.
 """
 
 from __future__ import annotations
 
 import select
+import time
 from collections.abc import Mapping
 
 import psycopg
@@ -38,13 +50,48 @@ from schemas.lsn import Lsn, format_lsn
 
 Frame = XLogData | PrimaryKeepalive
 
+_WATCH_EVERY_S = 1.0
+"""How often the shutdown watch is looked at while frames keep arriving."""
 
-class ReplicationStream:
-    """One START_REPLICATION stream of a logical slot."""
+
+class ServerShutdownWatch:
+    """An idle ordinary connection whose only job is to notice the server going away."""
 
     def __init__(self, conn: psycopg.Connection[tuple[object, ...]]) -> None:
         self._conn = conn
+        self.socket = conn.pgconn.socket
+
+    @classmethod
+    def open(cls, dsn: str, *, password: str | None) -> ServerShutdownWatch:
+        try:
+            return cls(psycopg.connect(dsn, password=password, autocommit=True))
+        except psycopg.OperationalError as exc:
+            raise TransientError(f"cannot open the shutdown-watch connection: {exc}") from exc
+
+    def server_going_away(self) -> bool:
+        """Whether the server ended this idle session (its socket was readable)."""
+        pgconn = self._conn.pgconn
+        try:
+            pgconn.consume_input()
+        except psycopg.OperationalError:
+            return True
+        return pgconn.status != psycopg.pq.ConnStatus.OK
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+class ReplicationStream:
+    """One START_REPLICATION stream of a logical slot, and the watch that ends it when
+    the server shuts down (see the module docstring)."""
+
+    def __init__(
+        self, conn: psycopg.Connection[tuple[object, ...]], watch: ServerShutdownWatch
+    ) -> None:
+        self._conn = conn
         self._pgconn = conn.pgconn
+        self._watch = watch
+        self._watched_at = time.monotonic()
 
     @classmethod
     def start(
@@ -84,15 +131,26 @@ class ReplicationStream:
         except psycopg.OperationalError as exc:
             conn.close()
             raise TransientError(f"START_REPLICATION failed: {exc}") from exc
-        return cls(conn)
+        try:
+            watch = ServerShutdownWatch.open(dsn, password=password)
+        except TransientError:
+            conn.close()
+            raise
+        return cls(conn, watch)
 
     def read(self, timeout_s: float) -> Frame | None:
-        """The next frame, or None if none arrived within ``timeout_s``."""
+        """The next frame, or None if none arrived within ``timeout_s``.
+
+        Raises :class:`TransientError` when the server is shutting down."""
         try:
             size, data = self._pgconn.get_copy_data(1)
             if size == 0:
-                ready, _, _ = select.select([self._pgconn.socket], [], [], timeout_s)
-                if not ready:
+                ready, _, _ = select.select(
+                    [self._pgconn.socket, self._watch.socket], [], [], timeout_s
+                )
+                if self._watch.socket in ready:
+                    self._check_watch()
+                if self._pgconn.socket not in ready:
                     return None
                 self._pgconn.consume_input()
                 size, data = self._pgconn.get_copy_data(1)
@@ -102,7 +160,20 @@ class ReplicationStream:
             raise TransientError(f"replication stream broke: {exc}") from exc
         if size < 0:
             raise TransientError("the server ended the replication stream")
+        if time.monotonic() - self._watched_at >= _WATCH_EVERY_S:
+            ready, _, _ = select.select([self._watch.socket], [], [], 0)
+            if ready:
+                self._check_watch()
+            self._watched_at = time.monotonic()
         return parse_copy_data(data)
+
+    def _check_watch(self) -> None:
+        if self._watch.server_going_away():
+            raise TransientError(
+                "the server is shutting down (it ended capture's idle session): closing the "
+                "replication connection so the shutdown is not held up by the slot, and "
+                "reconnecting once the server is back"
+            )
 
     def send_status(self, flushed: Lsn, *, reply_requested: bool = False) -> None:
         """Standby status update: written and flushed both report ``flushed``, the LSN
@@ -115,4 +186,5 @@ class ReplicationStream:
             raise TransientError(f"cannot send a status update: {exc}") from exc
 
     def close(self) -> None:
+        self._watch.close()
         self._conn.close()
