@@ -55,6 +55,7 @@ from bench.pipeline_run import (
     PipelineRun,
     Sampler,
     Service,
+    add_run_arguments,
     load_average,
     machine,
     pgbench,
@@ -283,8 +284,7 @@ def _start_baseline(run: PipelineRun) -> Service:
 def _wait_for(condition: Any, what: str, run: PipelineRun, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
-        for service in run.services:
-            service.check()
+        run.check_services()
         if time.monotonic() > deadline:
             raise SystemExit(f"bench: timed out waiting for {what}; logs in {run.root}")
         time.sleep(0.5)
@@ -294,10 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.freshness", description=__doc__)
     parser.add_argument("--rate", type=float, default=100.0, help="pgbench transactions/s")
     parser.add_argument("--seconds", type=int, default=120, help="length of the workload")
-    parser.add_argument("--scale", type=int, default=1, help="pgbench -i scale")
-    parser.add_argument("--trigger", default="2 seconds", help="both queries' trigger")
-    parser.add_argument("--charts", type=Path, help="write PNG charts into this directory")
-    parser.add_argument("--keep", action="store_true", help="keep logs and lake")
+    add_run_arguments(parser)
     arguments = parser.parse_args(argv)
 
     topics = [table_topic(PREFIX, "public", t) for t in TABLES]
@@ -338,11 +335,7 @@ def main(argv: list[str] | None = None) -> int:
             bench = pgbench(
                 run, seconds=arguments.seconds, rate=arguments.rate, log=run.root / "pgbench.log"
             )
-            while bench.poll() is None:
-                for service in run.services:
-                    service.check()
-                time.sleep(1)
-                loads.append(load_average())
+            run.wait_while_running(bench, lambda: loads.append(load_average()))
             caught_up_s = run.wait_caught_up(600)
             run.sample_services()
             cpu_after = {s.name: s.tree.total_cpu_s for s in (capture, apply) if s.tree}

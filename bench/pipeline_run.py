@@ -20,6 +20,7 @@ What it measures, and how:
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -265,8 +266,7 @@ class PipelineRun:
         started = time.monotonic()
         target = self.wal_lsn()
         while not self.confirmed_at_least(target):
-            for service in self.services:
-                service.check()
+            self.check_services()
             if time.monotonic() - started > timeout_s:
                 raise SystemExit(
                     f"bench: the pipeline did not catch up within {timeout_s:.0f} s; logs in "
@@ -274,6 +274,20 @@ class PipelineRun:
                 )
             time.sleep(0.5)
         return time.monotonic() - started
+
+    def check_services(self) -> None:
+        for service in self.services:
+            service.check()
+
+    def wait_while_running(
+        self, process: subprocess.Popen[bytes], tick: Callable[[], None] | None = None
+    ) -> None:
+        """Wait for ``process`` (a pgbench) to end, checking the services every second."""
+        while process.poll() is None:
+            self.check_services()
+            if tick is not None:
+                tick()
+            time.sleep(1)
 
     def sample_services(self) -> None:
         for service in self.services:
@@ -284,6 +298,14 @@ class PipelineRun:
         # apply first, then capture: capture's stop then has nothing new to wait for.
         for service in reversed(self.services):
             service.stop()
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options every pipeline benchmark takes."""
+    parser.add_argument("--scale", type=int, default=1, help="pgbench -i scale")
+    parser.add_argument("--trigger", default="2 seconds", help="apply's trigger interval")
+    parser.add_argument("--charts", type=Path, help="write PNG charts into this directory")
+    parser.add_argument("--keep", action="store_true", help="keep logs and lake")
 
 
 @contextlib.contextmanager

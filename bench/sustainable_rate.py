@@ -25,11 +25,11 @@ import argparse
 import statistics
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from bench.pipeline_run import (
     PipelineRun,
     Sampler,
+    add_run_arguments,
     load_average,
     machine,
     pgbench,
@@ -69,11 +69,7 @@ def keeps_up(at: list[float], lag_bytes: list[int]) -> bool:
 
 def _unthrottled(run: PipelineRun, seconds: int, name: str) -> float:
     log = run.root / f"{name}.log"
-    bench = pgbench(run, seconds=seconds, rate=None, log=log)
-    while bench.poll() is None:
-        for service in run.services:
-            service.check()
-        time.sleep(1)
+    run.wait_while_running(pgbench(run, seconds=seconds, rate=None, log=log))
     return pgbench_tps(log.read_text())
 
 
@@ -87,11 +83,7 @@ def _hold(run: PipelineRun, rate: float, seconds: int, index: int) -> Step:
 
     log = run.root / f"step-{index}.log"
     with Sampler(sample):
-        bench = pgbench(run, seconds=seconds, rate=rate, log=log)
-        while bench.poll() is None:
-            for service in run.services:
-                service.check()
-            time.sleep(1)
+        run.wait_while_running(pgbench(run, seconds=seconds, rate=rate, log=log))
     step.achieved_tps = pgbench_tps(log.read_text())
     step.caught_up_s = run.wait_caught_up(1800)
     return step
@@ -103,10 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hold-s", type=int, default=300, help="length of each rate step")
     parser.add_argument("--steps", type=int, default=4, help="bisection steps")
     parser.add_argument("--start", type=float, default=0.5, help="first rate, x tps0")
-    parser.add_argument("--scale", type=int, default=1, help="pgbench -i scale")
-    parser.add_argument("--trigger", default="2 seconds", help="apply's trigger interval")
-    parser.add_argument("--charts", type=Path, help="write a PNG chart into this directory")
-    parser.add_argument("--keep", action="store_true", help="keep logs and lake")
+    add_run_arguments(parser)
     arguments = parser.parse_args(argv)
     loads = [load_average()]
     with pipeline_run(scale=arguments.scale, trigger=arguments.trigger, keep=arguments.keep) as run:
@@ -115,8 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         run.start_pipeline()
         say("waiting for the initial snapshot to be applied")
         while run.lag_bytes() is None:
-            for service in run.services:
-                service.check()
+            run.check_services()
             time.sleep(0.5)
         run.wait_caught_up(900)
         say(f"unthrottled pgbench for {arguments.probe_s} s with the pipeline running")
