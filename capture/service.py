@@ -19,12 +19,14 @@ Loop invariants:
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
 from collections.abc import Sequence
 
 import psycopg
+from pydantic import SecretStr
 
 from capture.change_stream import (
     ChangeFailed,
@@ -35,6 +37,7 @@ from capture.change_stream import (
     TransactionCommitted,
     TransactionStarted,
 )
+from capture.credentials import connection_error, source_password
 from capture.errors import ConfigError, PipelineError, TransientError
 from capture.metrics import CaptureMetrics
 from capture.pgoutput import Relation, decode
@@ -180,11 +183,15 @@ class CaptureService:
         finally:
             self.metrics.book = None
 
+    @functools.cached_property
+    def _source_password(self) -> SecretStr | None:
+        """Read once, at the first attempt: a missing file stops the service there."""
+        return source_password(self._settings.postgres)
+
     def _attempt(self) -> None:
         settings = self._settings
-        password = (
-            settings.postgres.password.get_secret_value() if settings.postgres.password else None
-        )
+        secret = self._source_password
+        password = secret.get_secret_value() if secret is not None else None
         try:
             catalog = psycopg.connect(
                 settings.postgres.dsn,
@@ -193,7 +200,7 @@ class CaptureService:
                 options=libpq_options(SESSION_SETTINGS),
             )
         except psycopg.OperationalError as exc:
-            raise TransientError(f"cannot connect to PostgreSQL: {exc}") from exc
+            raise connection_error(exc) from exc
         with catalog:
             check_server(catalog)
             if not self._keep_size_checked:

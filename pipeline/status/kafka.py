@@ -32,11 +32,15 @@ from apply.errors import ConfigError
 from apply.tables import table_of_topic
 from pipeline.status.errors import StatusError
 from pipeline.status.lag import EnvelopeError, WaitingChange, envelope_head
+from runtime.kafka_client import ConnectionErrors, connection_conf
 from schemas.control import ControlMessage, ControlMessageError, decode_control
 
 log = logging.getLogger(__name__)
 
 Partition = tuple[str, int]
+STATUS_GROUP = "pgdelta-status"
+"""The status consumer's group id: nothing is committed under it (partitions are
+assigned), but a secured cluster's ACLs name it."""
 _TIMEOUT_S = 10.0
 _LATEST = OffsetSpec.latest()  # type: ignore[no-untyped-call]  # untyped in confluent-kafka
 
@@ -68,22 +72,31 @@ def is_change_topic(topic: str, prefix: str, excluded: set[str]) -> bool:
 
 class KafkaReader:
     def __init__(
-        self, bootstrap_servers: str, control_topic: str, topic_prefix: str, schema_topic: str
+        self,
+        bootstrap_servers: str,
+        control_topic: str,
+        topic_prefix: str,
+        schema_topic: str,
+        client: Mapping[str, str] | None = None,
     ) -> None:
+        """``client``: the Kafka client properties (:mod:`runtime.kafka_client`)."""
         self._control_topic = control_topic
         self._prefix = topic_prefix
         self._excluded = {control_topic, schema_topic}
-        self._admin = AdminClient({"bootstrap.servers": bootstrap_servers})
+        self._errors = ConnectionErrors("CAPTURE_KAFKA")
+        conf = connection_conf(bootstrap_servers, client or {})
+        self._admin = AdminClient(conf, error_cb=self._errors)
         self._consumer = Consumer(
-            {
-                "bootstrap.servers": bootstrap_servers,
-                "group.id": "pgdelta-status",
+            conf
+            | {
+                "group.id": STATUS_GROUP,
                 "enable.auto.commit": False,
                 "auto.offset.reset": "earliest",
                 "enable.partition.eof": True,
                 "allow.auto.create.topics": False,
                 "fetch.wait.max.ms": 50,
-            }
+            },
+            error_cb=self._errors,
         )
         self._log = _ControlLog()
 
@@ -91,6 +104,11 @@ class KafkaReader:
         try:
             topics = self._admin.list_topics(timeout=_TIMEOUT_S).topics
         except KafkaException as exc:
+            self._admin.poll(0)  # serves the error callback: a refused login says so
+            try:
+                self._errors.check()
+            except ConfigError as refused:
+                raise StatusError(str(refused)) from exc
             raise StatusError(f"cannot read the Kafka cluster's metadata: {exc}") from exc
         control = topics.get(self._control_topic)
         if control is None or not control.partitions:

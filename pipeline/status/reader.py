@@ -19,12 +19,15 @@ from collections.abc import Callable
 from types import TracebackType
 
 from apply.settings import ApplySettings
+from capture.credentials import source_password
 from capture.settings import CaptureSettings
 from pipeline.status.errors import StatusConfigError
 from pipeline.status.kafka import KafkaReader, KafkaSnapshot, Partition
 from pipeline.status.lag import WaitingChange, oldest, table_lag, waiting_offsets
 from pipeline.status.model import PipelineStatus, TableView
 from pipeline.status.slot import SlotReader
+from runtime.errors import ConfigError
+from runtime.kafka_client import client_properties
 from schemas.control import AppliedProgress, ApplyTableStatus, TableStatus
 from schemas.lsn import Lsn
 from schemas.naming import table_topic
@@ -60,15 +63,22 @@ class StatusReader:
         self._prefix = capture.kafka.topic_prefix
         self._control_topic = capture.kafka.control_topic
         self._clock = clock
+        try:
+            # capture's client properties: the status reads the topics capture writes.
+            client = client_properties(
+                capture.kafka.client, capture.kafka.client_secrets_dir, setting="CAPTURE_KAFKA"
+            )
+            password = source_password(capture.postgres)
+        except ConfigError as exc:
+            raise StatusConfigError(str(exc)) from exc
         self._kafka = KafkaReader(
             capture.kafka.bootstrap_servers,
             capture.kafka.control_topic,
             capture.kafka.topic_prefix,
             capture.kafka.schema_topic,
+            client,
         )
-        self._postgres = SlotReader(
-            capture.postgres.dsn, capture.postgres.password, capture.postgres.slot
-        )
+        self._postgres = SlotReader(capture.postgres.dsn, password, capture.postgres.slot)
 
     def read(self) -> PipelineStatus:
         server = self._postgres.read()

@@ -7,10 +7,11 @@ import logging
 from pathlib import Path
 
 import pytest
+from confluent_kafka import KafkaError
 from pydantic import SecretStr
 
 from runtime.errors import ConfigError
-from runtime.kafka_client import client_properties, java_client_properties
+from runtime.kafka_client import ConnectionErrors, client_properties, java_client_properties
 from runtime.secrets import read_secret_file, resolve_password
 
 
@@ -199,3 +200,19 @@ def test_an_unreadable_password_file_names_the_setting(tmp_path: Path) -> None:
         resolve_password(None, tmp_path / "missing", setting="CAPTURE_POSTGRES__PASSWORD")
     with pytest.raises(ConfigError, match="fix X"):
         read_secret_file(tmp_path, setting="X")
+
+
+def test_connection_errors_name_what_to_fix_after_a_refused_login() -> None:
+    errors = ConnectionErrors("APPLY_KAFKA")
+    errors(KafkaError(KafkaError._ALL_BROKERS_DOWN, "1/1 brokers are down"))
+    errors.check()  # nothing a setting fixes yet
+    errors(KafkaError(KafkaError._AUTHENTICATION, "SASL authentication error: invalid credentials"))
+    with pytest.raises(ConfigError, match=r"invalid credentials\): check sasl\.username"):
+        errors.check()
+
+
+def test_connection_errors_name_the_ca_after_a_failed_handshake() -> None:
+    errors = ConnectionErrors("CAPTURE_KAFKA")
+    errors(KafkaError(KafkaError._SSL, "certificate verify failed"))
+    with pytest.raises(ConfigError, match=r"check ssl\.ca\.location in CAPTURE_KAFKA__CLIENT"):
+        errors.check()
