@@ -41,6 +41,7 @@ from apply.dead_letter import ErroredTable, discard, errored_tables, parked_offs
 from apply.errors import TableError, UnknownSchemaError
 from apply.feedback import ProgressPublisher, SchemaCatalog
 from apply.history import recover_state
+from apply.kafka_clients import spark_source_options
 from apply.merge import transaction_app_id
 from apply.progress import BatchResult, ParkedTable, TableResult, batch_progress, recovered_progress
 from apply.reapply import ReapplyOutcome, reapply_app_id, reapply_table
@@ -243,7 +244,8 @@ class ApplyJob:
         log.info("re-published %d applied-progress messages from Delta", republished)
         reader = (
             self._spark.readStream.format("kafka")
-            .option("kafka.bootstrap.servers", settings.kafka.bootstrap_servers)
+            # bootstrap servers and the client properties' Java form (docs/security.md)
+            .options(**spark_source_options(settings.kafka))
             .option("subscribePattern", change_topic_pattern(settings.kafka))
             .option("startingOffsets", "earliest")
             # Kept with parked records, for tools that read the dead-letter table.

@@ -19,7 +19,9 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 from confluent_kafka.cimpl import TopicPartition
 
 from apply.errors import ConfigError, TransientError
+from apply.kafka_clients import SCHEMA_GROUP, SETTING, client_conf
 from apply.settings import KafkaSettings
+from runtime.kafka_client import ConnectionErrors
 from runtime.retry import call_with_retry
 from schemas.control import AppliedProgress, ApplyTableStatus
 from schemas.errors import SchemaMessageError
@@ -37,13 +39,15 @@ class SchemaCatalog:
         self.schemas: dict[Fingerprint, str] = {}
 
     def refresh(self, timeout_s: float = 30.0) -> dict[Fingerprint, str]:
+        errors = ConnectionErrors(SETTING)
         consumer = Consumer(
-            {
-                "bootstrap.servers": self._settings.bootstrap_servers,
-                "group.id": "pgdelta-apply-schemas",
+            client_conf(self._settings)
+            | {
+                "group.id": SCHEMA_GROUP,
                 "enable.auto.commit": False,
                 "enable.partition.eof": True,
-            }
+            },
+            error_cb=errors,
         )
         try:
             metadata = consumer.list_topics(self._settings.schema_topic, timeout=10)
@@ -73,6 +77,8 @@ class SchemaCatalog:
                         continue  # not a record of this contract; the message says so in logs
                     self.schemas[fingerprint] = schema_json
         except KafkaException as exc:
+            consumer.poll(0)  # serves the error callback: a refused login says so
+            errors.check()
             raise TransientError(f"cannot read the schema topic: {exc}") from exc
         finally:
             consumer.close()
@@ -85,15 +91,11 @@ _NO_SUCH_TOPIC = (KafkaError._UNKNOWN_TOPIC, KafkaError.UNKNOWN_TOPIC_OR_PART)
 class ProgressPublisher:
     def __init__(self, settings: KafkaSettings) -> None:
         self._topic = settings.control_topic
+        self._errors = ConnectionErrors(SETTING)
         self._producer = Producer(
-            {
-                "bootstrap.servers": settings.bootstrap_servers,
-                "enable.idempotence": True,
-                "acks": "all",
-                "linger.ms": 0,
-            }
+            client_conf(settings) | {"enable.idempotence": True, "acks": "all", "linger.ms": 0},
+            error_cb=self._errors,
         )
-
         self._topic_seen = False
 
     def _missing_topic(self) -> ConfigError:
@@ -111,6 +113,8 @@ class ProgressPublisher:
         try:
             metadata = self._producer.list_topics(self._topic, timeout=10)
         except KafkaException as exc:
+            self._producer.poll(0)  # serves the error callback: a refused login says so
+            self._errors.check()
             raise TransientError(f"cannot read the metadata of {self._topic}: {exc}") from exc
         found = metadata.topics.get(self._topic)
         if found is None or (found.error is not None and found.error.code() in _NO_SUCH_TOPIC):

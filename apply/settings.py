@@ -42,6 +42,13 @@ class KafkaSettings(BaseModel):
             "(e.g. sasl.password): a mounted Secret"
         ),
     )
+    spark_source: dict[str, str] = Field(
+        default_factory=dict,
+        description=(
+            "Java Kafka client properties for Spark's Kafka source only, without the kafka. "
+            "prefix, on top of those translated from client (e.g. ssl.keystore.location)"
+        ),
+    )
 
 
 class LakeSettings(BaseModel):

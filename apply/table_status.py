@@ -35,7 +35,9 @@ from confluent_kafka import Consumer, KafkaError, KafkaException
 from confluent_kafka.cimpl import TopicPartition
 
 from apply.errors import ConfigError, TransientError
+from apply.kafka_clients import SETTING, STATUS_GROUP, client_conf
 from apply.settings import KafkaSettings
+from runtime.kafka_client import ConnectionErrors
 from schemas.control import ApplyTableStatus, ControlMessageError, decode_control
 
 _UNKNOWN_TOPIC = (KafkaError._UNKNOWN_TOPIC, KafkaError.UNKNOWN_TOPIC_OR_PART)
@@ -94,14 +96,16 @@ def read_table_statuses(
     Only reads: a missing control topic is a :class:`~apply.errors.ConfigError`, and is
     not created."""
     topic = settings.control_topic
+    errors = ConnectionErrors(SETTING)
     consumer = Consumer(
-        {
-            "bootstrap.servers": settings.bootstrap_servers,
-            "group.id": "pgdelta-apply-status",
+        client_conf(settings)
+        | {
+            "group.id": STATUS_GROUP,
             "enable.auto.commit": False,
             "auto.offset.reset": "earliest",
             "enable.partition.eof": True,
-        }
+        },
+        error_cb=errors,
     )
     try:
         metadata = consumer.list_topics(topic, timeout=10).topics.get(topic)
@@ -121,6 +125,8 @@ def read_table_statuses(
         consumer.assign([TopicPartition(topic, p, 0) for p in sorted(ends)])
         return _read_to_end(consumer, topic, ends, time.monotonic() + timeout_s)
     except KafkaException as exc:
+        consumer.poll(0)  # serves the error callback: a refused login says so
+        errors.check()
         raise TransientError(f"cannot read the control topic {topic}: {exc}") from exc
     finally:
         consumer.close()
