@@ -14,8 +14,8 @@ import base64
 import os
 import shutil
 import subprocess
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from deploy.local.errors import LauncherError, MissingPrerequisite
@@ -75,6 +75,32 @@ def find_java() -> str:
     return java
 
 
+SCRAM_MECHANISM = "SCRAM-SHA-512"
+
+
+@dataclass(frozen=True, slots=True)
+class SaslSslListener:
+    """An extra ``SASL_SSL`` listener on ``port`` beside the plaintext one: TLS with the
+    PEM ``keystore`` (private key and certificate chain in one file, read by the broker
+    as ``ssl.keystore.type=PEM``) and SCRAM-SHA-512 logins for ``users`` (name to
+    password).
+
+    The users are written into the metadata log when the storage is formatted
+    (``kafka-storage format --add-scram``), so they exist before the broker accepts a
+    connection; a broker formatted without them has none. The plaintext listener stays
+    for the broker's own traffic and the launcher's readiness probe; no authorizer is
+    configured, so any authenticated user may do anything (the ACLs each service needs
+    are in docs/security.md)."""
+
+    port: int
+    keystore: Path
+    users: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+
 @dataclass(frozen=True, slots=True)
 class LocalKafka:
     """One KRaft node under ``root``: clients on ``port``, the controller on
@@ -92,6 +118,7 @@ class LocalKafka:
     controller_port: int
     heap: str = "768m"
     advertised_port: int | None = None
+    sasl_ssl: SaslSslListener | None = None
 
     @property
     def bootstrap_servers(self) -> str:
@@ -179,17 +206,36 @@ class LocalKafka:
 
     def _write_config(self) -> None:
         logs = self.root / "logs"
+        # listener name -> (security protocol, address)
+        listeners = {
+            "PLAINTEXT": ("PLAINTEXT", f"127.0.0.1:{self.port}"),
+            "CONTROLLER": ("PLAINTEXT", f"127.0.0.1:{self.controller_port}"),
+        }
+        advertised = {"PLAINTEXT": f"127.0.0.1:{self.advertised_port or self.port}"}
+        secured: dict[str, str] = {}
+        if self.sasl_ssl is not None:
+            advertised["SASL_SSL"] = f"127.0.0.1:{self.sasl_ssl.port}"
+            listeners["SASL_SSL"] = ("SASL_SSL", advertised["SASL_SSL"])
+            prefix = "listener.name.sasl_ssl."
+            secured = {
+                f"{prefix}sasl.enabled.mechanisms": SCRAM_MECHANISM,
+                f"{prefix}{SCRAM_MECHANISM.lower()}.sasl.jaas.config": (
+                    "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+                ),
+                f"{prefix}ssl.keystore.type": "PEM",
+                f"{prefix}ssl.keystore.location": str(self.sasl_ssl.keystore),
+            }
         settings = {
             "process.roles": "broker,controller",
             "node.id": "1",
             "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
-            "listeners": (
-                f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}"
-            ),
-            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.advertised_port or self.port}",
+            "listeners": ",".join(f"{name}://{at}" for name, (_, at) in listeners.items()),
+            "advertised.listeners": ",".join(f"{name}://{at}" for name, at in advertised.items()),
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": "PLAINTEXT",
-            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "listener.security.protocol.map": ",".join(
+                f"{name}:{protocol}" for name, (protocol, _) in listeners.items()
+            ),
             "log.dirs": str(logs),
             "num.partitions": "1",
             "auto.create.topics.enable": "false",
@@ -201,6 +247,7 @@ class LocalKafka:
             "share.coordinator.state.topic.min.isr": "1",
             "group.initial.rebalance.delay.ms": "0",
             "log.cleaner.dedupe.buffer.size": str(16 * 1024 * 1024),
+            **secured,
         }
         self.config_file.write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
         (self.root / "log4j2.properties").write_text(_LOG4J2.format(log=self.root / "server.log"))
@@ -218,6 +265,7 @@ class LocalKafka:
                 f"--cluster-id={cluster}",
                 "-c",
                 str(self.config_file),
+                *self._scram_users(),
             ],
             capture_output=True,
             text=True,
@@ -228,3 +276,16 @@ class LocalKafka:
                 f"kafka storage format failed ({result.returncode}):\n"
                 f"{result.stdout}{result.stderr}"
             )
+
+    def _scram_users(self) -> list[str]:
+        """``--add-scram`` arguments creating the SASL_SSL listener's users."""
+        if self.sasl_ssl is None:
+            return []
+        arguments: list[str] = []
+        for name, password in self.sasl_ssl.users.items():
+            # The tool parses name=value pairs in brackets; quotes keep any character.
+            arguments += [
+                "--add-scram",
+                f'{SCRAM_MECHANISM}=[name="{name}",password="{password}"]',
+            ]
+        return arguments

@@ -71,11 +71,27 @@ def find_bindir() -> Path:
 
 
 @dataclass(frozen=True, slots=True)
+class ServerTls:
+    """TLS for a local cluster: PEM ``certificate`` and unencrypted ``key`` (copied into
+    the data directory, where the server user can read them)."""
+
+    certificate: Path
+    key: Path
+
+
+@dataclass(frozen=True, slots=True)
 class LocalPostgres:
-    """One cluster under ``root`` listening on ``127.0.0.1:port``."""
+    """One cluster under ``root`` listening on ``127.0.0.1:port``.
+
+    With ``tls`` the server also speaks TLS (``ssl = on``), and every role but the
+    superuser must come over TLS with a SCRAM password from TCP: a client that connects
+    without TLS, or with a wrong password, is refused, so a test proves its client used
+    both. The superuser keeps trust on loopback for the launcher's readiness probe and
+    the tests' own setup. These settings are written when the cluster is created."""
 
     root: Path
     port: int
+    tls: ServerTls | None = None
 
     @property
     def data_dir(self) -> Path:
@@ -170,16 +186,35 @@ class LocalPostgres:
         result = subprocess.run(command, capture_output=True, text=True, check=False)
         if result.returncode != 0:
             raise LauncherError(f"initdb failed ({result.returncode}):\n{result.stderr}")
+        settings = dict(SERVER_SETTINGS)
+        if self.tls is not None:
+            shutil.copyfile(self.tls.certificate, self.data_dir / "server.crt")
+            shutil.copyfile(self.tls.key, self.data_dir / "server.key")
+            (self.data_dir / "server.key").chmod(0o600)  # the server refuses a readable key
+            settings |= {
+                "ssl": "on",
+                "ssl_cert_file": "'server.crt'",
+                "ssl_key_file": "'server.key'",
+                "password_encryption": "'scram-sha-256'",
+            }
         with (self.data_dir / "postgresql.conf").open("a") as conf:
             conf.write("\n# written by deploy.local for the CDC pipeline\n")
-            for key, value in SERVER_SETTINGS.items():
+            for key, value in settings.items():
                 conf.write(f"{key} = {value}\n")
         with (self.data_dir / "pg_hba.conf").open("w") as hba:
             # Loopback only; replication connections need their own line.
             hba.write("local all all trust\n")
             hba.write("local replication all trust\n")
-            hba.write("host all all 127.0.0.1/32 trust\n")
-            hba.write("host replication all 127.0.0.1/32 trust\n")
+            if self.tls is None:
+                hba.write("host all all 127.0.0.1/32 trust\n")
+                hba.write("host replication all 127.0.0.1/32 trust\n")
+            else:
+                # First match wins: the superuser as before, every other role over TLS
+                # with a password, and nothing else (no line matches: refused).
+                hba.write(f"host all {SUPERUSER} 127.0.0.1/32 trust\n")
+                hba.write(f"host replication {SUPERUSER} 127.0.0.1/32 trust\n")
+                hba.write("hostssl all all 127.0.0.1/32 scram-sha-256\n")
+                hba.write("hostssl replication all 127.0.0.1/32 scram-sha-256\n")
 
 
 def _service_user() -> str | None:
