@@ -21,11 +21,14 @@ from pydantic import ValidationError
 
 from apply.app import ApplyJob
 from apply.errors import ConfigError, TableError, TransientError
+from apply.metrics import ApplyMetrics
 from apply.settings import ApplySettings
 from apply.spark_jars import configured_jars
 from apply.spark_session import build_session
 from apply.table_status import format_errored, read_table_statuses
+from runtime import logs
 from runtime.settings_table import settings_table
+from runtime.telemetry import Health, serve
 
 RUN, ERRORED, REAPPLY, DISCARD, JARS = "run", "errored", "reapply", "discard", "jars"
 
@@ -140,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValidationError as exc:
         print(f"invalid apply settings:\n{exc}", file=sys.stderr)
         return 2
+    logs.configure(settings.log)
     if arguments.command == ERRORED and not arguments.from_lake:
         return _errored_from_control_topic(settings, log)
     try:
@@ -153,13 +157,18 @@ def main(argv: list[str] | None = None) -> int:
     spark = build_session(settings.spark, jars)
     context = spark.sparkContext
     log.info("Spark master %s, application %s", context.master, context.appName)
+    server = None
     try:
-        job = ApplyJob(settings, spark)
+        metrics = ApplyMetrics()
+        health = Health(settings.metrics.not_ready_after_s)
+        job = ApplyJob(settings, spark, metrics=metrics, health=health)
         if arguments.command in (ERRORED, REAPPLY, DISCARD):
             return _report(job, arguments)
         stop = threading.Event()
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: stop.set())
+        # Only the streaming job serves: a one-off command beside it must not take its port.
+        server = serve(settings.metrics, metrics.registry, health)
         job.run(stop)
     except ConfigError as exc:
         log.error("configuration error: %s", exc)  # noqa: TRY400
@@ -169,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
         log.error("%s", exc)  # noqa: TRY400
         return 1
     finally:
+        if server is not None:
+            server.close()
         spark.stop()
     return 0
 

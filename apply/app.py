@@ -16,6 +16,11 @@ A batch that fails with a :class:`~apply.errors.TransientError` is retried in pl
 few times with backoff (a retried batch is idempotent, :mod:`apply.batch`); after that
 the query fails and the process exits, for its supervisor to restart it.
 
+Metrics (:mod:`apply.metrics`) are counted from each batch's result after its progress
+is published; health (:mod:`runtime.telemetry`): alive while the streaming query is
+active, ready once it runs and while no batch has been failing transiently for longer
+than ``not_ready_after_s``.
+
 :meth:`ApplyJob.reapply` wires ``python -m apply reapply`` (:mod:`apply.reapply`), and
 :meth:`ApplyJob.discard` ``python -m apply discard``.
 
@@ -43,12 +48,16 @@ from apply.feedback import ProgressPublisher, SchemaCatalog
 from apply.history import recover_state
 from apply.kafka_clients import spark_source_options
 from apply.merge import transaction_app_id
+from apply.metrics import ApplyMetrics
 from apply.progress import BatchResult, ParkedTable, TableResult, batch_progress, recovered_progress
 from apply.reapply import ReapplyOutcome, reapply_app_id, reapply_table
 from apply.settings import ApplySettings, KafkaSettings
 from apply.table_status import now_micros, table_statuses
 from apply.tables import table_of_topic
+from runtime.errors import TransientError
 from runtime.retry import Backoff, call_with_retry
+from runtime.telemetry import Health
+from schemas.lsn import format_lsn
 
 _TRANSIENT_ATTEMPTS = 3
 _BATCH_BACKOFF = Backoff(initial_s=2.0, maximum_s=8.0)
@@ -98,6 +107,11 @@ def log_results(
             r.committed,
             time.monotonic() - started,
             "n/a" if lag is None else f"{lag:.1f}s",
+            extra={
+                "table": r.table,
+                "batch_id": batch_id,
+                "lsn": None if r.state.table_lsn is None else format_lsn(r.state.table_lsn),
+            },
         )
     for p in parked:
         log.warning(
@@ -109,13 +123,25 @@ def log_results(
             p.parked,
             p.error_kind,
             p.table,
+            extra={"table": p.table, "batch_id": batch_id},
         )
 
 
 class ApplyJob:
-    def __init__(self, settings: ApplySettings, spark: SparkSession) -> None:
+    def __init__(
+        self,
+        settings: ApplySettings,
+        spark: SparkSession,
+        *,
+        metrics: ApplyMetrics | None = None,
+        health: Health | None = None,
+    ) -> None:
+        """``metrics``/``health``: what the endpoint serves (a fresh, unserved pair
+        when not given)."""
         self._settings = settings
         self._spark = spark
+        self.metrics = metrics or ApplyMetrics()
+        self.health = health or Health(settings.metrics.not_ready_after_s)
         self._catalog = SchemaCatalog(settings.kafka)
         self._publisher = ProgressPublisher(settings.kafka)
         self._context_id = transaction_app_id(checkpoint_location(settings))
@@ -135,8 +161,17 @@ class ApplyJob:
     def apply(self, batch: DataFrame, batch_id: int) -> BatchResult:
         """The ``foreachBatch`` body: apply, then publish what was applied or parked."""
         started = time.monotonic()
+
+        def attempt() -> BatchResult:
+            try:
+                return self._apply_loading_schemas(batch, batch_id)
+            except TransientError as exc:
+                self.metrics.batch_failures.inc()
+                self.health.transient_failure(str(exc))
+                raise
+
         result = call_with_retry(
-            lambda: self._apply_loading_schemas(batch, batch_id),
+            attempt,
             what=f"batch {batch_id}",
             attempts=_TRANSIENT_ATTEMPTS,
             backoff=_BATCH_BACKOFF,
@@ -144,6 +179,8 @@ class ApplyJob:
         self._publisher.publish(batch_progress(result))
         self.publish_table_statuses(p.table for p in result.parked if p.parked)
         log_results(batch_id, list(result.applied), started, result.parked)
+        self.health.connected()
+        self.metrics.batch(result, time.monotonic() - started, time.time())
         return result
 
     def _apply_loading_schemas(self, batch: DataFrame, batch_id: int) -> BatchResult:
@@ -166,6 +203,8 @@ class ApplyJob:
             return
         errored = errored_tables(self._spark, self._context(self._context_id).dead_letter)
         self._publisher.publish(table_statuses(names, errored, now_micros()))
+        waiting = {table for table, found in errored.items() if found.records > 0}
+        self.metrics.errored({*names, *errored}, waiting)
 
     def republish_recorded_progress(self) -> int:
         """Publish the progress every Delta table under the lake root recorded."""
@@ -264,12 +303,15 @@ class ApplyJob:
         else:
             writer = writer.trigger(processingTime=settings.trigger.interval)
         query = writer.start()
+        self.health.watch(lambda: bool(query.isActive))
+        self.health.connected()
         try:
             while query.isActive and not stop.is_set():
                 query.awaitTermination(1)
         finally:
             if query.isActive:
                 query.stop()
+            self.health.stopped("the apply streaming query has stopped")
         error = query.exception()
         if error is not None:
             raise RuntimeError(f"the apply query failed: {error}")

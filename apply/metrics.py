@@ -1,0 +1,138 @@
+"""The apply job's metrics: every series ``/metrics`` shows, in one registry.
+
+Names follow the Prometheus conventions (prefix ``cdc_apply_``, base units in the
+name, ``_total`` on counters); docs/operations.md lists them and a unit test checks the
+list against :meth:`ApplyMetrics.names`. Spark's own metrics stay Spark's: these are
+the job's numbers, taken from what a micro-batch reports (:class:`~apply.progress.
+BatchResult`) after its Delta commits, so a counter never counts a batch Delta skipped
+as a replay twice: a table whose MERGE was skipped (``committed`` False) adds its
+records and replays, not rows.
+
+Lag in bytes needs the source's WAL position, which apply never reads (it does not
+connect to PostgreSQL): it is capture's received LSN minus ``cdc_apply_applied_lsn_bytes``
+in PromQL (the recording rule in deploy/prometheus/alerts.yaml).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from apply.progress import BatchResult, TableResult
+from runtime.telemetry import metric_names
+
+PREFIX = "cdc_apply_"
+_DURATION_BUCKETS = (0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
+
+
+def lag_seconds(result: TableResult, now_unix_s: float) -> float | None:
+    """Seconds from the newest applied source commit to when its batch was applied."""
+    commit_ts = result.state.commit_ts
+    return None if commit_ts is None else max(0.0, now_unix_s - commit_ts / 1_000_000)
+
+
+class ApplyMetrics:
+    """Every apply metric, registered in a registry of its own."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = r = registry or CollectorRegistry()
+        self.batch_duration = Histogram(
+            f"{PREFIX}batch_duration_seconds",
+            "time to apply one micro-batch: every table's MERGE and the progress publish",
+            buckets=_DURATION_BUCKETS,
+            registry=r,
+        )
+        self.batch_failures = Counter(
+            f"{PREFIX}batch_failures",
+            "micro-batch attempts that failed with a transient error and were retried",
+            registry=r,
+        )
+        self.last_batch = Gauge(
+            f"{PREFIX}last_batch_timestamp_seconds",
+            "when the last micro-batch finished (Unix time)",
+            registry=r,
+        )
+        self.records = Counter(
+            f"{PREFIX}records",
+            "Kafka records read, per table (tombstones included)",
+            ["table"],
+            registry=r,
+        )
+        self.rows = Counter(
+            f"{PREFIX}rows",
+            "rows the MERGE wrote, per table and action (inserted, updated, deleted)",
+            ["table", "action"],
+            registry=r,
+        )
+        self.replays = Counter(
+            f"{PREFIX}replays_dropped",
+            "records dropped as replays: at or below their partition's applied position",
+            ["table"],
+            registry=r,
+        )
+        self.applied_lsn = Gauge(
+            f"{PREFIX}applied_lsn_bytes",
+            "commit LSN of the newest transaction applied to the table (LSN as a number)",
+            ["table"],
+            registry=r,
+        )
+        self.lag = Gauge(
+            f"{PREFIX}lag_seconds",
+            "at the table's last applied batch: now minus the newest applied commit time",
+            ["table"],
+            registry=r,
+        )
+        self.table_errored = Gauge(
+            f"{PREFIX}table_errored",
+            "1 while the table has parked records waiting (errored), else 0",
+            ["table"],
+            registry=r,
+        )
+        self.errored_tables = Gauge(
+            f"{PREFIX}errored_tables",
+            "tables with parked records waiting",
+            registry=r,
+        )
+        self.parked = Counter(
+            f"{PREFIX}records_parked",
+            "records written to the dead-letter table, per table",
+            ["table"],
+            registry=r,
+        )
+        self._errored: set[str] = set()
+
+    def names(self) -> set[str]:
+        """Every metric name this registry exposes, as Prometheus sees them."""
+        return metric_names(self.registry)
+
+    def batch(self, result: BatchResult, duration_s: float, now_unix_s: float) -> None:
+        """One micro-batch applied (and its progress published)."""
+        self.batch_duration.observe(duration_s)
+        self.last_batch.set(now_unix_s)
+        for r in result.applied:
+            self.records.labels(r.table).inc(r.records)
+            self.replays.labels(r.table).inc(r.replays)
+            if r.committed:
+                self.rows.labels(r.table, "inserted").inc(r.rows_inserted)
+                self.rows.labels(r.table, "updated").inc(r.rows_updated)
+                self.rows.labels(r.table, "deleted").inc(r.rows_deleted)
+            if r.state.table_lsn is not None:
+                self.applied_lsn.labels(r.table).set(r.state.table_lsn)
+            lag = lag_seconds(r, now_unix_s)
+            if lag is not None and r.committed:
+                self.lag.labels(r.table).set(lag)
+        for p in result.parked:
+            self.records.labels(p.table).inc(p.records)
+            self.parked.labels(p.table).inc(p.parked)
+
+    def errored(self, tables: Iterable[str], waiting: Collection[str]) -> None:
+        """The errored state of ``tables`` as the dead-letter table holds it now:
+        ``waiting`` are the tables with parked records not re-applied yet."""
+        for table in tables:
+            if table in waiting:
+                self._errored.add(table)
+            else:
+                self._errored.discard(table)
+            self.table_errored.labels(table).set(1 if table in waiting else 0)
+        self.errored_tables.set(len(self._errored))
