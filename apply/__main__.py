@@ -154,13 +154,13 @@ def main(argv: list[str] | None = None) -> int:
     if arguments.command == JARS:
         print(",".join(jars))
         return 0
-    spark = build_session(settings.spark, jars)
+    spark = build_session(settings.spark, jars, settings.lake)
     context = spark.sparkContext
     log.info("Spark master %s, application %s", context.master, context.appName)
     server = None
     try:
-        metrics = ApplyMetrics()
         health = Health(settings.metrics.not_ready_after_s)
+        metrics = ApplyMetrics(health=health)
         job = ApplyJob(settings, spark, metrics=metrics, health=health)
         if arguments.command in (ERRORED, REAPPLY, DISCARD):
             return _report(job, arguments)

@@ -20,7 +20,7 @@ from collections.abc import Collection, Iterable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from apply.progress import BatchResult, TableResult
-from runtime.telemetry import metric_names
+from runtime.telemetry import Health, HealthCollector, metric_names
 
 PREFIX = "cdc_apply_"
 _DURATION_BUCKETS = (0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
@@ -35,8 +35,13 @@ def lag_seconds(result: TableResult, now_unix_s: float) -> float | None:
 class ApplyMetrics:
     """Every apply metric, registered in a registry of its own."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self, registry: CollectorRegistry | None = None, *, health: Health | None = None
+    ) -> None:
+        """``health``: also expose its probes' answers (``cdc_apply_alive``/``_ready``)."""
         self.registry = r = registry or CollectorRegistry()
+        if health is not None:
+            r.register(HealthCollector(health, PREFIX))
         self.batch_duration = Histogram(
             f"{PREFIX}batch_duration_seconds",
             "time to apply one micro-batch: every table's MERGE and the progress publish",

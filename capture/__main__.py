@@ -69,8 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     log = logging.getLogger("capture")
-    metrics = CaptureMetrics()
     health = Health(settings.metrics.not_ready_after_s)
+    metrics = CaptureMetrics(health=health)
     service = CaptureService(settings, stop, metrics=metrics, health=health)
 
     def interruptible_sleep(seconds: float) -> None:

@@ -29,7 +29,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from capture.progress import ProgressBook
-from runtime.telemetry import metric_names
+from runtime.telemetry import Health, HealthCollector, metric_names
 from schemas.control import TableState
 from schemas.headers import OPERATION as OPERATION_HEADER
 from schemas.headers import Headers
@@ -147,8 +147,13 @@ def operation_label(headers: Headers, value: bytes | None) -> str:
 class CaptureMetrics:
     """Every capture metric, registered in a registry of its own."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self, registry: CollectorRegistry | None = None, *, health: Health | None = None
+    ) -> None:
+        """``health``: also expose its probes' answers (``cdc_capture_alive``/``_ready``)."""
         self.registry = registry or CollectorRegistry()
+        if health is not None:
+            self.registry.register(HealthCollector(health, PREFIX))
         self.decoded = Tally()
         """(table, operation) -> changes decoded from the stream."""
         self.produced = Tally()
@@ -212,7 +217,7 @@ class CaptureMetrics:
         )
         self.snapshot_rows = Gauge(
             f"{PREFIX}snapshot_rows",
-            "rows published by the table's current or last snapshot",
+            "rows copied by the table's current or last snapshot",
             ["table"],
             registry=r,
         )

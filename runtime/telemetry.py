@@ -27,11 +27,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 from pydantic import BaseModel, ConfigDict, Field
 
 from runtime.errors import ConfigError
@@ -156,6 +158,31 @@ class Health:
         if reason is not None and last is not None:
             return f"{reason}: {last}"
         return reason
+
+
+class HealthCollector(Collector):
+    """``<prefix>alive`` and ``<prefix>ready`` (1 or 0) at scrape time: the probes'
+    answers as series, so an alert can say how long a service has not been ready."""
+
+    def __init__(self, health: Health, prefix: str) -> None:
+        self._health = health
+        self._prefix = prefix
+
+    def _families(self) -> tuple[GaugeMetricFamily, GaugeMetricFamily]:
+        return (
+            GaugeMetricFamily(f"{self._prefix}alive", "1 while /healthz answers 200"),
+            GaugeMetricFamily(f"{self._prefix}ready", "1 while /readyz answers 200"),
+        )
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        alive, ready = self._families()
+        alive.add_metric([], 1 if self._health.liveness() is None else 0)
+        ready.add_metric([], 1 if self._health.readiness() is None else 0)
+        yield alive
+        yield ready
+
+    def describe(self) -> Iterable[GaugeMetricFamily]:
+        return self._families()
 
 
 def _handler(registry: CollectorRegistry, health: Health) -> type[BaseHTTPRequestHandler]:

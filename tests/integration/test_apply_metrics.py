@@ -45,8 +45,8 @@ def test_apply_metrics_move_and_liveness_follows_the_query(
         metrics=MetricsSettings(port=0),
         table_parallelism=1,
     )
-    metrics = ApplyMetrics()
     health = Health(settings.metrics.not_ready_after_s)
+    metrics = ApplyMetrics(health=health)
     job = ApplyJob(settings, spark, metrics=metrics, health=health)
     stop = threading.Event()
     errors: list[BaseException] = []
@@ -96,11 +96,13 @@ def test_apply_metrics_move_and_liveness_follows_the_query(
         assert value(samples, "cdc_apply_errored_tables") == 0
         assert value(samples, "cdc_apply_batch_failures_total") == 0
         assert status(url, "/readyz") == 200
+        assert value(scrape(url), "cdc_apply_ready") == 1
 
         # The query stops (as when it dies): liveness fails at once.
         query = next(q for q in spark.streams.active if q.name == "pgdelta-apply")
         query.stop()
         wait_for(lambda: status(url, "/healthz") == 503, "liveness to fail", 60)
+        assert value(scrape(url), "cdc_apply_alive") == 0
         thread.join(60)
         assert not errors, errors
     finally:

@@ -60,8 +60,8 @@ def served(services: Services, pg: Connection, unique_name: str) -> Iterator[Ser
             "log": LogSettings(progress_interval_s=0.2),
         }
     )
-    metrics = CaptureMetrics()
     health = Health(settings.metrics.not_ready_after_s)
+    metrics = CaptureMetrics(health=health)
     stop = threading.Event()
     errors: list[BaseException] = []
     service = CaptureService(settings, stop, metrics=metrics, health=health)
@@ -105,6 +105,7 @@ def test_capture_metrics_move_as_changes_flow(
     url, table = served.url, served.table
     assert status(url, "/healthz") == 200
     assert status(url, "/readyz") == 200
+    assert value(scrape(url), "cdc_capture_ready") == 1
 
     # The snapshot: rows done reach the table's rows; the estimate is pg_class.reltuples.
     wait_for(

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -155,6 +156,24 @@ class Service:
     def tail(self, chars: int = 4000) -> str:
         return self.log.read_text(errors="replace")[-chars:] if self.log.exists() else ""
 
+    def metrics_url(self, timeout_s: float = 120) -> str:
+        """Where the running process serves /metrics, /healthz and /readyz: it listens on
+        a port the system chose (``*_METRICS__PORT=0``, so parallel pipelines never
+        clash) and logs the address at start; only the current run's line counts."""
+        found: list[str] = []
+
+        def logged() -> bool:
+            text = self.log.read_text(errors="replace") if self.log.exists() else ""
+            current_run = text.rsplit(f"==== start {self.name} at", 1)[-1]
+            found[:] = _METRICS_URL.findall(current_run)
+            return bool(found)
+
+        wait_for(logged, f"{self.name} to log its metrics address", timeout_s)
+        return found[-1]
+
+
+_METRICS_URL = re.compile(r"metrics and health at (http://[0-9.:\[\]a-f]+)")
+
 
 @dataclass
 class Pipeline:
@@ -190,6 +209,7 @@ class Pipeline:
             "CAPTURE_KAFKA__PARTITIONS": "2",
             "CAPTURE_STATUS_INTERVAL_S": "0.5",
             "CAPTURE_SPOOL_DIR": str(self.workdir / "spool"),
+            "CAPTURE_METRICS__PORT": "0",
         }
         apply_env = {
             **base,
@@ -209,6 +229,7 @@ class Pipeline:
                 }
             ),
             "APPLY_TABLE_PARALLELISM": "2",
+            "APPLY_METRICS__PORT": "0",
         }
         self.capture = Service(
             "capture", [sys.executable, "-m", "capture"], capture_env, self.workdir / "capture.log"
