@@ -48,6 +48,7 @@ from capture.settings import CaptureSettings, PostgresSettings
 from capture.settings import KafkaSettings as CaptureKafka
 from deploy.local import stack
 from deploy.local.jars import PROJECT_ROOT, resolve
+from deploy.local.process import free_port
 from pipeline.status import PipelineStatus, StatusReader
 from schemas.lsn import Lsn, parse_lsn
 
@@ -261,10 +262,21 @@ class ServiceProcess:
             self.process.wait(30)
 
 
-def service_env(services: Services, root: Path) -> dict[str, str]:
+@dataclass(frozen=True, slots=True)
+class MetricsPorts:
+    """Where each service serves /metrics, /healthz and /readyz: free ports chosen per
+    run, so a demo never clashes with another one or with services on the defaults."""
+
+    capture: int
+    apply: int
+
+
+def service_env(services: Services, root: Path, ports: MetricsPorts) -> dict[str, str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith(("CAPTURE_", "APPLY_"))}
     return {
         **base,
+        "CAPTURE_METRICS__PORT": str(ports.capture),
+        "APPLY_METRICS__PORT": str(ports.apply),
         "CAPTURE_POSTGRES__DSN": services.dsn,
         "CAPTURE_POSTGRES__SLOT": SLOT,
         "CAPTURE_POSTGRES__PUBLICATION": SLOT,
@@ -386,7 +398,8 @@ def run(seconds: float, rate: float, root: Path, stop: threading.Event) -> int:
     services = start_services()
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
-    env = service_env(services, root)
+    ports = MetricsPorts(capture=free_port(), apply=free_port())
+    env = service_env(services, root, ports)
     capture = ServiceProcess(
         "capture", [sys.executable, "-m", "capture"], env, root / "capture.log"
     )
@@ -407,6 +420,8 @@ def run(seconds: float, rate: float, root: Path, stop: threading.Event) -> int:
             say(f"starting python -m capture and python -m apply (logs in {root})")
             capture.start()
             apply.start()
+            for name, port in (("capture", ports.capture), ("apply", ports.apply)):
+                say(f"{name}: http://127.0.0.1:{port}/metrics (also /healthz, /readyz)")
             start = wal_lsn(conn)
             wait(
                 lambda: caught_up(conn, start),
