@@ -56,6 +56,21 @@ class LakeSettings(BaseModel):
 
     root: str = Field(".local/lake", description="Delta tables live at <root>/<schema>/<table>")
     checkpoint_root: str = Field(".local/checkpoints", description="streaming checkpoints")
+    deletion_vectors: bool = Field(
+        True,
+        description=(
+            "deletion vectors on the tables apply creates: a MERGE writes only the changed "
+            "rows; false for readers without the deletionVectors feature, at the cost of "
+            "MERGEs rewriting every file they touch (docs/apply.md, Reading the lake)"
+        ),
+    )
+    change_data_feed: bool = Field(
+        False,
+        description=(
+            "Delta change data feed (delta.enableChangeDataFeed) on the tables apply "
+            "creates, for jobs that read row-level changes from the lake"
+        ),
+    )
 
 
 class TriggerSettings(BaseModel):

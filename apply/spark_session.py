@@ -9,20 +9,36 @@ The defaults suit one small machine and every setting can be overridden through
 - the UI off unless asked, ``commitStats.collect`` off (it scans every written file's
   statistics after each commit, pure overhead for a MERGE-per-batch workload);
 - UTC session time zone, so timestamps read back as the UTC instants the source held;
+- timestamps written to Parquet as INT64 microseconds
+  (``spark.sql.parquet.outputTimestampType=TIMESTAMP_MICROS``; Spark's default is the
+  legacy INT96). Delta writes its data files through Spark's Parquet writer, so the
+  session conf decides, for new tables and for every file an existing table gets from
+  the next write on. INT96 holds nanoseconds, so readers that map it to a 64-bit
+  nanosecond count (delta-rs, pyarrow) wrap every instant outside 1677-2262, and
+  ``+-infinity`` (the int64 extremes in microseconds) become garbage; INT64 microseconds
+  is the exact value capture published. Files written before stay INT96 until something
+  rewrites them (docs/apply.md, Reading the lake);
 - Delta snapshots rebuilt with 2 tasks (``snapshotPartitions``, Delta's default is 50):
   the table's state is rebuilt after every commit, i.e. every batch, and for the few
   files of a CDC table 50 tasks cost seconds of scheduling on a small machine;
 - deletion vectors on for the tables apply creates
-  (``properties.defaults.enableDeletionVectors``): a MERGE then marks the rows it
-  replaces as deleted and writes only the changed rows, instead of copying every other
-  row of each file it touches. Changes spread over the key space touch most files in
-  every batch, so without them each batch rewrites about the whole table
-  (docs/benchmarks.md, Apply). Such tables need readers that support the
+  (``properties.defaults.enableDeletionVectors``, from ``APPLY_LAKE__DELETION_VECTORS``):
+  a MERGE then marks the rows it replaces as deleted and writes only the changed rows,
+  instead of copying every other row of each file it touches. Changes spread over the
+  key space touch most files in every batch, so without them each batch rewrites about
+  the whole table (docs/benchmarks.md, Apply). Such tables need readers that support the
   ``deletionVectors`` table feature (Delta reader version 3; Delta Lake 2.3 or later on
-  Spark). Tables created before keep their properties; set the key to ``false`` in
-  ``APPLY_SPARK__CONF`` for tables older readers must read. Deleted rows stay in their
+  Spark; delta-rs's ``to_pyarrow_table`` refuses them: docs/apply.md, Reading the lake).
+  Tables created before keep their properties; ``APPLY_LAKE__DELETION_VECTORS=false``
+  turns them off for the tables created from then on. Deleted rows stay in their
   files until ``OPTIMIZE`` or ``REORG TABLE ... APPLY (PURGE)`` rewrites them; those
-  commits carry no apply metadata and do not disturb :mod:`apply.history`.
+  commits carry no apply metadata and do not disturb :mod:`apply.history`;
+- the change data feed on new tables when ``APPLY_LAKE__CHANGE_DATA_FEED`` asks
+  (``properties.defaults.enableChangeDataFeed``).
+
+The lake settings reach Delta as its ``properties.defaults.*`` session confs, which
+Delta copies into the properties of every table created in the session; they never
+change an existing table. ``APPLY_SPARK__CONF`` still overrides them.
 
 The master is the settings' (``APPLY_SPARK__MASTER``) when given; else the one
 ``spark-submit --master`` was given, so the same program runs under ``spark-submit`` to
@@ -43,7 +59,7 @@ from collections.abc import Sequence
 from pyspark import SparkConf, SparkContext
 from pyspark.sql import SparkSession
 
-from apply.settings import LOCAL_MASTER, SparkSettings
+from apply.settings import LOCAL_MASTER, LakeSettings, SparkSettings
 
 DEFAULT_CONF: dict[str, str] = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
@@ -53,6 +69,7 @@ DEFAULT_CONF: dict[str, str] = {
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
     "spark.sql.session.timeZone": "UTC",
+    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
     "spark.databricks.delta.commitStats.collect": "false",
     "spark.databricks.delta.snapshotPartitions": "2",
     "spark.databricks.delta.properties.defaults.enableDeletionVectors": "true",
@@ -60,9 +77,28 @@ DEFAULT_CONF: dict[str, str] = {
 }
 
 
-def session_conf(settings: SparkSettings, jars: Sequence[str]) -> dict[str, str]:
-    """The full Spark configuration: defaults, then jars, then the operator's overrides."""
+DELETION_VECTORS_DEFAULT = "spark.databricks.delta.properties.defaults.enableDeletionVectors"
+CHANGE_DATA_FEED_DEFAULT = "spark.databricks.delta.properties.defaults.enableChangeDataFeed"
+
+
+def lake_conf(lake: LakeSettings) -> dict[str, str]:
+    """The Delta session defaults that carry the lake settings into new tables."""
+    conf = {DELETION_VECTORS_DEFAULT: str(lake.deletion_vectors).lower()}
+    if lake.change_data_feed:
+        # Only when on: off is Delta's default, and a default of false would still write
+        # delta.enableChangeDataFeed=false into every new table's properties.
+        conf[CHANGE_DATA_FEED_DEFAULT] = "true"
+    return conf
+
+
+def session_conf(
+    settings: SparkSettings, jars: Sequence[str], lake: LakeSettings | None = None
+) -> dict[str, str]:
+    """The full Spark configuration: defaults, then the lake settings, then jars, then the
+    operator's overrides."""
     conf = dict(DEFAULT_CONF)
+    if lake is not None:
+        conf.update(lake_conf(lake))
     if jars:
         conf["spark.jars"] = ",".join(jars)
     conf.update(settings.conf)
@@ -90,11 +126,15 @@ def _submitted_master() -> str | None:
     return master
 
 
-def build_session(settings: SparkSettings, jars: Sequence[str]) -> SparkSession:
+def build_session(
+    settings: SparkSettings, jars: Sequence[str], lake: LakeSettings | None = None
+) -> SparkSession:
+    """The session apply runs in; ``lake`` is given where the session creates lake tables
+    (the apply job), and left out by tools that only read them."""
     builder = SparkSession.builder.appName(settings.app_name)
     master = master_to_set(settings.master, _submitted_master())
     if master is not None:
         builder = builder.master(master)
-    for key, value in session_conf(settings, jars).items():
+    for key, value in session_conf(settings, jars, lake).items():
         builder = builder.config(key, value)
     return builder.getOrCreate()

@@ -1,0 +1,34 @@
+"""The lake settings become Delta's session defaults for new tables."""
+
+from __future__ import annotations
+
+from apply.settings import LakeSettings, SparkSettings
+from apply.spark_session import (
+    CHANGE_DATA_FEED_DEFAULT,
+    DELETION_VECTORS_DEFAULT,
+    session_conf,
+)
+
+
+def test_timestamps_are_written_as_int64_micros_by_default() -> None:
+    conf = session_conf(SparkSettings(), [])
+    assert conf["spark.sql.parquet.outputTimestampType"] == "TIMESTAMP_MICROS"
+
+
+def test_default_lake_keeps_deletion_vectors_and_no_change_feed() -> None:
+    conf = session_conf(SparkSettings(), [], LakeSettings())
+    assert conf[DELETION_VECTORS_DEFAULT] == "true"
+    assert CHANGE_DATA_FEED_DEFAULT not in conf
+
+
+def test_lake_settings_turn_deletion_vectors_off_and_the_change_feed_on() -> None:
+    lake = LakeSettings(deletion_vectors=False, change_data_feed=True)
+    conf = session_conf(SparkSettings(), [], lake)
+    assert conf[DELETION_VECTORS_DEFAULT] == "false"
+    assert conf[CHANGE_DATA_FEED_DEFAULT] == "true"
+
+
+def test_the_operators_spark_conf_still_wins_over_the_lake_settings() -> None:
+    spark = SparkSettings(conf={DELETION_VECTORS_DEFAULT: "true"})
+    conf = session_conf(spark, [], LakeSettings(deletion_vectors=False))
+    assert conf[DELETION_VECTORS_DEFAULT] == "true"
