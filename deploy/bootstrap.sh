@@ -4,6 +4,8 @@
 #           (installed with apt-get when run as root on a Debian-like system)
 #   .venv:  the project with its dev extras (pip install -e .[dev])
 #   jars:   Kafka broker + Spark connector/Delta jars from Maven Central (deploy/jars/*)
+#   tools:  helm and kubeconform for the Helm chart tests, built with Go into .local/bin
+#           (deploy/helm/tools.sh, also `make tools`); without Go only CI fails
 # Anything missing that cannot be installed is named with the command that installs it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -53,3 +55,6 @@ if [ ! -x .venv/bin/python ] || [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stam
 fi
 
 .venv/bin/python -m deploy.local jars
+
+# Built only when missing or at another version (a cold build takes minutes).
+bash deploy/helm/tools.sh

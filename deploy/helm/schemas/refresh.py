@@ -9,7 +9,7 @@ come from, so no other network access is needed):
 
 - ``kubernetes/``: the OpenAPI v2 document ``api/openapi-spec/swagger.json`` of the Go
   module ``k8s.io/kubernetes`` at the oldest Kubernetes release the chart supports
-  (``kubeVersion`` in Chart.yaml). Validating against the oldest release catches a field
+  (docs/deploy.md). Validating against the oldest release catches a field
   the chart uses that older clusters would reject. ``_definitions.json`` holds only the
   definitions the vendored kinds reach; each kind's file refers to it.
 - ``monitoring.coreos.com/``: the ``openAPIV3Schema`` of the ServiceMonitor and
