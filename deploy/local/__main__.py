@@ -1,4 +1,5 @@
-"""``python -m deploy.local up|down|status|env``: the local PostgreSQL + Kafka stack."""
+"""``python -m deploy.local up|down|status|env``: the local PostgreSQL + Kafka stack (and
+optionally an Apicurio Schema Registry: ``up --registry``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ from pathlib import Path
 
 from deploy.local import jars, stack
 from deploy.local.errors import LauncherError
+from deploy.local.kafka import LocalKafka
+from deploy.local.postgres import LocalPostgres
+from deploy.local.registry import LocalRegistry
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -16,7 +20,12 @@ def main(argv: list[str] | None = None) -> int:
         description="Start and stop a real PostgreSQL and Kafka on free loopback ports.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("up", help="start the stack (idempotent) and write the env file")
+    up = sub.add_parser("up", help="start the stack (idempotent) and write the env file")
+    up.add_argument(
+        "--registry",
+        action="store_true",
+        help="also start an Apicurio Schema Registry (needs Java 21+; kept from then on)",
+    )
     down = sub.add_parser("down", help="stop the stack")
     down.add_argument("--wipe", action="store_true", help="also delete its data")
     sub.add_parser("status", help="say what is running")
@@ -28,9 +37,11 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         if args.command == "up":
-            state = stack.up(env_file=args.env_file)
+            state = stack.up(env_file=args.env_file, registry=args.registry)
             print(f"postgres  {state.postgres.dsn}")
             print(f"kafka     {state.kafka.bootstrap_servers}")
+            if state.registry is not None:
+                print(f"registry  {state.registry.url}")
             print(f"env file  {args.env_file}")
         elif args.command == "down":
             stopped = stack.down(wipe=args.wipe)
@@ -40,7 +51,13 @@ def main(argv: list[str] | None = None) -> int:
             if loaded is None:
                 print("no local stack (run `make up`)")
                 return 1
-            for name, svc in (("postgres", loaded.postgres), ("kafka", loaded.kafka)):
+            services: list[tuple[str, LocalPostgres | LocalKafka | LocalRegistry]] = [
+                ("postgres", loaded.postgres),
+                ("kafka", loaded.kafka),
+            ]
+            if loaded.registry is not None:
+                services.append(("registry", loaded.registry))
+            for name, svc in services:
                 print(f"{name:9} {'running' if svc.running() else 'stopped'}")
         elif args.command == "env":
             loaded = stack.load()

@@ -1,5 +1,5 @@
-"""The local stack: one PostgreSQL and one Kafka, started together, described in an env
-file.
+"""The local stack: one PostgreSQL and one Kafka (and, when asked, an Apicurio Schema
+Registry), started together, described in an env file.
 
 ``up`` is idempotent: services already running are kept, so ``make up`` twice is safe and
 a test session can reuse a stack a developer started. The env file
@@ -9,7 +9,9 @@ a test session can reuse a stack a developer started. The env file
   read by the test fixtures and the demo;
 - ``CAPTURE_POSTGRES__DSN``, ``CAPTURE_KAFKA__BOOTSTRAP_SERVERS`` and
   ``APPLY_KAFKA__BOOTSTRAP_SERVERS``: the same facts under the names the services'
-  settings read, so ``set -a; . .local/stack.env`` configures both services.
+  settings read, so ``set -a; . .local/stack.env`` configures both services;
+- ``CDC_SCHEMA_REGISTRY_URL``: the registry's Confluent-compatible API, when the stack
+  has one (``up(registry=True)``, ``make up``; :mod:`deploy.local.registry`).
 """
 
 from __future__ import annotations
@@ -19,13 +21,14 @@ import json
 import os
 import stat
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from deploy.local.jars import PROJECT_ROOT, resolve
 from deploy.local.kafka import LocalKafka
 from deploy.local.postgres import LocalPostgres
 from deploy.local.process import free_port
+from deploy.local.registry import LocalRegistry
 
 STATE_ROOT = PROJECT_ROOT / ".local" / "stack"
 ENV_FILE = PROJECT_ROOT / ".local" / "stack.env"
@@ -40,6 +43,9 @@ class StackState:
     kafka_controller_port: int
     # Set only by tests that put a proxy in front of the broker (LocalKafka).
     kafka_advertised_port: int | None = None
+    # Set once the stack was asked for a registry.
+    registry_port: int | None = None
+    registry_management_port: int | None = None
 
     @property
     def postgres(self) -> LocalPostgres:
@@ -54,16 +60,29 @@ class StackState:
             advertised_port=self.kafka_advertised_port,
         )
 
+    @property
+    def registry(self) -> LocalRegistry | None:
+        if self.registry_port is None or self.registry_management_port is None:
+            return None
+        return LocalRegistry(
+            Path(self.kafka_root).parent / "registry",
+            self.registry_port,
+            self.registry_management_port,
+        )
+
     def env(self) -> dict[str, str]:
         dsn = self.postgres.dsn
         bootstrap = self.kafka.bootstrap_servers
-        return {
+        env = {
             "CDC_POSTGRES_DSN": dsn,
             "CDC_KAFKA_BOOTSTRAP_SERVERS": bootstrap,
             "CAPTURE_POSTGRES__DSN": dsn,
             "CAPTURE_KAFKA__BOOTSTRAP_SERVERS": bootstrap,
             "APPLY_KAFKA__BOOTSTRAP_SERVERS": bootstrap,
         }
+        if self.registry is not None:
+            env["CDC_SCHEMA_REGISTRY_URL"] = self.registry.url
+        return env
 
 
 def _state_file(root: Path) -> Path:
@@ -83,12 +102,14 @@ def up(
     *,
     kafka_port: int | None = None,
     kafka_advertised_port: int | None = None,
+    registry: bool = False,
 ) -> StackState:
     """Start whatever of the stack is not running; write the env file.
 
     ``kafka_port`` and ``kafka_advertised_port`` apply to a new stack only: a test that
     reaches the broker through a proxy listens on the advertised port and forwards to
-    ``kafka_port`` (:class:`~deploy.local.kafka.LocalKafka`)."""
+    ``kafka_port`` (:class:`~deploy.local.kafka.LocalKafka`). ``registry`` adds an
+    Apicurio Registry to the stack (kept from then on)."""
     resolve("kafka")
     state = load(root)
     if state is None:
@@ -102,10 +123,15 @@ def up(
         )
         root.mkdir(parents=True, exist_ok=True)
         _state_file(root).write_text(json.dumps(asdict(state), indent=2))
+    if registry and state.registry is None:
+        state = replace(state, registry_port=free_port(), registry_management_port=free_port())
+        _state_file(root).write_text(json.dumps(asdict(state), indent=2))
     if not state.postgres.running():
         state.postgres.start()
     if not state.kafka.running():
         state.kafka.start()
+    if state.registry is not None and not state.registry.running():
+        state.registry.start()
     if env_file is not None:
         write_env(state, env_file)
     return state
@@ -121,6 +147,8 @@ def down(root: Path = STATE_ROOT, *, wipe: bool = False) -> list[str]:
     stopped = [
         name for name, svc in (("kafka", state.kafka), ("postgres", state.postgres)) if svc.stop()
     ]
+    if state.registry is not None and state.registry.stop():
+        stopped.append("registry")
     if wipe:
         shutil.rmtree(state.postgres_root, ignore_errors=True)
         shutil.rmtree(root, ignore_errors=True)
