@@ -1,3 +1,9 @@
 """Fixtures live in plugin modules under tests/plugins; this file only lists them."""
 
-pytest_plugins = ["tests.plugins.services", "tests.plugins.spark", "tests.plugins.pipeline"]
+pytest_plugins = [
+    "tests.plugins.services",
+    "tests.plugins.spark",
+    "tests.plugins.pipeline",
+    "tests.plugins.secured",
+    "tests.plugins.registry",
+]

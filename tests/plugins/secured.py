@@ -1,0 +1,111 @@
+"""A secured Kafka broker and a secured PostgreSQL, each started for one test module.
+
+Both are the project's own launcher (:mod:`deploy.local`) with its security options, on
+free ports under a temporary directory, with certificates made for the run
+(:mod:`deploy.local.tls`); the shared stack is never touched.
+
+- :func:`secured_kafka`: a KRaft broker with a ``SASL_SSL`` listener (TLS, SCRAM-SHA-512)
+  and one user per service. The plaintext listener the launcher keeps for itself is not
+  handed out: tests reach the broker only through the secured one.
+- :func:`secured_postgres`: ``ssl = on``; only the superuser may connect without TLS
+  (for the tests' setup), every other role needs TLS and its password.
+
+Module scope: a broker costs about ten seconds to start, and a module's tests each use
+their own names on it.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from deploy.local.kafka import SCRAM_MECHANISM, LocalKafka, SaslSslListener
+from deploy.local.postgres import LocalPostgres, ServerTls
+from deploy.local.process import free_port
+from deploy.local.tls import CertificateAuthority, issue_server_certificate, make_ca
+
+KAFKA_USERS = {"capture": "capture-Scram-secret", "apply": "apply-Scram-secret"}
+
+
+@dataclass(frozen=True, slots=True)
+class SecuredKafka:
+    bootstrap_servers: str
+    """The SASL_SSL listener."""
+    ca: Path
+    other_ca: Path
+    """A CA that did not sign the broker's certificate."""
+    users: dict[str, str]
+
+    def client(self, user: str, *, ca: Path | None = None) -> dict[str, str]:
+        """The client properties for ``user``, without the password (it goes in a
+        secrets directory, as a mounted Secret would)."""
+        return {
+            "security.protocol": "SASL_SSL",
+            "sasl.mechanism": SCRAM_MECHANISM,
+            "sasl.username": user,
+            "ssl.ca.location": str(ca or self.ca),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class SecuredPostgres:
+    port: int
+    ca: Path
+    other_ca: Path
+
+    @property
+    def superuser_dsn(self) -> str:
+        """Trust over loopback without TLS: for the tests' own setup only."""
+        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    def dsn(self, user: str, *, ca: Path | None = None, host: str = "localhost") -> str:
+        """``user`` over TLS, verifying the server's certificate and host name."""
+        return (
+            f"postgresql://{user}@{host}:{self.port}/postgres"
+            f"?sslmode=verify-full&sslrootcert={ca or self.ca}"
+        )
+
+
+def _authorities(root: Path) -> tuple[CertificateAuthority, CertificateAuthority]:
+    return make_ca(root / "ca"), make_ca(root / "other-ca", "unrelated test CA")
+
+
+@pytest.fixture(scope="module")
+def secured_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecuredKafka]:
+    root = tmp_path_factory.mktemp("secured-kafka")
+    ca, other = _authorities(root)
+    server = issue_server_certificate(ca, root / "broker", "kafka")
+    listener = SaslSslListener(
+        free_port(), server.keystore(root / "broker" / "keystore.pem"), dict(KAFKA_USERS)
+    )
+    kafka = LocalKafka(root / "kafka", free_port(), free_port(), heap="512m", sasl_ssl=listener)
+    try:
+        kafka.start()
+        yield SecuredKafka(
+            listener.bootstrap_servers, ca.certificate, other.certificate, KAFKA_USERS
+        )
+    finally:
+        kafka.stop()
+
+
+@pytest.fixture(scope="module")
+def secured_postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecuredPostgres]:
+    root = tmp_path_factory.mktemp("secured-postgres")
+    ca, other = _authorities(root)
+    server = issue_server_certificate(ca, root / "server", "postgres")
+    # Run as root, the server runs as the postgres user, which cannot pass pytest's
+    # private temporary directories: the cluster lives in a directory of its own under
+    # the system temp directory (the launcher hands it to that user).
+    cluster = Path(tempfile.mkdtemp(prefix="cdc-secured-postgres-"))
+    postgres = LocalPostgres(cluster, free_port(), tls=ServerTls(server.certificate, server.key))
+    try:
+        postgres.start()
+        yield SecuredPostgres(postgres.port, ca.certificate, other.certificate)
+    finally:
+        postgres.stop()
+        shutil.rmtree(cluster, ignore_errors=True)
