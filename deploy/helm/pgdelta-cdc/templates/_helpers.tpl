@@ -99,12 +99,21 @@ end up in a ConfigMap. (list . "capture")
 {{- $service := index . 1 }}
 {{- $own := (index $root.Values $service).kafkaClient }}
 {{- $client := merge (deepCopy $own) $root.Values.kafka.client }}
-{{- range $key, $_ := $client }}
-{{- if regexMatch "(?i)(password|secret|jaas|oauthbearer\\.config|ssl\\.key\\.pem|keystore\\.key)" $key }}
-{{- fail (printf "Kafka client property %q is a secret: put it in the Secret named by kafka.clientSecret (or %s.kafkaClientSecret), one key per property, not in kafka.client or %s.kafkaClient" $key $service $service) }}
-{{- end }}
-{{- end }}
+{{- include "pgdelta-cdc.refuseSecretKeys" (list $client (printf "kafka.client or %s.kafkaClient" $service) $service) }}
 {{- include "pgdelta-cdc.stringMapJson" $client }}
+{{- end }}
+
+{{/*
+Fails when a map of client properties names a secret one, saying where it belongs.
+(list $map "where it was given" service)
+*/}}
+{{- define "pgdelta-cdc.refuseSecretKeys" -}}
+{{- $service := index . 2 }}
+{{- range $key, $_ := index . 0 }}
+{{- if regexMatch "(?i)(password|secret|jaas|oauthbearer\\.config|ssl\\.key\\.pem|keystore\\.key)" $key }}
+{{- fail (printf "Kafka client property %q is a secret: put it in the Secret named by kafka.clientSecret (or %s.kafkaClientSecret), one key per property, not in %s" $key $service (index $ 1)) }}
+{{- end }}
+{{- end }}
 {{- end }}
 
 {{/*
@@ -162,6 +171,9 @@ names the value to use instead.
 {{- end }}
 {{- if regexMatch "(?i)(password|secret)" $bare }}
 {{- fail (printf "%s.settings.%s would put a secret in a ConfigMap: use a Secret (postgres.existingSecret, kafka.clientSecret, or %s.extraEnv with valueFrom.secretKeyRef)" $service $name $service) }}
+{{- end }}
+{{- if kindIs "map" $value }}
+{{- include "pgdelta-cdc.refuseSecretKeys" (list $value (printf "%s.settings.%s" $service $name) $service) }}
 {{- end }}
 {{- if not (kindIs "invalid" $value) }}
 {{- $_ := set $data $name $value }}
