@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry
 
 from apply.progress import BatchResult, TableResult
-from runtime.telemetry import Health, HealthCollector, metric_names
+from runtime.telemetry import Health, MetricSet
 
 PREFIX = "cdc_apply_"
 _DURATION_BUCKETS = (0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
@@ -32,84 +32,68 @@ def lag_seconds(result: TableResult, now_unix_s: float) -> float | None:
     return None if commit_ts is None else max(0.0, now_unix_s - commit_ts / 1_000_000)
 
 
-class ApplyMetrics:
+class ApplyMetrics(MetricSet):
     """Every apply metric, registered in a registry of its own."""
 
     def __init__(
         self, registry: CollectorRegistry | None = None, *, health: Health | None = None
     ) -> None:
         """``health``: also expose its probes' answers (``cdc_apply_alive``/``_ready``)."""
-        self.registry = r = registry or CollectorRegistry()
-        if health is not None:
-            r.register(HealthCollector(health, PREFIX))
-        self.batch_duration = Histogram(
-            f"{PREFIX}batch_duration_seconds",
+        super().__init__(PREFIX, registry, health=health)
+        self.batch_duration = self.histogram(
+            "batch_duration_seconds",
             "time to apply one micro-batch: every table's MERGE and the progress publish",
             buckets=_DURATION_BUCKETS,
-            registry=r,
         )
-        self.batch_failures = Counter(
-            f"{PREFIX}batch_failures",
-            "micro-batch attempts that failed with a transient error and were retried",
-            registry=r,
+        self.batch_failures = self.counter(
+            "batch_failures",
+            "micro-batch attempts that failed with a transient error (retried in place, up to "
+            "three attempts; then the query fails)",
         )
-        self.last_batch = Gauge(
-            f"{PREFIX}last_batch_timestamp_seconds",
+        self.last_batch = self.gauge(
+            "last_batch_timestamp_seconds",
             "when the last micro-batch finished (Unix time)",
-            registry=r,
         )
-        self.records = Counter(
-            f"{PREFIX}records",
+        self.records = self.counter(
+            "records",
             "Kafka records read, per table (tombstones included)",
             ["table"],
-            registry=r,
         )
-        self.rows = Counter(
-            f"{PREFIX}rows",
+        self.rows = self.counter(
+            "rows",
             "rows the MERGE wrote, per table and action (inserted, updated, deleted)",
             ["table", "action"],
-            registry=r,
         )
-        self.replays = Counter(
-            f"{PREFIX}replays_dropped",
+        self.replays = self.counter(
+            "replays_dropped",
             "records dropped as replays: at or below their partition's applied position",
             ["table"],
-            registry=r,
         )
-        self.applied_lsn = Gauge(
-            f"{PREFIX}applied_lsn_bytes",
+        self.applied_lsn = self.gauge(
+            "applied_lsn_bytes",
             "commit LSN of the newest transaction applied to the table (LSN as a number)",
             ["table"],
-            registry=r,
         )
-        self.lag = Gauge(
-            f"{PREFIX}lag_seconds",
+        self.lag = self.gauge(
+            "lag_seconds",
             "at the table's last applied batch: now minus the newest applied commit time",
             ["table"],
-            registry=r,
         )
-        self.table_errored = Gauge(
-            f"{PREFIX}table_errored",
+        self.table_errored = self.gauge(
+            "table_errored",
             "1 while the table has parked records waiting (errored), else 0",
             ["table"],
-            registry=r,
         )
-        self.errored_tables = Gauge(
-            f"{PREFIX}errored_tables",
+        self.errored_tables = self.gauge(
+            "errored_tables",
             "tables with parked records waiting",
-            registry=r,
         )
-        self.parked = Counter(
-            f"{PREFIX}records_parked",
+        self.parked = self.counter(
+            "records_parked",
             "records written to the dead-letter table, per table",
             ["table"],
-            registry=r,
         )
         self._errored: set[str] = set()
-
-    def names(self) -> set[str]:
-        """Every metric name this registry exposes, as Prometheus sees them."""
-        return metric_names(self.registry)
 
     def batch(self, result: BatchResult, duration_s: float, now_unix_s: float) -> None:
         """One micro-batch applied (and its progress published)."""

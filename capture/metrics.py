@@ -24,12 +24,12 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from capture.progress import ProgressBook
-from runtime.telemetry import Health, HealthCollector, metric_names
+from runtime.telemetry import Health, MetricDoc, MetricSet
 from schemas.control import TableState
 from schemas.headers import OPERATION as OPERATION_HEADER
 from schemas.headers import Headers
@@ -85,6 +85,10 @@ class _TallyCollector(Collector):
     def describe(self) -> Iterable[CounterMetricFamily]:
         return [CounterMetricFamily(self._name, self._documentation, labels=self._labels)]
 
+    @property
+    def doc(self) -> MetricDoc:
+        return MetricDoc(self._name, "counter", tuple(self._labels), self._documentation)
+
 
 class _StreamCollector(Collector):
     """Gauges read from the loop's plain attributes at scrape time."""
@@ -96,7 +100,8 @@ class _StreamCollector(Collector):
         return {
             "received": GaugeMetricFamily(
                 f"{PREFIX}received_lsn_bytes",
-                "end of the newest WAL received from the server (LSN as a number)",
+                "end LSN of the newest transaction received (between transactions: how far "
+                "the server has decoded), as a number",
             ),
             "confirmed": GaugeMetricFamily(
                 f"{PREFIX}confirmed_lsn_bytes",
@@ -133,6 +138,9 @@ class _StreamCollector(Collector):
     def describe(self) -> Iterable[GaugeMetricFamily]:
         return list(self._families().values())
 
+    def docs(self) -> list[MetricDoc]:
+        return [MetricDoc(f.name, "gauge", (), f.documentation) for f in self._families().values()]
+
 
 def operation_label(headers: Headers, value: bytes | None) -> str:
     """The operation of a record from its headers; a tombstone has none."""
@@ -144,16 +152,14 @@ def operation_label(headers: Headers, value: bytes | None) -> str:
     return "unknown"
 
 
-class CaptureMetrics:
+class CaptureMetrics(MetricSet):
     """Every capture metric, registered in a registry of its own."""
 
     def __init__(
         self, registry: CollectorRegistry | None = None, *, health: Health | None = None
     ) -> None:
         """``health``: also expose its probes' answers (``cdc_capture_alive``/``_ready``)."""
-        self.registry = registry or CollectorRegistry()
-        if health is not None:
-            self.registry.register(HealthCollector(health, PREFIX))
+        super().__init__(PREFIX, registry, health=health)
         self.decoded = Tally()
         """(table, operation) -> changes decoded from the stream."""
         self.produced = Tally()
@@ -163,93 +169,77 @@ class CaptureMetrics:
         self.position = StreamPosition()
         self.book: ProgressBook | None = None
         """The current attempt's in-flight book (None between attempts)."""
-        r = self.registry
-        r.register(
+        for tally in (
             _TallyCollector(
                 f"{PREFIX}changes_decoded_total",
                 "row changes decoded from the replication stream",
                 ("table", "operation"),
                 self.decoded,
-            )
-        )
-        r.register(
+            ),
             _TallyCollector(
                 f"{PREFIX}records_produced_total",
-                "records handed to the Kafka producer (READ: snapshot rows)",
+                "records handed to the Kafka producer (READ: snapshot rows; tombstone: the "
+                "null value after a delete)",
                 ("table", "operation"),
                 self.produced,
-            )
-        )
-        r.register(
+            ),
             _TallyCollector(
                 f"{PREFIX}produced_bytes_total",
                 "encoded key and value bytes handed to the Kafka producer",
                 ("table",),
                 self.produced_bytes,
-            )
-        )
-        r.register(_StreamCollector(self))
-        self.slot_retained_wal = Gauge(
-            f"{PREFIX}slot_retained_wal_bytes",
+            ),
+        ):
+            self.custom(tally, [tally.doc])
+        stream = _StreamCollector(self)
+        self.custom(stream, stream.docs())
+        self.slot_retained_wal = self.gauge(
+            "slot_retained_wal_bytes",
             "WAL the server keeps for the slot: pg_current_wal_lsn() - restart_lsn",
-            registry=r,
         )
-        self.slot_safe_wal_size = Gauge(
-            f"{PREFIX}slot_safe_wal_size_bytes",
+        self.slot_safe_wal_size = self.gauge(
+            "slot_safe_wal_size_bytes",
             "WAL that can still be written before the slot may be lost (-1: unlimited)",
-            registry=r,
         )
-        self.slot_wal_status = Gauge(
-            f"{PREFIX}slot_wal_status",
+        self.slot_wal_status = self.gauge(
+            "slot_wal_status",
             "1 for the slot's current wal_status (reserved, extended, unreserved, lost)",
             ["status"],
-            registry=r,
         )
-        self.retained_warn = Gauge(
-            f"{PREFIX}slot_retained_wal_warn_bytes",
+        self.retained_warn = self.gauge(
+            "slot_retained_wal_warn_bytes",
             "the retained-WAL warning threshold (CAPTURE_WAL__WARN_RETAINED_BYTES; 0: off)",
-            registry=r,
         )
-        self.keep_size = Gauge(
-            f"{PREFIX}max_slot_wal_keep_size_bytes",
+        self.keep_size = self.gauge(
+            "max_slot_wal_keep_size_bytes",
             "the server's max_slot_wal_keep_size (-1: unlimited)",
-            registry=r,
         )
-        self.snapshot_rows = Gauge(
-            f"{PREFIX}snapshot_rows",
+        self.snapshot_rows = self.gauge(
+            "snapshot_rows",
             "rows copied by the table's current or last snapshot",
             ["table"],
-            registry=r,
         )
-        self.snapshot_rows_estimate = Gauge(
-            f"{PREFIX}snapshot_rows_estimate",
+        self.snapshot_rows_estimate = self.gauge(
+            "snapshot_rows_estimate",
             "the table's row count estimate when its snapshot began (pg_class.reltuples)",
             ["table"],
-            registry=r,
         )
-        self.table_state = Gauge(
-            f"{PREFIX}table_state",
+        self.table_state = self.gauge(
+            "table_state",
             "1 for the table's current state (pending, snapshot, catch_up, streaming, errored)",
             ["table", "state"],
-            registry=r,
         )
-        self.reconnects = Counter(
-            f"{PREFIX}reconnects",
+        self.reconnects = self.counter(
+            "reconnects",
             "capture attempts started again after a transient failure",
-            registry=r,
         )
-        self.errors = Counter(
-            f"{PREFIX}errors",
+        self.errors = self.counter(
+            "errors",
             "errors by kind: ones that ended an attempt, and tables that went errored",
             ["kind"],
-            registry=r,
         )
         for status in WAL_STATUSES:
             self.slot_wal_status.labels(status).set(0)
-
-    def names(self) -> set[str]:
-        """Every metric name this registry exposes, as Prometheus sees them."""
-        return metric_names(self.registry)
 
     # -- updates ---------------------------------------------------------------------------
 

@@ -27,11 +27,19 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from pydantic import BaseModel, ConfigDict, Field
@@ -74,6 +82,84 @@ def readiness(
     if failing_since is not None and now - failing_since > not_ready_after_s:
         return f"retrying a transient failure for {now - failing_since:.0f}s"
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class MetricDoc:
+    """One metric as docs/operations.md lists it."""
+
+    name: str
+    """As a scrape shows it: counters end in ``_total``."""
+    kind: str
+    labels: tuple[str, ...]
+    help: str
+
+
+class MetricSet:
+    """A service's metrics: one registry of its own, and the reference of every metric
+    made through it (what docs/operations.md lists, checked by a test)."""
+
+    def __init__(
+        self,
+        prefix: str,
+        registry: CollectorRegistry | None = None,
+        *,
+        health: Health | None = None,
+    ) -> None:
+        """``health``: also expose its probes' answers (``<prefix>alive``, ``_ready``)."""
+        self.prefix = prefix
+        self.registry = registry or CollectorRegistry()
+        self.reference: list[MetricDoc] = []
+        if health is not None:
+            self.custom(
+                HealthCollector(health, prefix),
+                [
+                    MetricDoc(f"{prefix}alive", "gauge", (), "1 while /healthz answers 200"),
+                    MetricDoc(f"{prefix}ready", "gauge", (), "1 while /readyz answers 200"),
+                ],
+            )
+
+    def gauge(self, name: str, documentation: str, labels: Sequence[str] = ()) -> Gauge:
+        self._doc(f"{self.prefix}{name}", "gauge", labels, documentation)
+        return Gauge(f"{self.prefix}{name}", documentation, labels, registry=self.registry)
+
+    def counter(self, name: str, documentation: str, labels: Sequence[str] = ()) -> Counter:
+        self._doc(f"{self.prefix}{name}_total", "counter", labels, documentation)
+        return Counter(f"{self.prefix}{name}", documentation, labels, registry=self.registry)
+
+    def histogram(
+        self, name: str, documentation: str, buckets: Sequence[float], labels: Sequence[str] = ()
+    ) -> Histogram:
+        self._doc(f"{self.prefix}{name}", "histogram", labels, documentation)
+        return Histogram(
+            f"{self.prefix}{name}",
+            documentation,
+            labels,
+            registry=self.registry,
+            buckets=buckets,
+        )
+
+    def custom(self, collector: Collector, docs: Iterable[MetricDoc]) -> None:
+        """A collector of our own (values read at scrape time), with what it exposes."""
+        self.registry.register(collector)
+        self.reference.extend(docs)
+
+    def names(self) -> set[str]:
+        """Every metric name this set's registry exposes, as Prometheus sees them."""
+        return metric_names(self.registry)
+
+    def _doc(self, name: str, kind: str, labels: Sequence[str], documentation: str) -> None:
+        self.reference.append(MetricDoc(name, kind, tuple(labels), documentation))
+
+
+def reference_table(docs: Iterable[MetricDoc]) -> str:
+    """The Markdown table docs/operations.md holds for ``docs``."""
+    lines = ["| metric | type | labels | meaning |", "| --- | --- | --- | --- |"]
+    lines += [
+        f"| `{d.name}` | {d.kind} | {', '.join(d.labels) or '-'} | {d.help} |"
+        for d in sorted(docs, key=lambda d: d.name)
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def metric_names(registry: CollectorRegistry) -> set[str]:
