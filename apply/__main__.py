@@ -159,8 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     log.info("Spark master %s, application %s", context.master, context.appName)
     server = None
     try:
-        metrics = ApplyMetrics()
         health = Health(settings.metrics.not_ready_after_s)
+        metrics = ApplyMetrics(health=health)
         job = ApplyJob(settings, spark, metrics=metrics, health=health)
         if arguments.command in (ERRORED, REAPPLY, DISCARD):
             return _report(job, arguments)
