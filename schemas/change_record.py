@@ -68,7 +68,7 @@ from schemas.errors import ChangeEncodingError, TableDefinitionError
 from schemas.lsn import Lsn
 from schemas.naming import avro_name
 from schemas.operation import Operation
-from schemas.single_object import HEADER_SIZE, Fingerprint, header, schema_fingerprint
+from schemas.single_object import Fingerprint, header, schema_fingerprint
 
 NAMESPACE_ROOT = "pgdelta"
 KEY_RECORD = "Key"
@@ -375,8 +375,33 @@ def _range_check(column_type: ColumnType) -> Callable[[object], bool] | None:
     return None
 
 
+@dataclass(frozen=True, slots=True)
+class RecordFraming:
+    """The header bytes a :class:`ChangeEncoder` writes before each Avro body: the
+    single-object encoding's (the default) or the Schema Registry's
+    (:mod:`schemas.registry_framing`); the bodies are the same either way."""
+
+    key: bytes
+    """Before each key body."""
+    value: bytes
+    """Before each value body."""
+    table_key: bytes
+    """The whole key of a TRUNCATE record: its ``TableKey`` record has no fields, so the
+    header is all of it."""
+
+
+def single_object_framing(schemas: TableSchemas) -> RecordFraming:
+    """The single-object headers of ``schemas`` (docs/wire-contract.md)."""
+    return RecordFraming(
+        key=header(schemas.key_fingerprint),
+        value=header(schemas.value_fingerprint),
+        table_key=TABLE_KEY,
+    )
+
+
 class ChangeEncoder:
-    """Encodes the keys and values of one table version to single-object bytes.
+    """Encodes the keys and values of one table version to single-object bytes (or
+    registry-framed ones, with a :class:`RecordFraming` of registry headers).
 
     Schemas are parsed once; each call reuses one buffer that already holds the header,
     so an instance is not thread-safe (use one per thread).
@@ -393,18 +418,29 @@ class ChangeEncoder:
         "_row_name",
         "_row_writer",
         "_table",
+        "_table_key",
         "_value",
         "_value_buffer",
         "_value_header",
         "schemas",
     )
 
-    def __init__(self, schemas: TableSchemas, *, physical_values: bool = False) -> None:
+    def __init__(
+        self,
+        schemas: TableSchemas,
+        *,
+        physical_values: bool = False,
+        framing: RecordFraming | None = None,
+    ) -> None:
         """With ``physical_values`` the rows must hold Avro physical values only -- ints
         for dates, times and timestamps, unscaled two's-complement bytes for decimals,
         ``str`` for UUIDs -- and the encoder writes them with the writers of
         :mod:`schemas.avro_binary`, falling back to fastavro for any value those do not
-        take. The bytes are the same; the encoding is faster (bench/avro_encode.py)."""
+        take. The bytes are the same; the encoding is faster (bench/avro_encode.py).
+
+        ``framing``: the headers written before the bodies; single-object headers
+        (:func:`single_object_framing`) by default. The bodies never depend on it."""
+        framing = framing or single_object_framing(schemas)
         self.schemas = schemas
         self._table = schemas.description.qualified_name
         prepare = _without_logical_types if physical_values else _same
@@ -422,8 +458,9 @@ class ChangeEncoder:
             for name, column in zip(schemas.field_names, columns, strict=True)
             if (fits := _range_check(column.type)) is not None
         ]
-        self._value_header = header(schemas.value_fingerprint)
-        self._key_header = header(schemas.key_fingerprint)
+        self._value_header = framing.value
+        self._key_header = framing.key
+        self._table_key = framing.table_key
         self._value_buffer = io.BytesIO()
         self._value_buffer.write(self._value_header)
         self._key_buffer = io.BytesIO()
@@ -541,9 +578,10 @@ class ChangeEncoder:
 
     def encode_row_key(self, row: Row | None) -> bytes:
         """The Kafka key of a change whose row image is ``row`` (``after``, or ``before``
-        when there is no ``after``); :data:`schemas.envelope.TABLE_KEY` for None."""
+        when there is no ``after``); the TRUNCATE key (:attr:`RecordFraming.table_key`,
+        by default :data:`schemas.envelope.TABLE_KEY`) for None."""
         if row is None:
-            return TABLE_KEY
+            return self._table_key
         if self._key_writer is not None:
             try:
                 return self._key_writer.write(row)
@@ -568,7 +606,9 @@ class ChangeEncoder:
             ) from exc
 
     def _write(self, buffer: io.BytesIO, schema: Any, datum: Any) -> bytes:
-        buffer.seek(HEADER_SIZE)
+        # The buffer starts with its header (single-object or registry, see __init__).
+        header_size = len(self._value_header if buffer is self._value_buffer else self._key_header)
+        buffer.seek(header_size)
         buffer.truncate()
         try:
             schemaless_writer(buffer, schema, datum)
