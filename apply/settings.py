@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from runtime.logs import LogSettings
+from runtime.schema_registry import SchemaRegistrySettings
 from runtime.telemetry import MetricsSettings
 
 
@@ -47,6 +48,13 @@ class KafkaSettings(BaseModel):
         description=(
             "Java Kafka client properties for Spark's Kafka source only, without the kafka. "
             "prefix, on top of those translated from client (e.g. ssl.keystore.location)"
+        ),
+    )
+    registry: SchemaRegistrySettings = Field(
+        default_factory=SchemaRegistrySettings,
+        description=(
+            "the Schema Registry that resolves the ids of registry-framed records (capture's "
+            "encoding=registry); unset when every record is single-object encoded"
         ),
     )
 

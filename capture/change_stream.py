@@ -45,6 +45,7 @@ from capture.pgoutput import (
     pg_micros_to_unix_micros,
 )
 from capture.pgoutput.messages import frozen_constructor
+from capture.schema_registration import Framer, single_object
 from capture.typemap import ColumnMapping
 from schemas.change_record import (
     ChangeEncoder,
@@ -144,8 +145,14 @@ class TableCodec:
     )
 
     def __init__(
-        self, relation: Relation, mappings: Sequence[ColumnMapping], topic_prefix: str
+        self,
+        relation: Relation,
+        mappings: Sequence[ColumnMapping],
+        topic_prefix: str,
+        framer: Framer = single_object,
     ) -> None:
+        """``framer`` gives the record headers (:mod:`capture.schema_registration`): in
+        registry mode it registers the schemas first, and may raise TransientError."""
         if len(mappings) != len(relation.columns):
             raise ValueError("one mapping per relation column is required")
         description = TableDescription(
@@ -158,10 +165,12 @@ class TableCodec:
         )
         self.relation = relation
         self.schemas: TableSchemas = build_table_schemas(description)
+        self.topic = table_topic(topic_prefix, relation.namespace, relation.name)
         # The type mapping hands over Avro physical values (ints, unscaled decimal bytes),
         # so the encoder skips its logical-type conversions.
-        self.encoder = ChangeEncoder(self.schemas, physical_values=True)
-        self.topic = table_topic(topic_prefix, relation.namespace, relation.name)
+        self.encoder = ChangeEncoder(
+            self.schemas, physical_values=True, framing=framer(self.schemas, self.topic)
+        )
         self.names = self.schemas.field_names
         self.key_indexes = tuple(i for i, c in enumerate(relation.columns) if c.is_key)
         self._parsers = tuple(m.parse for m in mappings)
@@ -233,6 +242,8 @@ class ChangeStream:
     once: the caller knows whether a snapshot already holds the change."""
     decoded: Tally | None = None
     """Counts every change record made, by (table, operation), for the metrics."""
+    framer: Framer = single_object
+    """Record headers per table version (:mod:`capture.schema_registration`)."""
     _published_schemas: set[int] = field(default_factory=set)
     _tx: _Transaction | None = None
 
@@ -270,7 +281,7 @@ class ChangeStream:
         table = f"{relation.namespace}.{relation.name}"
         try:
             self.codecs[relation.oid] = TableCodec(
-                relation, self.describe(relation), self.topic_prefix
+                relation, self.describe(relation), self.topic_prefix, self.framer
             )
         except TableError as exc:
             self.errored[table] = exc

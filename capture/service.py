@@ -46,6 +46,7 @@ from capture.publisher import ChangePublisher, ControlReader, ControlState, Topi
 from capture.replication import ReplicationStream
 from capture.replication_protocol import PrimaryKeepalive
 from capture.schema_change import added_columns, read_added_columns, resync_reason
+from capture.schema_registration import Framer, framer_for
 from capture.settings import CaptureSettings
 from capture.snapshot import SnapshotRun
 from capture.source import (
@@ -167,6 +168,12 @@ class CaptureService:
         self._attempts = 0
         self._keep_size_checked = False
         self._errored_tables: set[str] = set()
+
+    @functools.cached_property
+    def _framer(self) -> Framer:
+        """Record headers (CAPTURE_KAFKA__ENCODING); built at the first attempt, where a
+        registry password file that cannot be read is a ConfigError."""
+        return framer_for(self._settings.kafka)
 
     def run(self) -> None:
         """One attempt: set up, stream until stopped; raises on failure."""
@@ -328,6 +335,7 @@ class CaptureService:
                 topic_prefix=settings.kafka.topic_prefix,
                 metrics=metrics,
                 progress_interval_s=settings.log.progress_interval_s,
+                framer=self._framer,
             )
             run.start()
             return run
@@ -338,6 +346,7 @@ class CaptureService:
             settings.tombstones,
             rekey=lambda relation: key_by_primary_key(catalog, relation),
             decoded=metrics.decoded,
+            framer=self._framer,
         )
         flow = TableFlow(
             states,

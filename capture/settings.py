@@ -11,10 +11,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from runtime.logs import LogSettings
+from runtime.schema_registry import SchemaRegistrySettings
 from runtime.telemetry import MetricsSettings
 
 
@@ -66,6 +67,28 @@ class KafkaSettings(BaseModel):
     producer: dict[str, str] = Field(
         default_factory=dict, description="extra librdkafka producer settings (passthrough)"
     )
+    encoding: Literal["single-object", "registry"] = Field(
+        "single-object",
+        description=(
+            "framing of keys and values: single-object (C3 01 + fingerprint, schemas on the "
+            "schema topic only) or registry (Confluent wire format: 00 + schema id, schemas "
+            "registered in the Schema Registry at registry.url; the schema topic is still "
+            "written)"
+        ),
+    )
+    registry: SchemaRegistrySettings = Field(
+        default_factory=SchemaRegistrySettings,
+        description="the Schema Registry, for encoding=registry",
+    )
+
+    @model_validator(mode="after")
+    def _registry_for_registry_encoding(self) -> KafkaSettings:
+        if self.encoding == "registry" and self.registry.url is None:
+            raise ValueError(
+                "CAPTURE_KAFKA__ENCODING=registry needs the registry's URL in "
+                "CAPTURE_KAFKA__REGISTRY__URL"
+            )
+        return self
 
 
 class WalSettings(BaseModel):

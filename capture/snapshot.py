@@ -53,6 +53,7 @@ from capture.copy_text import CopyRows
 from capture.errors import ConfigError, PipelineError, TableError, TransientError
 from capture.metrics import CaptureMetrics
 from capture.pgoutput import Relation, RelationColumn, ReplicaIdentity
+from capture.schema_registration import Framer, single_object
 from capture.source import key_by_primary_key
 from capture.typemap import SESSION_SETTINGS, ColumnMapping, libpq_options
 from schemas.change_record import Change
@@ -173,8 +174,10 @@ class SnapshotRun:
         queue_size: int = 64,
         metrics: CaptureMetrics | None = None,
         progress_interval_s: float = 30.0,
+        framer: Framer = single_object,
     ) -> None:
         self.tables = tuple(tables)
+        self._framer = framer
         self._metrics = metrics
         self._progress_interval_s = progress_interval_s
         self._truncate = frozenset(truncate)
@@ -280,7 +283,7 @@ class SnapshotRun:
 
     def _copy(self, conn: Connection, table: str, snapshot_lsn: Lsn, started: int) -> int:
         relation = relation_from_catalog(conn, table)
-        codec = TableCodec(relation, self._describe(conn, relation), self._prefix)
+        codec = TableCodec(relation, self._describe(conn, relation), self._prefix, self._framer)
         schemas = tuple(SchemaRecord(m.key, m.value) for m in table_schema_messages(codec.schemas))
         fingerprint = codec.schemas.value_fingerprint
 
