@@ -1,19 +1,29 @@
 """Decode a micro-batch of Kafka records on the JVM.
 
 Input: the DataFrame ``foreachBatch`` receives from Spark's Kafka source (``topic``,
-``partition``, ``offset``, ``key``, ``value`` ...). Every non-null value is an Avro
-single-object encoding (docs/wire-contract.md): ``C3 01``, the writer fingerprint in
-bytes 2..9, then the Avro body.
+``partition``, ``offset``, ``key``, ``value`` ...). Every non-null value is framed in one
+of two ways (docs/wire-contract.md), decided per record by its first byte, so a topic
+may hold both after a deployment switched its encoding:
+
+- Avro single-object encoding: ``C3 01``, the writer fingerprint in bytes 2..9, then the
+  Avro body (a 10-byte header);
+- Schema Registry wire format: ``00``, the registered schema's id in bytes 1..4
+  (big-endian), then the same Avro body (a 5-byte header).
+
+Records are grouped by their *writer key* (:mod:`schemas.registry_framing`): the
+fingerprint, or four zero bytes and the registry id. The caller resolves writer keys to
+schema JSON: fingerprints from the schema topic, registry ids through the registry
+(``apply.feedback.SchemaCatalog``).
 
 Two steps, both on the JVM, no Python UDF:
 
 1. :func:`survey` -- one small aggregation over the batch: per topic-partition the
    record count, the next offset, tombstones (null values, skipped: the DELETE before
-   them says everything), records without a single-object header, and the writer
-   fingerprints present. The caller resolves the fingerprints to schema JSON.
-2. :func:`decode_topic` -- per fingerprint, the records are selected by comparing the
-   binary slice ``substring(value, 3, 8)`` with the fingerprint bytes and decoded with
-   ``from_avro(<value after the 10-byte header>, <writer schema JSON>)``. Each group is
+   them says everything), records with neither header, and the writer keys present.
+2. :func:`decode_topic` -- per writer key, the records are selected by comparing the
+   key's binary slice (``substring(value, 3, 8)``, or four zero bytes and
+   ``substring(value, 2, 4)``) with the key's bytes and decoded with
+   ``from_avro(<value after its header>, <writer schema JSON>)``. Each group is
    projected onto the table's columns (a column its schema lacks is null), so records of
    several writer schemas of one table -- a column added mid-batch -- combine into one
    DataFrame.
@@ -37,6 +47,7 @@ from pyspark.sql import functions as sf
 from pyspark.sql.avro.functions import from_avro
 
 from apply.delta_schema import ColumnSpec, ValueSchema
+from schemas import registry_framing
 from schemas.single_object import (
     FINGERPRINT_SIZE,
     HEADER_SIZE,
@@ -69,7 +80,8 @@ class PartitionSurvey:
     """Highest offset of the partition in the batch, plus one."""
     tombstones: int
     first_without_header: int | None
-    """Offset of the first record whose value is not a single-object encoding."""
+    """Offset of the first record whose value has neither a single-object nor a registry
+    header."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +89,8 @@ class TopicSurvey:
     topic: str
     partitions: Mapping[int, PartitionSurvey]
     fingerprints: frozenset[Fingerprint]
-    """Writer fingerprints of the topic's non-null values in the batch."""
+    """Writer keys of the topic's non-null values in the batch: fingerprints, and
+    :func:`~schemas.registry_framing.writer_key` of each registry id."""
 
     @property
     def records(self) -> int:
@@ -110,21 +123,51 @@ def persisted(frame: DataFrame | None) -> Iterator[None]:
         frame.unpersist()
 
 
-def _fingerprint_slice(value: Column) -> Column:
-    return sf.substring(value, len(MARKER) + 1, FINGERPRINT_SIZE)
+_REGISTRY_KEY_PAD = bytes(FINGERPRINT_SIZE - registry_framing.ID_SIZE)
+
+
+def _single_object(value: Column) -> Column:
+    return (sf.length(value) >= HEADER_SIZE) & (
+        sf.substring(value, 1, len(MARKER)) == sf.lit(MARKER)
+    )
+
+
+def _registry(value: Column) -> Column:
+    return (sf.length(value) >= registry_framing.HEADER_SIZE) & (
+        sf.substring(value, 1, len(registry_framing.MAGIC)) == sf.lit(registry_framing.MAGIC)
+    )
+
+
+def _writer_key(value: Column) -> Column:
+    """The 8 bytes naming the record's writer schema (module docstring); null for a
+    value with neither header."""
+    return sf.when(
+        _single_object(value), sf.substring(value, len(MARKER) + 1, FINGERPRINT_SIZE)
+    ).when(
+        _registry(value),
+        sf.concat(
+            sf.lit(_REGISTRY_KEY_PAD),
+            sf.substring(value, len(registry_framing.MAGIC) + 1, registry_framing.ID_SIZE),
+        ),
+    )
+
+
+def _body(value: Column) -> Column:
+    """The Avro body: the value after its header, whichever it is."""
+    size = sf.when(_registry(value), sf.lit(registry_framing.HEADER_SIZE)).otherwise(
+        sf.lit(HEADER_SIZE)
+    )
+    return value.substr(size + sf.lit(1), sf.length(value) - size)
 
 
 def survey(batch: DataFrame) -> dict[str, TopicSurvey]:
     """Per topic, what the batch holds (step 1 of the module docstring); one Spark job."""
     value = sf.col("value")
+    key = _writer_key(value)
     kind = (
         sf.when(value.isNull(), sf.lit(_TOMBSTONE))
-        .when(
-            (sf.length(value) < HEADER_SIZE)
-            | (sf.substring(value, 1, len(MARKER)) != sf.lit(MARKER)),
-            sf.lit(_NO_HEADER),
-        )
-        .otherwise(sf.lower(sf.hex(_fingerprint_slice(value))))
+        .when(key.isNull(), sf.lit(_NO_HEADER))
+        .otherwise(sf.lower(sf.hex(key)))
     )
     rows = (
         batch.groupBy("topic", "partition", kind.alias("kind"))
@@ -188,7 +231,7 @@ def decode_topic(
         raise ValueError("decode_topic needs at least one writer schema")
     value = sf.col("value")
     records = batch.where((sf.col("topic") == sf.lit(topic)) & value.isNotNull())
-    body = value.substr(sf.lit(HEADER_SIZE + 1), sf.length(value) - sf.lit(HEADER_SIZE))
+    body = _body(value)
     groups = []
     for schema in schemas:
         present = (
@@ -197,7 +240,7 @@ def decode_topic(
             else {column.name for column in schema.columns}
         )
         decoded = records.where(
-            _fingerprint_slice(value) == sf.lit(fingerprint_bytes(schema.fingerprint))
+            _writer_key(value) == sf.lit(fingerprint_bytes(schema.fingerprint))
         ).select(
             "partition",
             "offset",
@@ -234,24 +277,20 @@ def decode_topic(
 
 
 def decode_positions(records: DataFrame, schemas: Sequence[ValueSchema]) -> DataFrame:
-    """``records`` (rows of Spark's Kafka source) with ``fingerprint`` (the writer
-    fingerprint in hex, null without a single-object header), ``commit_lsn`` and
+    """``records`` (rows of Spark's Kafka source) with ``fingerprint`` (the writer key in
+    hex, null without a header of either framing), ``commit_lsn`` and
     ``ordinal`` added: the position, null for a record that does not decode with one of
     ``schemas``. Only the envelope is kept, so a row the table cannot take still gets
     its position."""
     value = sf.col("value")
-    has_header = (
-        value.isNotNull()
-        & (sf.length(value) >= HEADER_SIZE)
-        & (sf.substring(value, 1, len(MARKER)) == sf.lit(MARKER))
-    )
-    body = value.substr(sf.lit(HEADER_SIZE + 1), sf.length(value) - sf.lit(HEADER_SIZE))
+    key = _writer_key(value)
+    has_header = value.isNotNull() & key.isNotNull()
+    body = _body(value)
     position = sf.lit(None).cast("struct<commit_lsn:bigint,ordinal:bigint>")
     for schema in schemas:
         decoded = from_avro(body, schema.decode_json, {"mode": "PERMISSIVE"})
         position = sf.when(
-            has_header
-            & (_fingerprint_slice(value) == sf.lit(fingerprint_bytes(schema.fingerprint))),
+            has_header & (key == sf.lit(fingerprint_bytes(schema.fingerprint))),
             sf.struct(
                 decoded["commit_lsn"].cast("bigint").alias(COMMIT_LSN),
                 decoded["ordinal"].cast("bigint").alias(ORDINAL),
@@ -259,7 +298,7 @@ def decode_positions(records: DataFrame, schemas: Sequence[ValueSchema]) -> Data
         ).otherwise(position)
     return records.select(
         "*",
-        sf.when(has_header, sf.lower(sf.hex(_fingerprint_slice(value)))).alias("fingerprint"),
+        sf.when(has_header, sf.lower(sf.hex(key))).alias("fingerprint"),
         position[COMMIT_LSN].alias(COMMIT_LSN),
         position[ORDINAL].alias(ORDINAL),
     )
@@ -267,18 +306,18 @@ def decode_positions(records: DataFrame, schemas: Sequence[ValueSchema]) -> Data
 
 def decode_envelopes(batch: DataFrame, topic: str, schemas: Sequence[ValueSchema]) -> DataFrame:
     """The topic's non-null values as their envelope only: ``partition``, ``fingerprint``
-    (the writer fingerprint, 16 hex digits), ``op``, ``commit_lsn`` and ``ordinal``; null
+    (the writer key, 16 hex digits), ``op``, ``commit_lsn`` and ``ordinal``; null
     fields for a body that does not decode. No row is decoded, so records of writer
     schemas the table cannot take still get their positions."""
     if not schemas:
         raise ValueError("decode_envelopes needs at least one writer schema")
     value = sf.col("value")
     records = batch.where((sf.col("topic") == sf.lit(topic)) & value.isNotNull())
-    body = value.substr(sf.lit(HEADER_SIZE + 1), sf.length(value) - sf.lit(HEADER_SIZE))
+    body = _body(value)
     groups = []
     for schema in schemas:
         decoded = records.where(
-            _fingerprint_slice(value) == sf.lit(fingerprint_bytes(schema.fingerprint))
+            _writer_key(value) == sf.lit(fingerprint_bytes(schema.fingerprint))
         ).select(
             "partition",
             from_avro(body, schema.decode_json, {"mode": "PERMISSIVE"}).alias("v"),

@@ -1,7 +1,9 @@
 """Kafka side of the apply job: writer schemas in, applied progress out.
 
 - :class:`SchemaCatalog` reads the schema topic (compacted, keyed by fingerprint) to its
-  end, at start and again whenever a batch names a fingerprint it has not seen.
+  end, at start and again whenever a batch names a writer it has not seen; with a
+  Schema Registry configured (``APPLY_KAFKA__REGISTRY__URL``) it also resolves the ids
+  of registry-framed records (:mod:`schemas.registry_framing`) through the registry.
 - :class:`ProgressPublisher` publishes :class:`~schemas.control.AppliedProgress` (and
   :class:`~schemas.control.ApplyTableStatus`, :mod:`apply.table_status`) to the
   control topic after each Delta commit, with an idempotent ``acks=all`` producer and a
@@ -12,6 +14,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterable
 
@@ -23,22 +26,105 @@ from apply.kafka_clients import SCHEMA_GROUP, SETTING, client_conf
 from apply.settings import KafkaSettings
 from runtime.kafka_client import ConnectionErrors
 from runtime.retry import call_with_retry
+from runtime.schema_registry import RegistryRequestError, SchemaRegistryClient, SubjectStrategy
+from schemas.change_record import NAMESPACE_ROOT, VALUE_RECORD
 from schemas.control import AppliedProgress, ApplyTableStatus
 from schemas.errors import SchemaMessageError
+from schemas.registry_framing import writer_key
 from schemas.schema_topic import read_schema_message
-from schemas.single_object import Fingerprint
+from schemas.single_object import Fingerprint, format_fingerprint, schema_fingerprint
 
 _PUBLISH_ATTEMPTS = 3
 
 
+REGISTRY_SETTING = "APPLY_KAFKA__REGISTRY"
+
+
+def is_value_subject(subject: str, strategy: SubjectStrategy, topic_prefix: str) -> bool:
+    """Whether capture would register a value schema under ``subject``
+    (:func:`runtime.schema_registry.subject_name`): the subjects the catalog reads."""
+    change = f".{VALUE_RECORD}"
+    if strategy is SubjectStrategy.TOPIC:
+        return subject.startswith(f"{topic_prefix}.") and subject.endswith("-value")
+    if strategy is SubjectStrategy.RECORD:
+        return subject.startswith(f"{NAMESPACE_ROOT}.") and subject.endswith(change)
+    return (
+        subject.startswith(f"{topic_prefix}.")
+        and f"-{NAMESPACE_ROOT}." in subject
+        and subject.endswith(change)
+    )
+
+
 class SchemaCatalog:
-    """Writer schema JSON by fingerprint, from the schema topic."""
+    """Writer schema JSON by writer key: fingerprints from the schema topic, and
+    registry ids' writer keys from the Schema Registry when one is configured.
+
+    Registry ids are found by reading the value subjects capture registers under (the
+    ids themselves are only in the records, and a batch's unknown writer only makes the
+    job call :meth:`refresh`); each subject's versions are read once, so a refresh costs
+    one listing plus one request per subject and per new version.
+    """
 
     def __init__(self, settings: KafkaSettings) -> None:
         self._settings = settings
         self.schemas: dict[Fingerprint, str] = {}
+        self._registry: SchemaRegistryClient | None = None
+        self._versions_read: dict[str, int] = {}
+
+    def _add(self, key: Fingerprint, schema_json: str, source: str) -> None:
+        """Record ``schema_json`` under ``key``; refuse a key two different schemas
+        claim (a fingerprint equal to a registry id's writer key, one schema in 2^32,
+        :mod:`schemas.registry_framing`): decoding with either would be wrong."""
+        known = self.schemas.get(key)
+        if (
+            known is not None
+            and known != schema_json
+            and schema_fingerprint(json.loads(known)) != schema_fingerprint(json.loads(schema_json))
+        ):
+            raise ConfigError(
+                f"writer key {format_fingerprint(key)} names two different schemas "
+                f"(one from {source}): a schema fingerprint coincides with a registry "
+                "id; write every record with one encoding (CAPTURE_KAFKA__ENCODING) and "
+                "resync the tables whose records use the other"
+            )
+        self.schemas[key] = schema_json
 
     def refresh(self, timeout_s: float = 30.0) -> dict[Fingerprint, str]:
+        """Read the schema topic to its end, then the registry's new value schemas."""
+        self._read_schema_topic(timeout_s)
+        if self._settings.registry.url is not None:
+            self._read_registry()
+        return self.schemas
+
+    def _read_registry(self) -> None:
+        if self._registry is None:
+            # Built here, not at construction: a password file that cannot be read is a
+            # ConfigError of the first refresh, where the job reports it.
+            self._registry = SchemaRegistryClient(self._settings.registry, setting=REGISTRY_SETTING)
+        registry = self._registry
+        strategy = self._settings.registry.subject_strategy
+        try:
+            subjects = registry.subjects()
+        except RegistryRequestError as exc:
+            raise ConfigError(f"{exc}: check {REGISTRY_SETTING}__URL") from exc
+        for subject in subjects:
+            if not is_value_subject(subject, strategy, self._settings.topic_prefix):
+                continue
+            versions = registry.versions(subject)
+            read = self._versions_read.get(subject, 0)
+            if versions and versions[-1] < read:
+                read = 0  # the subject was deleted and started anew
+            for version in versions:
+                if version <= read:
+                    continue
+                found = registry.version(subject, version)
+                if found is not None:
+                    schema_id, schema_json = found
+                    self._add(writer_key(schema_id), schema_json, f"registry id {schema_id}")
+            if versions:
+                self._versions_read[subject] = versions[-1]
+
+    def _read_schema_topic(self, timeout_s: float) -> None:
         errors = ConnectionErrors(SETTING)
         consumer = Consumer(
             client_conf(self._settings)
@@ -53,7 +139,7 @@ class SchemaCatalog:
             metadata = consumer.list_topics(self._settings.schema_topic, timeout=10)
             topic = metadata.topics.get(self._settings.schema_topic)
             if topic is None or topic.error is not None or not topic.partitions:
-                return self.schemas  # nothing published yet
+                return  # nothing published yet
             partitions = sorted(topic.partitions)
             consumer.assign([TopicPartition(self._settings.schema_topic, p, 0) for p in partitions])
             at_end: set[int] = set()
@@ -75,14 +161,13 @@ class SchemaCatalog:
                         fingerprint, schema_json = read_schema_message(key, value)
                     except SchemaMessageError:
                         continue  # not a record of this contract; the message says so in logs
-                    self.schemas[fingerprint] = schema_json
+                    self._add(fingerprint, schema_json, "the schema topic")
         except KafkaException as exc:
             consumer.poll(0)  # serves the error callback: a refused login says so
             errors.check()
             raise TransientError(f"cannot read the schema topic: {exc}") from exc
         finally:
             consumer.close()
-        return self.schemas
 
 
 _NO_SUCH_TOPIC = (KafkaError._UNKNOWN_TOPIC, KafkaError.UNKNOWN_TOPIC_OR_PART)
