@@ -88,13 +88,18 @@ class SaslSslListener:
     The users are written into the metadata log when the storage is formatted
     (``kafka-storage format --add-scram``), so they exist before the broker accepts a
     connection; a broker formatted without them has none. The plaintext listener stays
-    for the broker's own traffic and the launcher's readiness probe; no authorizer is
-    configured, so any authenticated user may do anything (the ACLs each service needs
-    are in docs/security.md)."""
+    for the broker's own traffic and the launcher's readiness probe.
+
+    ``authorizer``: KRaft's ``StandardAuthorizer`` is on, and a SCRAM user may do only
+    what an ACL allows (nothing, until ACLs are created; docs/security.md lists the ones
+    each service needs). The plaintext listeners' anonymous principal is a super user:
+    the broker's own connections, its controller and the readiness probe come that way,
+    and a test creates the ACLs through it."""
 
     port: int
     keystore: Path
     users: Mapping[str, str] = field(default_factory=dict)
+    authorizer: bool = False
 
     @property
     def bootstrap_servers(self) -> str:
@@ -225,6 +230,13 @@ class LocalKafka:
                 f"{prefix}ssl.keystore.type": "PEM",
                 f"{prefix}ssl.keystore.location": str(self.sasl_ssl.keystore),
             }
+            if self.sasl_ssl.authorizer:
+                secured |= {
+                    "authorizer.class.name": (
+                        "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
+                    ),
+                    "super.users": "User:ANONYMOUS",
+                }
         settings = {
             "process.roles": "broker,controller",
             "node.id": "1",

@@ -2,7 +2,8 @@
 
 The broker (:func:`~tests.plugins.secured.secured_kafka`) is reached only on its
 ``SASL_SSL`` listener; each service logs in as its own SCRAM-SHA-512 user with the
-password in a secrets directory laid out as a mounted Kubernetes Secret. Every Kafka
+password in a secrets directory laid out as a mounted Kubernetes Secret, and may do only
+what the ACLs of docs/security.md allow (the broker's authorizer is on). Every Kafka
 client of both services is on the path: capture's admin client, producer and control
 consumer, apply's Spark source (the Java client, with the translated properties), schema
 consumer, control producer and status consumer, and the status reader. A wrong password
@@ -17,6 +18,7 @@ from pathlib import Path
 import psycopg
 import pytest
 from confluent_kafka import Consumer
+from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import TopicPartition
 from psycopg import sql
 
@@ -27,11 +29,12 @@ from apply.table_status import read_table_statuses
 from capture.errors import ConfigError
 from capture.service import CaptureService
 from capture.settings import CaptureSettings
+from deploy.local.kafka import READY_TOPIC
 from pipeline.status import StatusReader
 from schemas.naming import table_topic
 from tests.plugins.capture import CaptureThread, capture_settings, confirmed_lsn, current_lsn
 from tests.plugins.pipeline import wait_for
-from tests.plugins.secured import SecuredKafka
+from tests.plugins.secured import SecuredKafka, pipeline_acls
 from tests.plugins.services import Services
 
 Connection = psycopg.Connection[tuple[object, ...]]
@@ -135,6 +138,16 @@ def test_capture_and_apply_stream_through_sasl_ssl(
     )
     capture = secured_capture(services, secured_kafka, unique_name, capture_secret)
     apply = secured_apply(capture, secured_kafka, apply_secret, tmp_path)
+    # Each user gets only the ACLs docs/security.md lists.
+    secured_kafka.grant(
+        pipeline_acls(
+            capture="capture",
+            apply="apply",
+            prefix=unique_name,
+            control_topic=capture.kafka.control_topic,
+            schema_topic=capture.kafka.schema_topic,
+        )
+    )
     thread = CaptureThread(capture)
     thread.start(pg)
     try:
@@ -220,3 +233,18 @@ def test_a_wrong_ca_or_password_stops_apply_naming_the_setting(
     )
     with pytest.raises(ConfigError, match=r"check ssl\.ca\.location in APPLY_KAFKA__CLIENT"):
         read_table_statuses(wrong_ca)
+
+
+def test_the_broker_shows_a_user_only_what_its_acls_allow(secured_kafka: SecuredKafka) -> None:
+    """The authorizer is on, so the streaming test above proves the ACL recipe: a user
+    without an ACL for a topic does not even see it."""
+    admin = AdminClient(
+        {
+            **secured_kafka.client("apply"),
+            "sasl.password": secured_kafka.users["apply"],
+            "bootstrap.servers": secured_kafka.bootstrap_servers,
+        }
+    )
+    plain = AdminClient({"bootstrap.servers": secured_kafka.admin_bootstrap_servers})
+    assert READY_TOPIC in plain.list_topics(timeout=10).topics
+    assert READY_TOPIC not in admin.list_topics(timeout=10).topics

@@ -4,9 +4,11 @@ Both are the project's own launcher (:mod:`deploy.local`) with its security opti
 free ports under a temporary directory, with certificates made for the run
 (:mod:`deploy.local.tls`); the shared stack is never touched.
 
-- :func:`secured_kafka`: a KRaft broker with a ``SASL_SSL`` listener (TLS, SCRAM-SHA-512)
-  and one user per service. The plaintext listener the launcher keeps for itself is not
-  handed out: tests reach the broker only through the secured one.
+- :func:`secured_kafka`: a KRaft broker with a ``SASL_SSL`` listener (TLS, SCRAM-SHA-512),
+  one user per service, and the authorizer on: a user may do only what the ACLs of
+  :func:`pipeline_acls` (the recipe of docs/security.md) allow. The services reach the
+  broker only through the secured listener; the plaintext one (a super user's) is for
+  creating ACLs.
 - :func:`secured_postgres`: ``ssl = on``; only the superuser may connect without TLS
   (for the tests' setup), every other role needs TLS and its password.
 
@@ -23,11 +25,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin._acl import AclBinding, AclOperation, AclPermissionType
+from confluent_kafka.admin._resource import ResourcePatternType, ResourceType
 
+from apply.kafka_clients import SCHEMA_GROUP, SPARK_SOURCE_GROUP_PREFIX
+from apply.kafka_clients import STATUS_GROUP as APPLY_STATUS_GROUP
+from capture.publisher import CONTROL_GROUP
 from deploy.local.kafka import SCRAM_MECHANISM, LocalKafka, SaslSslListener
 from deploy.local.postgres import LocalPostgres, ServerTls
 from deploy.local.process import free_port
 from deploy.local.tls import CertificateAuthority, issue_server_certificate, make_ca
+from pipeline.status.kafka import STATUS_GROUP as PIPELINE_STATUS_GROUP
 
 KAFKA_USERS = {"capture": "capture-Scram-secret", "apply": "apply-Scram-secret"}
 
@@ -36,10 +45,17 @@ KAFKA_USERS = {"capture": "capture-Scram-secret", "apply": "apply-Scram-secret"}
 class SecuredKafka:
     bootstrap_servers: str
     """The SASL_SSL listener."""
+    admin_bootstrap_servers: str
+    """The plaintext listener, whose anonymous principal is a super user: ACLs only."""
     ca: Path
     other_ca: Path
     """A CA that did not sign the broker's certificate."""
     users: dict[str, str]
+
+    def grant(self, acls: list[AclBinding]) -> None:
+        admin = AdminClient({"bootstrap.servers": self.admin_bootstrap_servers})
+        for future in admin.create_acls(acls).values():
+            future.result(timeout=30)
 
     def client(self, user: str, *, ca: Path | None = None) -> dict[str, str]:
         """The client properties for ``user``, without the password (it goes in a
@@ -71,6 +87,38 @@ class SecuredPostgres:
         )
 
 
+def pipeline_acls(
+    *, capture: str, apply: str, prefix: str, control_topic: str, schema_topic: str
+) -> list[AclBinding]:
+    """The ACLs of docs/security.md ("Kafka ACLs") for the users ``capture`` and
+    ``apply`` of one pipeline; the tests grant exactly these, so the recipe is proven."""
+    topic, group = ResourceType.TOPIC, ResourceType.GROUP
+    literal, prefixed = ResourcePatternType.LITERAL, ResourcePatternType.PREFIXED
+    op = AclOperation
+    rules = [
+        # capture: creates and writes its topics, reads the control topic from the start.
+        (capture, topic, prefixed, f"{prefix}.", [op.CREATE, op.WRITE, op.DESCRIBE]),
+        (capture, topic, literal, control_topic, [op.CREATE, op.WRITE, op.READ, op.DESCRIBE]),
+        (capture, topic, literal, schema_topic, [op.CREATE, op.WRITE, op.DESCRIBE]),
+        (capture, group, literal, CONTROL_GROUP, [op.READ]),
+        # python -m pipeline status runs with capture's settings: reads change topics too.
+        (capture, topic, prefixed, f"{prefix}.", [op.READ]),
+        (capture, group, literal, PIPELINE_STATUS_GROUP, [op.READ]),
+        # apply: reads change and schema topics, reads and writes the control topic.
+        (apply, topic, prefixed, f"{prefix}.", [op.READ, op.DESCRIBE]),
+        (apply, topic, literal, schema_topic, [op.READ, op.DESCRIBE]),
+        (apply, topic, literal, control_topic, [op.WRITE, op.READ, op.DESCRIBE]),
+        (apply, group, literal, SCHEMA_GROUP, [op.READ]),
+        (apply, group, literal, APPLY_STATUS_GROUP, [op.READ]),
+        (apply, group, prefixed, SPARK_SOURCE_GROUP_PREFIX, [op.READ]),
+    ]
+    return [
+        AclBinding(kind, name, pattern, f"User:{user}", "*", operation, AclPermissionType.ALLOW)
+        for user, kind, pattern, name, operations in rules
+        for operation in operations
+    ]
+
+
 def _authorities(root: Path) -> tuple[CertificateAuthority, CertificateAuthority]:
     return make_ca(root / "ca"), make_ca(root / "other-ca", "unrelated test CA")
 
@@ -81,13 +129,20 @@ def secured_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecuredK
     ca, other = _authorities(root)
     server = issue_server_certificate(ca, root / "broker", "kafka")
     listener = SaslSslListener(
-        free_port(), server.keystore(root / "broker" / "keystore.pem"), dict(KAFKA_USERS)
+        free_port(),
+        server.keystore(root / "broker" / "keystore.pem"),
+        dict(KAFKA_USERS),
+        authorizer=True,
     )
     kafka = LocalKafka(root / "kafka", free_port(), free_port(), heap="512m", sasl_ssl=listener)
     try:
         kafka.start()
         yield SecuredKafka(
-            listener.bootstrap_servers, ca.certificate, other.certificate, KAFKA_USERS
+            listener.bootstrap_servers,
+            kafka.bootstrap_servers,
+            ca.certificate,
+            other.certificate,
+            KAFKA_USERS,
         )
     finally:
         kafka.stop()
