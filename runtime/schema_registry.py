@@ -277,7 +277,8 @@ class SchemaRegistryClient:
             ) as response:
                 payload = response.read()
         except urllib.error.HTTPError as exc:
-            raise self._refused(exc, what, subject=subject, schema_id=schema_id) from exc
+            with exc:  # its response holds the connection
+                raise self._refused(exc, what, subject=subject, schema_id=schema_id) from exc
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
             if isinstance(reason, ssl.SSLCertVerificationError):
