@@ -398,8 +398,12 @@ class ChangeStream:
         # already guarantee what Change checks (which images each operation carries).
         ordinal = tx.ordinal
         tx.ordinal = ordinal + 1
-        if self.decoded is not None:
-            self.decoded.add((codec.table, op.value))
+        decoded = self.decoded
+        if decoded is not None:
+            # Tally.add inlined: once per change record.
+            counts = decoded.counts
+            counted = (codec.table, op)
+            counts[counted] = counts.get(counted, 0) + 1
         encoder = codec.encoder
         key = encoder.encode_row_key(after if after is not None else before)
         value = encoder.encode_fields(
