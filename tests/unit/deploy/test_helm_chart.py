@@ -19,6 +19,7 @@ are skipped locally, naming the command; in CI (``CI=true``) a missing binary fa
 
 from __future__ import annotations
 
+import enum
 import inspect
 import json
 import os
@@ -394,6 +395,12 @@ def test_secrets_are_mounted_from_the_secrets_the_values_name(helm: Path) -> Non
         kafka_secret = _secret_volume(pod, container, secrets_dir)
         assert kafka_secret["secretName"] == values[service]["kafkaClientSecret"]
         assert "items" not in kafka_secret, "every key of the Secret is a property"
+        registry_file = env[f"{prefix}_KAFKA__REGISTRY__PASSWORD_FILE"]
+        registry_secret = _secret_volume(pod, container, registry_file)
+        assert registry_secret["secretName"] == values["kafka"]["registry"]["existingSecret"]
+        assert registry_secret["items"] == [
+            {"key": values["kafka"]["registry"]["passwordKey"], "path": "password"}
+        ]
     capture_pod = _deployment(docs, "capture")["spec"]["template"]["spec"]
     password_file = _container_env(docs, "capture")["CAPTURE_POSTGRES__PASSWORD_FILE"]
     source = _secret_volume(capture_pod, capture_pod["containers"][0], password_file)
@@ -421,7 +428,7 @@ def test_shared_kafka_secret_reaches_both_services(helm: Path) -> None:
 def test_no_configmap_holds_a_secret(helm: Path, values: Path) -> None:
     for config_map in _kinds(_render(helm, [values]), "ConfigMap").values():
         for name, value in config_map["data"].items():
-            if name.endswith(("_FILE", "_SECRETS_DIR")):
+            if name.endswith(("PASSWORD_FILE", "_SECRETS_DIR")):
                 assert value.startswith("/var/run/secrets/"), (name, "where a Secret is mounted")
                 continue
             assert "PASSWORD" not in name, name
@@ -449,6 +456,7 @@ def test_no_configmap_holds_a_secret(helm: Path, values: Path) -> None:
         ),
         (["--set", "postgres.dsn=postgresql://cdc:hunter2@db/app"], "dsn holds a password"),
         (["--set", "postgres.dsn=host=db password=hunter2"], "dsn holds a password"),
+        (["--set", "kafka.registry.url=https://u:pw@registry"], "kafka/registry/url"),
     ],
 )
 def test_a_secret_in_values_is_refused(helm: Path, flags: list[str], complaint: str) -> None:
@@ -463,6 +471,11 @@ def test_a_secret_in_values_is_refused(helm: Path, flags: list[str], complaint: 
         (["--set", "apply.settings.APPLY_KAFKA__TOPIC_PREFIX=x"], "set kafka.topicPrefix"),
         (["--set", "apply.settings.CAPTURE_TOMBSTONES=true"], "does not match pattern '^APPLY_"),
         (["--set", "capture.snapshotMode=sometimes"], "capture/snapshotMode"),
+        (["--set", "kafka.encoding=registry"], "needs kafka.registry.url"),
+        (
+            ["--set", "capture.settings.CAPTURE_KAFKA__REGISTRY__SUBJECT_STRATEGY=record"],
+            "set kafka.registry.subjectStrategy",
+        ),
         (["--set", "capture.settigns.X=1"], "'settigns' not allowed"),
     ],
 )
@@ -607,6 +620,12 @@ TYPED: dict[str, tuple[str, ...]] = {
     "CAPTURE_KAFKA__REPLICATION_FACTOR": ("kafka", "replicationFactor"),
     "CAPTURE_KAFKA__CLIENT": ("capture", "kafkaClient"),
     "CAPTURE_KAFKA__PRODUCER": ("kafka", "producer"),
+    "CAPTURE_KAFKA__ENCODING": ("kafka", "encoding"),
+    "CAPTURE_KAFKA__REGISTRY__URL": ("kafka", "registry", "url"),
+    "CAPTURE_KAFKA__REGISTRY__USERNAME": ("kafka", "registry", "username"),
+    "CAPTURE_KAFKA__REGISTRY__CA_FILE": ("kafka", "registry", "caFile"),
+    "CAPTURE_KAFKA__REGISTRY__SUBJECT_STRATEGY": ("kafka", "registry", "subjectStrategy"),
+    "CAPTURE_KAFKA__REGISTRY__TIMEOUT_S": ("kafka", "registry", "timeoutS"),
     "CAPTURE_SNAPSHOT_MODE": ("capture", "snapshotMode"),
     "CAPTURE_TABLE_REFRESH_S": ("capture", "tableRefreshS"),
     "CAPTURE_TOMBSTONES": ("capture", "tombstones"),
@@ -646,6 +665,11 @@ SHARED = {
     "APPLY_KAFKA__TOPIC_PREFIX": "CAPTURE_KAFKA__TOPIC_PREFIX",
     "APPLY_KAFKA__CONTROL_TOPIC": "CAPTURE_KAFKA__CONTROL_TOPIC",
     "APPLY_KAFKA__SCHEMA_TOPIC": "CAPTURE_KAFKA__SCHEMA_TOPIC",
+    "APPLY_KAFKA__REGISTRY__URL": "CAPTURE_KAFKA__REGISTRY__URL",
+    "APPLY_KAFKA__REGISTRY__USERNAME": "CAPTURE_KAFKA__REGISTRY__USERNAME",
+    "APPLY_KAFKA__REGISTRY__CA_FILE": "CAPTURE_KAFKA__REGISTRY__CA_FILE",
+    "APPLY_KAFKA__REGISTRY__SUBJECT_STRATEGY": "CAPTURE_KAFKA__REGISTRY__SUBJECT_STRATEGY",
+    "APPLY_KAFKA__REGISTRY__TIMEOUT_S": "CAPTURE_KAFKA__REGISTRY__TIMEOUT_S",
 }
 # Wired by the chart from a value that is not the setting itself: variable -> (value path,
 # value set there, the setting it must produce).
@@ -668,9 +692,23 @@ WIRED: dict[str, tuple[tuple[str, ...], Any, Any]] = {
         "kafka-secret",
         Path("/var/run/secrets/pgdelta-cdc/kafka"),
     ),
+    "CAPTURE_KAFKA__REGISTRY__PASSWORD_FILE": (
+        ("kafka", "registry", "existingSecret"),
+        "registry-secret",
+        Path("/var/run/secrets/pgdelta-cdc/registry/password"),
+    ),
+    "APPLY_KAFKA__REGISTRY__PASSWORD_FILE": (
+        ("kafka", "registry", "existingSecret"),
+        "registry-secret",
+        Path("/var/run/secrets/pgdelta-cdc/registry/password"),
+    ),
 }
 # Secrets never pass through values: each is set through its file variant above.
-SECRET_VIA_FILE = {"CAPTURE_POSTGRES__PASSWORD": "CAPTURE_POSTGRES__PASSWORD_FILE"}
+SECRET_VIA_FILE = {
+    "CAPTURE_POSTGRES__PASSWORD": "CAPTURE_POSTGRES__PASSWORD_FILE",
+    "CAPTURE_KAFKA__REGISTRY__PASSWORD": "CAPTURE_KAFKA__REGISTRY__PASSWORD_FILE",
+    "APPLY_KAFKA__REGISTRY__PASSWORD": "APPLY_KAFKA__REGISTRY__PASSWORD_FILE",
+}
 
 
 def _settings_fields(settings: type[BaseSettings]) -> dict[str, tuple[tuple[str, ...], FieldInfo]]:
@@ -705,8 +743,16 @@ def _bound(field: FieldInfo, kind: type[Any], attribute: str) -> float | None:
     return None
 
 
+# Samples where the chart checks the form of a value (values.schema.json).
+SAMPLES: dict[str, Any] = {
+    "CAPTURE_KAFKA__REGISTRY__URL": "https://registry.example/apis/ccompat/v7",
+}
+
+
 def _sample(variable: str, field: FieldInfo) -> Any:
     """A value for ``field`` that differs from its default and meets its constraints."""
+    if variable in SAMPLES:
+        return SAMPLES[variable]
     annotation = _without_none(field.annotation)
     default = field.get_default(call_default_factory=True)
     origin = get_origin(annotation)
@@ -714,6 +760,8 @@ def _sample(variable: str, field: FieldInfo) -> Any:
         return next(choice for choice in get_args(annotation) if choice != default)
     if annotation is bool:
         return not default
+    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
+        return next(member for member in annotation if member != default)
     if annotation in (int, float):
         low = _bound(field, annotated_types.Ge, "ge") or _bound(field, annotated_types.Gt, "gt")
         high = _bound(field, annotated_types.Le, "le")
@@ -744,6 +792,8 @@ def _set(values: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
 
 def _in_values(value: Any) -> Any:
     """How a sample is written in values: as YAML would hold it."""
+    if isinstance(value, enum.Enum):
+        return value.value
     return str(value) if isinstance(value, Path) else value
 
 
@@ -821,7 +871,14 @@ def _plan() -> tuple[dict[str, Any], dict[str, tuple[str, tuple[str, ...], Any]]
 
 def test_typed_values_name_real_settings() -> None:
     known = {v for settings in SERVICES.values() for v in _settings_fields(settings)}
-    listed = set(TYPED) | set(SHARED) | set(SHARED.values()) | set(WIRED) | set(SECRET_VIA_FILE)
+    listed = (
+        set(TYPED)
+        | set(SAMPLES)
+        | set(SHARED)
+        | set(SHARED.values())
+        | set(WIRED)
+        | set(SECRET_VIA_FILE)
+    )
     assert listed - known == set(), "stale entries: the settings were renamed or removed"
 
 

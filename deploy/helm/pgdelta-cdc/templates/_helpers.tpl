@@ -130,6 +130,7 @@ Where mounted secrets and scratch space live in the containers.
 */}}
 {{- define "pgdelta-cdc.postgresPasswordFile" -}}/var/run/secrets/pgdelta-cdc/postgres/password{{- end }}
 {{- define "pgdelta-cdc.kafkaSecretsDir" -}}/var/run/secrets/pgdelta-cdc/kafka{{- end }}
+{{- define "pgdelta-cdc.registryPasswordFile" -}}/var/run/secrets/pgdelta-cdc/registry/password{{- end }}
 {{- define "pgdelta-cdc.spoolDir" -}}/var/lib/pgdelta-cdc/spool{{- end }}
 {{- define "pgdelta-cdc.sparkLocalDir" -}}/var/lib/pgdelta-cdc/spark{{- end }}
 {{- define "pgdelta-cdc.home" -}}/home/cdc{{- end }}
@@ -160,6 +161,9 @@ names the value to use instead.
   "KAFKA__TOPIC_PREFIX" "set kafka.topicPrefix (both services)"
   "KAFKA__CONTROL_TOPIC" "set kafka.controlTopic (both services)"
   "KAFKA__SCHEMA_TOPIC" "set kafka.schemaTopic (both services)"
+  "KAFKA__REGISTRY__URL" "set kafka.registry.url (both services)"
+  "KAFKA__REGISTRY__SUBJECT_STRATEGY" "set kafka.registry.subjectStrategy (both services)"
+  "KAFKA__REGISTRY__PASSWORD_FILE" "set kafka.registry.existingSecret"
 }}
 {{- range $name, $value := (index $root.Values $service).settings }}
 {{- if not (hasPrefix $prefix $name) }}
@@ -206,5 +210,52 @@ readinessProbe:
     path: /readyz
     port: metrics
   {{- toYaml $values.probes.readiness | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/*
+The Schema Registry settings of one service, added to its ConfigMap data; none without
+kafka.registry.url. (list . "CAPTURE_" $data)
+*/}}
+{{- define "pgdelta-cdc.registrySettings" -}}
+{{- $root := index . 0 }}
+{{- $prefix := index . 1 }}
+{{- $data := index . 2 }}
+{{- $registry := $root.Values.kafka.registry }}
+{{- if $registry.url }}
+{{- $_ := set $data (printf "%sKAFKA__REGISTRY__URL" $prefix) $registry.url }}
+{{- $_ := set $data (printf "%sKAFKA__REGISTRY__SUBJECT_STRATEGY" $prefix) $registry.subjectStrategy }}
+{{- $_ := set $data (printf "%sKAFKA__REGISTRY__TIMEOUT_S" $prefix) $registry.timeoutS }}
+{{- with $registry.username }}
+{{- $_ := set $data (printf "%sKAFKA__REGISTRY__USERNAME" $prefix) . }}
+{{- end }}
+{{- with $registry.caFile }}
+{{- $_ := set $data (printf "%sKAFKA__REGISTRY__CA_FILE" $prefix) . }}
+{{- end }}
+{{- if $registry.existingSecret }}
+{{- $_ := set $data (printf "%sKAFKA__REGISTRY__PASSWORD_FILE" $prefix) (include "pgdelta-cdc.registryPasswordFile" $root) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+The registry password's volume and mount, for both Deployments.
+*/}}
+{{- define "pgdelta-cdc.registryPasswordMount" -}}
+{{- if and .Values.kafka.registry.url .Values.kafka.registry.existingSecret }}
+- name: registry-password
+  mountPath: {{ include "pgdelta-cdc.registryPasswordFile" . | dir }}
+  readOnly: true
+{{- end }}
+{{- end }}
+{{- define "pgdelta-cdc.registryPasswordVolume" -}}
+{{- if and .Values.kafka.registry.url .Values.kafka.registry.existingSecret }}
+- name: registry-password
+  secret:
+    secretName: {{ .Values.kafka.registry.existingSecret }}
+    items:
+      - key: {{ .Values.kafka.registry.passwordKey }}
+        path: {{ include "pgdelta-cdc.registryPasswordFile" . | base }}
+    defaultMode: 0440
 {{- end }}
 {{- end }}
