@@ -90,8 +90,10 @@ class _TallyCollector(Collector):
 
     def collect(self) -> Iterator[CounterMetricFamily]:
         family = CounterMetricFamily(self._name, self._documentation, labels=self._labels)
-        for key, value in sorted(self._tally.counts.copy().items()):
-            family.add_metric([_label(k) for k in key], value)
+        for labels, value in sorted(
+            ([_label(k) for k in key], value) for key, value in self._tally.counts.copy().items()
+        ):
+            family.add_metric(labels, value)
         yield family
 
     def describe(self) -> Iterable[CounterMetricFamily]:

@@ -24,7 +24,8 @@ def test_counts_and_positions_are_read_at_scrape_time() -> None:
     headers = record_headers(Operation.INSERT, Lsn(16), Lsn(8), Fingerprint(42))
     for _ in range(3):
         metrics.record_produced("public.t", headers, b"value", 10)
-    metrics.decoded.add(("public.t", "INSERT"))
+    metrics.decoded.add(("public.t", Operation.INSERT))  # as the change stream counts
+    metrics.decoded.add(("public.t", Operation.DELETE))
     labels = {"table": "public.t", "operation": "INSERT"}
     assert r.get_sample_value("cdc_capture_records_produced_total", labels) == 3
     assert r.get_sample_value("cdc_capture_changes_decoded_total", labels) == 1
@@ -39,7 +40,7 @@ def test_counts_and_positions_are_read_at_scrape_time() -> None:
     assert r.get_sample_value("cdc_capture_in_flight_bytes") == 70
     assert r.get_sample_value("cdc_capture_received_lsn_bytes") == 200
     assert r.get_sample_value("cdc_capture_confirmed_lsn_bytes") == 50
-    assert metrics.decoded.total() == 1
+    assert metrics.decoded.total() == 2
 
 
 def test_table_state_is_one_series_per_state() -> None:
