@@ -566,7 +566,9 @@ def test_monitoring_objects_select_what_the_chart_renders(helm: Path) -> None:
         }
     assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     (rule,) = _kinds(docs, "PrometheusRule").values()
-    assert rule["spec"]["groups"][0]["rules"]
+    shipped = yaml.safe_load((CHART / "files" / "alerts.yaml").read_text())["spec"]["groups"]
+    own = yaml.safe_load((CHART / "ci" / "production-values.yaml").read_text())["monitoring"]
+    assert rule["spec"]["groups"] == shipped + own["prometheusRule"]["groups"]
     pods = {s: _deployment(docs, s)["spec"]["template"]["metadata"]["labels"] for s in SERVICES}
     for budget in _kinds(docs, "PodDisruptionBudget").values():
         matched = [
@@ -582,6 +584,21 @@ def test_monitoring_objects_select_what_the_chart_renders(helm: Path) -> None:
     )
     scraped = {p["port"] for p in policy["spec"]["ingress"][0]["ports"]}
     assert scraped == {int(_container_env(docs, s)[f"{s.upper()}_METRICS__PORT"]) for s in SERVICES}
+
+
+def test_the_chart_ships_the_projects_alerts() -> None:
+    """Helm reads only files inside the chart, so it carries a copy."""
+    shipped = (CHART / "files" / "alerts.yaml").read_text()
+    assert shipped == (ROOT / "deploy" / "prometheus" / "alerts.yaml").read_text(), (
+        "cp deploy/prometheus/alerts.yaml deploy/helm/pgdelta-cdc/files/alerts.yaml"
+    )
+
+
+def test_a_prometheus_rule_without_rules_is_refused(helm: Path) -> None:
+    flags = ["--values", str(CHART / "ci" / "default-values.yaml")]
+    flags += ["--set", "monitoring.prometheusRule.enabled=true"]
+    flags += ["--set", "monitoring.prometheusRule.defaultRules=false"]
+    assert "there is no rule to ship" in _render_error(helm, flags)
 
 
 def test_a_changed_setting_restarts_the_pod(helm: Path) -> None:
