@@ -1,0 +1,82 @@
+"""A slot PostgreSQL invalidated (``wal_status = 'lost'``) stops capture with a
+configuration error naming the resync, instead of a retry that could never succeed.
+
+The test starts a PostgreSQL of its own: it lowers ``max_slot_wal_keep_size`` and
+forces the server to remove WAL a slot still needs, which must not touch the slots of
+the shared server.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from capture.metrics import CaptureMetrics
+from capture.service import CaptureService
+from capture.wal_safety import SlotLostError, read_keep_size, read_slot_wal
+from deploy.local import stack
+from deploy.local.postgres import LocalPostgres
+from deploy.local.process import free_port
+from tests.plugins.capture import capture_settings
+from tests.plugins.services import Services
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def postgres(tmp_path: Path) -> Iterator[LocalPostgres]:
+    server = LocalPostgres(root=stack._postgres_root(tmp_path), port=free_port())
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _lose_slot(conn: psycopg.Connection[tuple[object, ...]], slot: str) -> None:
+    """Write WAL past the cap and checkpoint until the server invalidates ``slot``."""
+    deadline = time.monotonic() + 60
+    while True:
+        reading = read_slot_wal(conn, slot)
+        assert reading is not None
+        if reading.wal_status == "lost":
+            return
+        assert time.monotonic() < deadline, f"the slot was never invalidated: {reading}"
+        conn.execute("SELECT pg_logical_emit_message(false, 'test', repeat('x', 1000))")
+        conn.execute("SELECT pg_switch_wal()")
+        conn.execute("CHECKPOINT")
+
+
+def test_a_lost_slot_is_a_config_error_naming_the_resync(
+    postgres: LocalPostgres, services: Services, unique_name: str
+) -> None:
+    with psycopg.connect(postgres.dsn, autocommit=True) as conn:
+        conn.execute("ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'")
+        conn.execute("SELECT pg_reload_conf()")
+        conn.execute("CREATE TABLE public.t (id int PRIMARY KEY)")
+        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", [unique_name])
+        assert read_keep_size(conn) == 1024 * 1024
+        _lose_slot(conn, unique_name)
+
+    local = Services(postgres.dsn, services.kafka_bootstrap_servers, services.mode)
+    settings = capture_settings(local, unique_name, ["public.t"])
+    metrics = CaptureMetrics()
+    service = CaptureService(settings, threading.Event(), metrics=metrics)
+    with pytest.raises(SlotLostError) as raised:
+        service.run()
+    message = str(raised.value)
+    assert f"replication slot {unique_name} was invalidated" in message
+    assert f"pg_drop_replication_slot('{unique_name}')" in message
+    assert metrics.registry.get_sample_value("cdc_capture_slot_wal_status", {"status": "lost"}) == 1
+    assert (
+        metrics.registry.get_sample_value("cdc_capture_errors_total", {"kind": "SlotLostError"})
+        == 1
+    )
+    assert metrics.registry.get_sample_value("cdc_capture_max_slot_wal_keep_size_bytes") == (
+        1024 * 1024
+    )
