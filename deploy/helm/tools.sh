@@ -37,8 +37,9 @@ done
 
 if ! command -v go >/dev/null 2>&1; then
   echo "bootstrap: missing: ${missing[*]} (for the Helm chart tests); they are built with Go," >&2
-  echo "bootstrap: which is not installed: install Go 1.22+ (https://go.dev/dl/, or" >&2
-  echo "bootstrap: 'sudo apt-get install golang-go') and run 'make tools'" >&2
+  echo "bootstrap: which is not installed: install Go (https://go.dev/dl/; helm $HELM_VERSION" >&2
+  echo "bootstrap: needs 1.26, and any Go from 1.21 on fetches that toolchain by itself," >&2
+  echo "bootstrap: so 'sudo apt-get install golang-go' also works) and run 'make tools'" >&2
   [ "${CI:-}" = true ] && exit 1
   echo "bootstrap: continuing; the Helm chart tests will be skipped" >&2
   exit 0
