@@ -270,8 +270,12 @@ class CaptureService:
                     self.metrics.position.received_lsn, slot.confirmed_flush
                 )
                 watch = WalWatch(
+                    # Bounded: a dead network must not hold the attempt's end (close joins).
                     lambda: psycopg.connect(
-                        settings.postgres.dsn, password=password, autocommit=True
+                        settings.postgres.dsn,
+                        password=password,
+                        autocommit=True,
+                        connect_timeout=10,
                     ),
                     slot=slot.name,
                     interval_s=settings.wal.check_interval_s,
