@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"registry  {state.registry.url}")
             print(f"env file  {args.env_file}")
         elif args.command == "down":
-            stopped = stack.down(wipe=args.wipe)
+            stopped = stack.down(wipe=args.wipe, env_file=args.env_file)
             print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
         elif args.command == "status":
             loaded = stack.load()

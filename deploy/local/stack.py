@@ -137,8 +137,10 @@ def up(
     return state
 
 
-def down(root: Path = STATE_ROOT, *, wipe: bool = False) -> list[str]:
-    """Stop the stack; with ``wipe``, delete its data too. Returns what was stopped."""
+def down(root: Path = STATE_ROOT, *, wipe: bool = False, env_file: Path | None = None) -> list[str]:
+    """Stop the stack; with ``wipe``, delete its data too, and ``env_file`` if given (a
+    stack of a test's own never deletes the developer's ``.local/stack.env``). Returns
+    what was stopped."""
     import shutil  # noqa: PLC0415
 
     state = load(root)
@@ -152,7 +154,8 @@ def down(root: Path = STATE_ROOT, *, wipe: bool = False) -> list[str]:
     if wipe:
         shutil.rmtree(state.postgres_root, ignore_errors=True)
         shutil.rmtree(root, ignore_errors=True)
-        ENV_FILE.unlink(missing_ok=True)
+        if env_file is not None:
+            env_file.unlink(missing_ok=True)
     return stopped
 
 

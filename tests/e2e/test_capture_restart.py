@@ -44,6 +44,8 @@ def _env(services: Services, name: str) -> dict[str, str]:
             "CAPTURE_STATUS_INTERVAL_S": "0.5",
             # Streaming is what this file is about: no snapshot folding early inserts.
             "CAPTURE_SNAPSHOT_MODE": "never",
+            # Any free port: the default one may be held by another capture.
+            "CAPTURE_METRICS__PORT": "0",
         }
     )
     return env

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 from pathlib import Path
 
@@ -9,6 +11,7 @@ import pytest
 
 from apply.settings import ApplySettings
 from capture.settings import CaptureSettings
+from deploy.local import stack
 from deploy.local.stack import StackState, write_env
 
 
@@ -66,3 +69,29 @@ def test_service_settings_read_the_env_file(
     assert capture.postgres.dsn == "postgresql://postgres@127.0.0.1:15432/postgres"
     assert capture.kafka.bootstrap_servers == "127.0.0.1:19092"
     assert apply.kafka.bootstrap_servers == "127.0.0.1:19092"
+
+
+def _stopped_stack(root: Path, tmp_path: Path) -> None:
+    """The state of a stack whose services are not running."""
+    root.mkdir()
+    state = StackState(
+        postgres_root=str(tmp_path / "pg"),
+        postgres_port=1,
+        kafka_root=str(root / "kafka"),
+        kafka_port=2,
+        kafka_controller_port=3,
+    )
+    (root / "state.json").write_text(json.dumps(dataclasses.asdict(state)))
+
+
+def test_wiping_a_stack_of_its_own_keeps_the_developers_env_file(tmp_path: Path) -> None:
+    env_file = tmp_path / "stack.env"
+    env_file.write_text("CDC_POSTGRES_DSN=x\n")
+    root = tmp_path / "own"
+    _stopped_stack(root, tmp_path)
+    stack.down(root, wipe=True)
+    assert not root.exists()
+    assert env_file.exists(), "a wipe without env_file leaves every env file alone"
+    _stopped_stack(root, tmp_path)
+    stack.down(root, wipe=True, env_file=env_file)
+    assert not env_file.exists()
