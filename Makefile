@@ -24,7 +24,7 @@ tools:
 	@bash deploy/helm/tools.sh
 
 up: bootstrap
-	@$(PY) -m deploy.local up
+	@$(PY) -m deploy.local up --registry
 
 down:
 	@if [ -x $(PY) ]; then $(PY) -m deploy.local down; else echo "nothing to stop"; fi
