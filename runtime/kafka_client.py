@@ -104,11 +104,12 @@ _LOGIN_MODULES = {
 }
 
 # librdkafka-only names with a Java counterpart of another shape (keystores, verification
-# switches, Kerberos and OAuth settings, which Java takes in its JAAS configuration):
+# switches, the Kerberos and OAuth credentials Java takes in its JAAS configuration):
 # left out of the Java client, named in a warning; give the Java form in
-# APPLY_KAFKA__SPARK_SOURCE. Other librdkafka-only names (tuning, debug) are passed on
-# and the Java client ignores them with its own "isn't a known config" warning.
-_LIBRDKAFKA_ONLY_PREFIXES = ("sasl.kerberos.", "sasl.oauthbearer.")
+# APPLY_KAFKA__SPARK_SOURCE. Names both clients share (sasl.kerberos.service.name,
+# sasl.oauthbearer.token.endpoint.url) pass; other librdkafka-only names (tuning, debug)
+# are passed on too, and the Java client ignores them with its own "isn't a known
+# config" warning.
 _LIBRDKAFKA_ONLY = {
     "ssl.certificate.location",
     "ssl.certificate.pem",
@@ -119,6 +120,14 @@ _LIBRDKAFKA_ONLY = {
     "ssl.engine.location",
     "ssl.providers",
     "enable.ssl.certificate.verification",
+    "sasl.kerberos.keytab",
+    "sasl.kerberos.principal",
+    "sasl.oauthbearer.config",
+    "sasl.oauthbearer.method",
+    "sasl.oauthbearer.client.id",
+    "sasl.oauthbearer.client.secret",
+    "sasl.oauthbearer.scope",
+    "sasl.oauthbearer.extensions",
     "enable.sasl.oauthbearer.unsecure.jwt",
 }
 
@@ -134,7 +143,7 @@ def java_client_properties(
     for name, value in properties.items():
         if name in _TRANSLATED:
             continue
-        if name in _LIBRDKAFKA_ONLY or name.startswith(_LIBRDKAFKA_ONLY_PREFIXES):
+        if name in _LIBRDKAFKA_ONLY:
             left_out.append(name)
         elif name == _SSL_ENDPOINT and value == "none":
             java[name] = ""  # Java's "no hostname verification" is the empty string
