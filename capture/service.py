@@ -59,6 +59,7 @@ from capture.source import (
     key_by_primary_key,
     resolve_tables,
 )
+from capture.source_connection import with_dead_peer_detection
 from capture.table_flow import TableFlow, now_micros
 from capture.table_states import TableStates
 from capture.type_catalog import load_array_dimensions, load_types
@@ -199,9 +200,10 @@ class CaptureService:
         settings = self._settings
         secret = self._source_password
         password = secret.get_secret_value() if secret is not None else None
+        dsn = with_dead_peer_detection(settings.postgres.dsn)
         try:
             catalog = psycopg.connect(
-                settings.postgres.dsn,
+                dsn,
                 password=password,
                 autocommit=True,
                 options=libpq_options(SESSION_SETTINGS),
@@ -272,7 +274,7 @@ class CaptureService:
                 watch = WalWatch(
                     # Bounded: a dead network must not hold the attempt's end (close joins).
                     lambda: psycopg.connect(
-                        settings.postgres.dsn,
+                        dsn,
                         password=password,
                         autocommit=True,
                         connect_timeout=10,
@@ -286,6 +288,7 @@ class CaptureService:
                 try:
                     self._stream(
                         catalog,
+                        dsn,
                         password,
                         book=book,
                         topics=topics,
@@ -302,6 +305,7 @@ class CaptureService:
     def _stream(
         self,
         catalog: psycopg.Connection[tuple[object, ...]],
+        dsn: str,
         password: str | None,
         *,
         book: ProgressBook,
@@ -330,7 +334,7 @@ class CaptureService:
 
         def start_run(tables: list[str], truncate: list[str]) -> SnapshotRun:
             run = SnapshotRun(
-                dsn=settings.postgres.dsn,
+                dsn=dsn,
                 password=password,
                 slot=slot_name,
                 tables=tables,
@@ -361,7 +365,7 @@ class CaptureService:
             spool_dir=settings.spool_dir,
         )
         stream = ReplicationStream.start(
-            settings.postgres.dsn,
+            dsn,
             password=password,
             slot=settings.postgres.slot,
             publication=settings.postgres.publication,
