@@ -81,6 +81,11 @@ class Topics:
         self._admin = AdminClient(client_conf(settings), error_cb=self._errors)
         self._known: set[str] = set()
 
+    def serve_callbacks(self) -> None:
+        """With an error callback set, librdkafka queues each connection error until
+        the client is polled: poll, so a long outage does not pile them up."""
+        self._admin.poll(0)
+
     def ensure(self, topic: str, *, compacted: bool = False, partitions: int | None = None) -> None:
         if topic in self._known:
             return
@@ -187,6 +192,7 @@ class ChangePublisher:
 
     def poll(self, timeout_s: float = 0.0) -> None:
         self._producer.poll(timeout_s)
+        self._topics.serve_callbacks()
         self._raise_on_failure()
 
     def flush(self, timeout_s: float = _FLUSH_TIMEOUT_S) -> None:

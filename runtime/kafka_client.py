@@ -28,7 +28,8 @@ are left out with a warning, and raw Java properties given for the Spark source 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from confluent_kafka import KafkaError
@@ -236,31 +237,49 @@ _SSL = KafkaError._SSL
 class ConnectionErrors:
     """A client's ``error_cb``: remembers the last login and TLS failure, so a request
     that then fails can say what to fix (:meth:`check`). Holds the librdkafka message
-    only, which names the broker and mechanism, never a credential."""
+    only, which names the broker and mechanism, never a credential.
 
-    def __init__(self, setting: str) -> None:
+    Only failures of the last ``recent_s`` seconds count: librdkafka reports no
+    recovery, and a login refused once an hour ago (a broker restarting its SCRAM
+    store) must not turn today's network failure into a fatal configuration error."""
+
+    def __init__(
+        self,
+        setting: str,
+        *,
+        recent_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._setting = setting
-        self.authentication: str | None = None
-        self.tls: str | None = None
+        self._recent_s = recent_s
+        self._clock = clock
+        self._authentication: tuple[float, str] | None = None
+        self._tls: tuple[float, str] | None = None
 
     def __call__(self, error: KafkaError) -> None:
         if error.code() == _AUTHENTICATION:
-            self.authentication = error.str()
+            self._authentication = (self._clock(), error.str())
         elif error.code() == _SSL:
-            self.tls = error.str()
+            self._tls = (self._clock(), error.str())
+
+    def _recent(self, seen: tuple[float, str] | None) -> str | None:
+        if seen is None or self._clock() - seen[0] > self._recent_s:
+            return None
+        return seen[1]
 
     def check(self) -> None:
         """Raise :class:`ConfigError` if the broker refused the login or the TLS
-        handshake failed; serve the client's callbacks (``poll``) before calling."""
+        handshake failed lately; serve the client's callbacks (``poll``) before."""
         where = f"{self._setting}__CLIENT or {self._setting}__CLIENT_SECRETS_DIR"
-        if self.authentication is not None:
+        authentication, tls = self._recent(self._authentication), self._recent(self._tls)
+        if authentication is not None:
             raise ConfigError(
-                f"Kafka refused the login ({self.authentication}): check sasl.username, "
+                f"Kafka refused the login ({authentication}): check sasl.username, "
                 f"sasl.password and sasl.mechanism in {where}"
             )
-        if self.tls is not None:
+        if tls is not None:
             raise ConfigError(
-                f"the TLS handshake with Kafka failed ({self.tls}): check ssl.ca.location in "
+                f"the TLS handshake with Kafka failed ({tls}): check ssl.ca.location in "
                 f"{where} (the CA that signed the broker's certificate) and that the "
                 "certificate names the host of the bootstrap servers"
             )

@@ -101,6 +101,8 @@ class KafkaReader:
         self._log = _ControlLog()
 
     def read(self) -> KafkaSnapshot:
+        # With an error callback set, librdkafka queues connection errors until polled.
+        self._admin.poll(0)
         try:
             topics = self._admin.list_topics(timeout=_TIMEOUT_S).topics
         except KafkaException as exc:

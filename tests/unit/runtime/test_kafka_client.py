@@ -216,3 +216,14 @@ def test_connection_errors_name_the_ca_after_a_failed_handshake() -> None:
     errors(KafkaError(KafkaError._SSL, "certificate verify failed"))
     with pytest.raises(ConfigError, match=r"check ssl\.ca\.location in CAPTURE_KAFKA__CLIENT"):
         errors.check()
+
+
+def test_connection_errors_forget_a_refusal_long_past() -> None:
+    now = [100.0]
+    errors = ConnectionErrors("CAPTURE_KAFKA", recent_s=60, clock=lambda: now[0])
+    errors(KafkaError(KafkaError._AUTHENTICATION, "SASL authentication error"))
+    now[0] += 61
+    errors.check()  # a network failure now is not blamed on the old refusal
+    errors(KafkaError(KafkaError._SSL, "certificate verify failed"))
+    with pytest.raises(ConfigError, match="TLS handshake"):
+        errors.check()
