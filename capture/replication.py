@@ -26,6 +26,16 @@ administrator command``), which makes its socket readable, and the stream then e
 with a :class:`TransientError`. The retry closes the replication connection, the
 walsender exits, the shutdown goes on, and capture reconnects (with backoff) once the
 server is back, from the slot's confirmed LSN: nothing is lost.
+
+**A silent server.** A dead network closes nothing: the socket just stays quiet, and a
+quiet stream is also what an idle database looks like. So when nothing has arrived for
+a third of ``silence_timeout_s``, status updates ask the server to answer
+(``reply_requested``), which a live walsender does at once with a keepalive; if nothing
+at all arrives within ``silence_timeout_s`` of the first unanswered request, the
+connection is taken as dead (:class:`TransientError`) and the retry reconnects. The
+kernel's own TCP timeouts (:mod:`capture.source_connection`) catch the same thing when
+the peer is truly gone, but not when something in between still acknowledges the
+packets (a proxy, a stuck load balancer).
 """
 
 from __future__ import annotations
@@ -52,6 +62,8 @@ Frame = XLogData | PrimaryKeepalive
 
 _WATCH_EVERY_S = 1.0
 """How often the shutdown watch is looked at while frames keep arriving."""
+
+DEFAULT_SILENCE_TIMEOUT_S = 60.0
 
 
 class ServerShutdownWatch:
@@ -86,12 +98,19 @@ class ReplicationStream:
     the server shuts down (see the module docstring)."""
 
     def __init__(
-        self, conn: psycopg.Connection[tuple[object, ...]], watch: ServerShutdownWatch
+        self,
+        conn: psycopg.Connection[tuple[object, ...]],
+        watch: ServerShutdownWatch,
+        *,
+        silence_timeout_s: float = DEFAULT_SILENCE_TIMEOUT_S,
     ) -> None:
         self._conn = conn
         self._pgconn = conn.pgconn
         self._watch = watch
         self._watched_at = time.monotonic()
+        self._silence_timeout_s = silence_timeout_s
+        self._heard_at = time.monotonic()
+        self._asked_at: float | None = None
 
     @classmethod
     def start(
@@ -103,6 +122,7 @@ class ReplicationStream:
         publication: str,
         start_lsn: Lsn,
         settings: Mapping[str, str],
+        silence_timeout_s: float = DEFAULT_SILENCE_TIMEOUT_S,
     ) -> ReplicationStream:
         try:
             conn = psycopg.connect(
@@ -136,7 +156,7 @@ class ReplicationStream:
         except TransientError:
             conn.close()
             raise
-        return cls(conn, watch)
+        return cls(conn, watch, silence_timeout_s=silence_timeout_s)
 
     def read(self, timeout_s: float) -> Frame | None:
         """The next frame, or None if none arrived within ``timeout_s``.
@@ -151,21 +171,34 @@ class ReplicationStream:
                 if self._watch.socket in ready:
                     self._check_watch()
                 if self._pgconn.socket not in ready:
+                    self._check_silence()
                     return None
                 self._pgconn.consume_input()
                 size, data = self._pgconn.get_copy_data(1)
                 if size == 0:
+                    self._check_silence()
                     return None
         except psycopg.OperationalError as exc:
             raise TransientError(f"replication stream broke: {exc}") from exc
         if size < 0:
             raise TransientError("the server ended the replication stream")
-        if time.monotonic() - self._watched_at >= _WATCH_EVERY_S:
+        self._heard_at = time.monotonic()
+        self._asked_at = None
+        if self._heard_at - self._watched_at >= _WATCH_EVERY_S:
             ready, _, _ = select.select([self._watch.socket], [], [], 0)
             if ready:
                 self._check_watch()
             self._watched_at = time.monotonic()
         return parse_copy_data(data)
+
+    def _check_silence(self) -> None:
+        asked = self._asked_at
+        if asked is not None and time.monotonic() - asked > self._silence_timeout_s:
+            raise TransientError(
+                f"the server sent nothing for {time.monotonic() - self._heard_at:.0f} s, "
+                f"not even the answer asked for {time.monotonic() - asked:.0f} s ago: the "
+                "network to it may be dead; reconnecting"
+            )
 
     def _check_watch(self) -> None:
         if self._watch.server_going_away():
@@ -177,7 +210,13 @@ class ReplicationStream:
 
     def send_status(self, flushed: Lsn, *, reply_requested: bool = False) -> None:
         """Standby status update: written and flushed both report ``flushed``, the LSN
-        whose data is safe in the lake; nothing beyond it is acknowledged."""
+        whose data is safe in the lake; nothing beyond it is acknowledged. After a third
+        of the silence timeout without a frame, it asks the server to answer."""
+        now = time.monotonic()
+        if now - self._heard_at >= self._silence_timeout_s / 3:
+            reply_requested = True
+        if reply_requested and self._asked_at is None:
+            self._asked_at = now
         message = encode_status_update(flushed, flushed, flushed, pg_now_micros(), reply_requested)
         try:
             self._pgconn.put_copy_data(message)

@@ -371,6 +371,7 @@ class CaptureService:
             publication=settings.postgres.publication,
             start_lsn=start,
             settings=SESSION_SETTINGS,
+            silence_timeout_s=settings.postgres.silence_timeout_s,
         )
         self.health.connected()
         position.stream_started = time.monotonic()

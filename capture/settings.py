@@ -39,6 +39,14 @@ class PostgresSettings(BaseModel):
     schemas: list[str] = Field(
         default_factory=list, description="capture every table in these schemas"
     )
+    silence_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description=(
+            "the replication connection is taken as dead (and reopened) when the server "
+            "answers nothing this long after capture asked it to"
+        ),
+    )
 
 
 class KafkaSettings(BaseModel):

@@ -2,10 +2,11 @@
 
 A connection whose peer vanished without closing it (a cable pulled, a firewall that
 drops instead of rejecting, a VM frozen) would otherwise wait for the kernel's default
-TCP timeouts: hours for an idle socket, about 15 minutes for unacknowledged writes.
-Meanwhile capture publishes nothing and the lag grows with no error to see. So every
-connection capture opens asks the kernel to probe and give up within about half a
-minute: libpq's ``keepalives*`` parameters and ``tcp_user_timeout``
+TCP timeouts: hours for an idle socket, about 15 minutes for unacknowledged writes,
+forever for a connect whose startup goes unanswered. Meanwhile capture publishes nothing
+and the lag grows with no error to see. So every connection capture opens asks the
+kernel to probe and give up within about half a minute: libpq's ``keepalives*``,
+``tcp_user_timeout`` and ``connect_timeout`` parameters
 (https://www.postgresql.org/docs/current/libpq-connect.html). The end of the
 connection is then a :class:`~capture.errors.TransientError` like any other, and the
 retry reconnects from the slot's confirmed LSN.
@@ -25,6 +26,8 @@ DEAD_PEER_DEFAULTS: dict[str, str] = {
     "keepalives_count": "3",
     # Unacknowledged data (a status update, a query) gives up after 30 s.
     "tcp_user_timeout": "30000",
+    # A connect whose server never answers (SYNs lost, a startup packet unanswered).
+    "connect_timeout": "30",
 }
 
 

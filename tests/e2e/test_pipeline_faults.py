@@ -207,8 +207,7 @@ def test_postgres_restarted_mid_workload(
         wait_for(lambda: not postgres.running(), "PostgreSQL to shut down", 120)
     except AssertionError as exc:
         raise AssertionError(
-            f"{exc}\n--- postgres log:\n{postgres.log_file.read_text()[-4000:]}\n"
-            f"{pipeline.logs()}"
+            f"{exc}\n--- postgres log:\n{postgres.log_file.read_text()[-4000:]}\n{pipeline.logs()}"
         ) from exc
     first.wait(60)
     postgres.start()

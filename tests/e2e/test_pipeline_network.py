@@ -49,6 +49,8 @@ SECONDS = int(os.environ.get("CDC_SOAK_SECONDS", "30"))
 RATE = "40"  # transactions per second, as in the fault scenarios
 POSTGRES_CUT_S = 10
 KAFKA_CUT_S = 15
+BLACKHOLE_S = 20
+SILENCE_S = 5  # capture's silence timeout in the blackhole scenario
 
 
 @pytest.fixture
@@ -72,6 +74,7 @@ def pipeline(
         tables=tuple(f"public.{t}" for t in PGBENCH_TABLES),
         workdir=tmp_path,
         capture_dsn=dsn_through(dsn, postgres_proxy),
+        capture_overrides={"CAPTURE_POSTGRES__SILENCE_TIMEOUT_S": str(SILENCE_S)},
     )
     yield built
     built.stop()
@@ -140,6 +143,26 @@ def test_capture_cut_off_postgres_recovers_by_itself(
         "capture to log its retry",
         60,
     )
+    wait_for(lambda: postgres_proxy.forwarded > before, "capture to reconnect", 120)
+    _finish(spark, pipeline, bench)
+
+
+def test_capture_behind_a_dead_network_recovers_by_itself(
+    spark: Any, pipeline: Pipeline, postgres_proxy: TcpProxy
+) -> None:
+    _started(pipeline)
+    bench = _workload(pipeline)
+    time.sleep(SECONDS / 4)  # let changes flow before the cut
+    postgres_proxy.cut(Cut.BLACKHOLE)
+    # Nothing is closed: capture notices only because the server stops answering.
+    wait_for(
+        lambda: "the network to it may be dead" in pipeline.capture.log.read_text(),
+        "capture to take the silent connection as dead",
+        BLACKHOLE_S + 60,
+    )
+    time.sleep(BLACKHOLE_S)  # the rest of the outage
+    before = postgres_proxy.forwarded
+    postgres_proxy.restore()
     wait_for(lambda: postgres_proxy.forwarded > before, "capture to reconnect", 120)
     _finish(spark, pipeline, bench)
 

@@ -187,6 +187,8 @@ class Pipeline:
     # The DSN capture itself uses, when not ``dsn`` (through a proxy the test cuts); the
     # workload, verify and the waits use ``dsn``.
     capture_dsn: str | None = None
+    # Settings of capture's own for this test, e.g. a short silence timeout.
+    capture_overrides: dict[str, str] = field(default_factory=dict)
     capture: Service = field(init=False)
     apply: Service = field(init=False)
 
@@ -210,6 +212,7 @@ class Pipeline:
             "CAPTURE_STATUS_INTERVAL_S": "0.5",
             "CAPTURE_SPOOL_DIR": str(self.workdir / "spool"),
             "CAPTURE_METRICS__PORT": "0",
+            **self.capture_overrides,
         }
         apply_env = {
             **base,
