@@ -182,7 +182,12 @@ class CaptureService:
             self.metrics.reconnects.inc()
         self._attempts += 1
         try:
-            self._attempt()
+            try:
+                self._attempt()
+            except psycopg.OperationalError as exc:
+                # A connection lost mid-attempt (a query on the catalog connection while
+                # the server shuts down, a reset): transient like a failed connect.
+                raise TransientError(f"the connection to the source failed: {exc}") from exc
         except PipelineError as exc:
             self.metrics.errors.labels(type(exc).__name__).inc()
             if isinstance(exc, TransientError):
