@@ -235,9 +235,24 @@ def test_a_wrong_ca_or_password_stops_apply_naming_the_setting(
         read_table_statuses(wrong_ca)
 
 
-def test_the_broker_shows_a_user_only_what_its_acls_allow(secured_kafka: SecuredKafka) -> None:
+def test_the_broker_shows_a_user_only_what_its_acls_allow(
+    secured_kafka: SecuredKafka, unique_name: str
+) -> None:
     """The authorizer is on, so the streaming test above proves the ACL recipe: a user
     without an ACL for a topic does not even see it."""
+    topic = f"{unique_name}.public.orders"
+    assert not secured_kafka.may_describe("apply", topic)
+    secured_kafka.grant(
+        pipeline_acls(
+            capture="capture",
+            apply="apply",
+            prefix=unique_name,
+            control_topic=f"{unique_name}._control",
+            schema_topic=f"{unique_name}._schemas",
+        )
+    )
+    assert secured_kafka.may_describe("apply", topic)
+    assert not secured_kafka.may_describe("apply", f"other{unique_name}.public.orders")
     admin = AdminClient(
         {
             **secured_kafka.client("apply"),

@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from confluent_kafka import KafkaError
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._acl import AclBinding, AclOperation, AclPermissionType
 from confluent_kafka.admin._resource import ResourcePatternType, ResourceType
@@ -52,10 +54,38 @@ class SecuredKafka:
     """A CA that did not sign the broker's certificate."""
     users: dict[str, str]
 
-    def grant(self, acls: list[AclBinding]) -> None:
+    def grant(self, acls: list[AclBinding], timeout_s: float = 30) -> None:
+        """Create ``acls`` and wait until the broker enforces them: the controller
+        acknowledges an ACL when it is in the metadata log, and the broker's authorizer
+        applies it a moment later, so a service started at once could be refused."""
         admin = AdminClient({"bootstrap.servers": self.admin_bootstrap_servers})
         for future in admin.create_acls(acls).values():
             future.result(timeout=30)
+        deadline = time.monotonic() + timeout_s
+        for binding in acls:
+            if binding.restype != ResourceType.TOPIC or binding.operation != AclOperation.DESCRIBE:
+                continue
+            user = binding.principal.removeprefix("User:")
+            topic = binding.name
+            if binding.resource_pattern_type == ResourcePatternType.PREFIXED:
+                topic += "acl-probe"
+            while not self.may_describe(user, topic):
+                assert time.monotonic() < deadline, f"{binding} not enforced in time"
+                time.sleep(0.1)
+
+    def may_describe(self, user: str, topic: str) -> bool:
+        """Whether ``user`` may describe ``topic`` (which need not exist: an unknown
+        topic is "unknown" to a user who may describe it, "not authorized" otherwise)."""
+        admin = AdminClient(
+            {
+                **self.client(user),
+                "sasl.password": self.users[user],
+                "bootstrap.servers": self.bootstrap_servers,
+            }
+        )
+        found = admin.list_topics(topic, timeout=10).topics.get(topic)
+        error = None if found is None else found.error
+        return error is None or error.code() != KafkaError.TOPIC_AUTHORIZATION_FAILED
 
     def client(self, user: str, *, ca: Path | None = None) -> dict[str, str]:
         """The client properties for ``user``, without the password (it goes in a
