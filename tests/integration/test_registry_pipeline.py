@@ -8,6 +8,7 @@
   and the Delta table equals the PostgreSQL table.
 - A retyped column is refused by the registry: the table goes to ``errored`` with a
   message naming the subject and the resync, and the other table streams on.
+- A snapshot taken in registry mode is registry-framed too.
 """
 
 from __future__ import annotations
@@ -261,3 +262,36 @@ def test_a_retyped_column_errors_its_table_naming_the_subject(
     assert subject in status.message
     assert f"python -m capture resync {schema}.retyped" in status.message
     assert registry_get(f"{schema_registry_url}/subjects/{subject}/versions") == [1]
+
+
+def test_a_snapshot_in_registry_mode_is_registry_framed(
+    services: Services, pg: Connection, unique_name: str, schema_registry_url: str
+) -> None:
+    schema = unique_name
+    items = sql.Identifier(schema, "items")
+    pg.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+    pg.execute(sql.SQL("CREATE TABLE {} (id bigint PRIMARY KEY, v text)").format(items))
+    pg.execute(
+        sql.SQL("INSERT INTO {} SELECT g, 'v' || g FROM generate_series(1, 5) g").format(items)
+    )
+    settings = in_registry_mode(
+        capture_settings(services, unique_name, [f"{schema}.items"], snapshot_mode="initial"),
+        schema_registry_url,
+    )
+    topic = table_topic(unique_name, schema, "items")
+    runner = CaptureThread(settings)
+    runner.start(pg)
+    try:
+        pg.execute(sql.SQL("INSERT INTO {} VALUES (6, 'v6')").format(items))
+        wait_for(
+            lambda: len(framings(services.kafka_bootstrap_servers, topic)) == 6,
+            "the snapshot's rows and the insert",
+            120,
+        )
+    finally:
+        runner.close(pg)
+    assert not runner.errors, runner.errors
+    assert framings(services.kafka_bootstrap_servers, topic) == [Framing.REGISTRY] * 6
+    # The snapshot's codec registered the same table version the stream's did.
+    subject = f"{schema_registry_url}/subjects/{topic}-value"
+    assert registry_get(f"{subject}/versions") == [1]
