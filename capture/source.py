@@ -159,10 +159,11 @@ def ensure_publication(conn: Connection, name: str, tables: Sequence[TableRef]) 
     if exists is None:
         if not tables:
             raise ConfigError("no capturable table left to publish")
-        conn.execute(
+        _publication_ddl(
+            conn,
             sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(
                 sql.Identifier(name), sql.SQL(", ").join(t.identifier for t in tables)
-            )
+            ),
         )
         return
     if exists[0]:
@@ -175,11 +176,26 @@ def ensure_publication(conn: Connection, name: str, tables: Sequence[TableRef]) 
     }
     missing = [t for t in tables if t not in published]
     if missing:
-        conn.execute(
+        _publication_ddl(
+            conn,
             sql.SQL("ALTER PUBLICATION {} ADD TABLE {}").format(
                 sql.Identifier(name), sql.SQL(", ").join(t.identifier for t in missing)
-            )
+            ),
         )
+
+
+def _publication_ddl(conn: Connection, statement: sql.Composed) -> None:
+    """Run ``statement``; a role that may not is told what its DBA must run instead
+    (docs/security.md, a least-privilege role)."""
+    try:
+        conn.execute(statement)
+    except psycopg.errors.InsufficientPrivilege as exc:
+        text = statement.as_string(conn)
+        raise ConfigError(
+            f"capture's role may not run `{text}` ({exc.diag.message_primary}): have the "
+            "publication's owner or a superuser run it once, then start capture again "
+            "(docs/security.md)"
+        ) from exc
 
 
 def find_slot(conn: Connection, name: str) -> SlotState | None:

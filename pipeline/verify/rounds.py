@@ -27,7 +27,8 @@ from apply.dead_letter import dead_letter_path
 from apply.settings import ApplySettings
 from apply.tables import TableId
 from capture import errors as capture_errors
-from capture.settings import CaptureSettings
+from capture.credentials import source_password
+from capture.settings import CaptureSettings, PostgresSettings
 from capture.source import TableRef
 from pipeline.verify import lake as lake_side
 from pipeline.verify import source as source_side
@@ -113,7 +114,7 @@ def verify_tables(
     lake_side.check_session(spark)
     postgres = capture_settings.postgres
     dsn = postgres.dsn
-    password = postgres.password.get_secret_value() if postgres.password else None
+    password = _password(postgres)
     root = apply_settings.lake.root
     with source_side.connect(dsn, password) as conn:
         conn.autocommit = True
@@ -163,7 +164,7 @@ def _verify_round(
     """One round: verify point -> describe (first round: ``describe`` holds the
     published columns) -> wait for the slot -> errored tables -> compare each table."""
     postgres = capture_settings.postgres
-    password = postgres.password.get_secret_value() if postgres.password else None
+    password = _password(postgres)
     with source_side.verify_point(postgres.dsn, password) as point:
         if describe is not None:
             for run in pending:
@@ -292,3 +293,9 @@ def _settle(
         run.report.add(outcome, result.of(outcome), max_keys)
     run.unsettled = result.of(Outcome.UNSETTLED)
     run.done = not run.unsettled
+
+
+def _password(postgres: PostgresSettings) -> str | None:
+    """Capture's own source password: inline or from its file, as capture reads it."""
+    secret = source_password(postgres)
+    return secret.get_secret_value() if secret is not None else None

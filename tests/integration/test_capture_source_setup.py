@@ -5,6 +5,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 from psycopg import sql
+from psycopg.conninfo import make_conninfo
 
 from capture.errors import ConfigError
 from capture.source import (
@@ -15,6 +16,7 @@ from capture.source import (
     ensure_slot,
     resolve_tables,
 )
+from tests.plugins.services import Services
 
 Connection = psycopg.Connection[tuple[object, ...]]
 
@@ -100,3 +102,20 @@ def test_slot_of_another_plugin_is_refused(pg: Connection, unique_name: str) -> 
             ensure_slot(pg, unique_name)
     finally:
         _drop_slot(pg, unique_name)
+
+
+def test_a_role_that_may_not_extend_the_publication_is_told_what_the_dba_runs(
+    pg: Connection, schema: str, unique_name: str, services: Services
+) -> None:
+    orders, full = TableRef(schema, "orders"), TableRef(schema, "full_identity")
+    ensure_publication(pg, unique_name, [orders])  # created by the superuser (a DBA)
+    role = f"{unique_name}_r"
+    pg.execute(sql.SQL("CREATE ROLE {} LOGIN REPLICATION").format(sql.Identifier(role)))
+    try:
+        dsn = make_conninfo(services.postgres_dsn, user=role)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            with pytest.raises(ConfigError, match=r"ALTER PUBLICATION .* ADD TABLE .*owner"):
+                ensure_publication(conn, unique_name, [orders, full])
+            ensure_publication(conn, unique_name, [orders])  # nothing to add: no DDL
+    finally:
+        pg.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
