@@ -13,8 +13,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import psycopg
 import pytest
@@ -23,22 +22,15 @@ from capture.errors import TransientError
 from capture.replication import ReplicationStream
 from capture.replication_protocol import XLogData
 from capture.typemap import SESSION_SETTINGS
-from deploy.local import stack
 from deploy.local.postgres import LocalPostgres
-from deploy.local.process import free_port
 from schemas.lsn import Lsn
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
-def postgres(tmp_path: Path) -> Iterator[LocalPostgres]:
-    server = LocalPostgres(root=stack._postgres_root(tmp_path), port=free_port())
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
+def postgres(private_postgres: LocalPostgres) -> LocalPostgres:
+    return private_postgres
 
 
 def _wait(condition: Callable[[], bool], what: str, timeout_s: float) -> None:

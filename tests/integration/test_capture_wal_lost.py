@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import psycopg
 import pytest
@@ -19,9 +17,7 @@ import pytest
 from capture.metrics import CaptureMetrics
 from capture.service import CaptureService
 from capture.wal_safety import SlotLostError, read_keep_size, read_slot_wal
-from deploy.local import stack
 from deploy.local.postgres import LocalPostgres
-from deploy.local.process import free_port
 from tests.plugins.capture import capture_settings
 from tests.plugins.services import Services
 
@@ -29,13 +25,8 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
-def postgres(tmp_path: Path) -> Iterator[LocalPostgres]:
-    server = LocalPostgres(root=stack._postgres_root(tmp_path), port=free_port())
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
+def postgres(private_postgres: LocalPostgres) -> LocalPostgres:
+    return private_postgres
 
 
 def _lose_slot(conn: psycopg.Connection[tuple[object, ...]], slot: str) -> None:

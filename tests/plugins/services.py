@@ -26,6 +26,8 @@ import psycopg
 import pytest
 
 from deploy.local import stack
+from deploy.local.postgres import LocalPostgres
+from deploy.local.process import free_port
 
 PG_SERVER_ARGS = (
     "-c wal_level=logical -c max_replication_slots=64 -c max_wal_senders=64 "
@@ -112,3 +114,14 @@ def pg(services: Services) -> Iterator[psycopg.Connection[tuple[object, ...]]]:
     """An autocommit connection to the test database."""
     with psycopg.connect(services.postgres_dsn, autocommit=True) as conn:
         yield conn
+
+
+@pytest.fixture
+def private_postgres(tmp_path: Path) -> Iterator[LocalPostgres]:
+    """A PostgreSQL of this test's own, for tests that shut it down or break its WAL."""
+    server = LocalPostgres(root=stack._postgres_root(tmp_path), port=free_port())
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
