@@ -25,7 +25,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -39,8 +38,8 @@ import psycopg
 
 from deploy.local import stack
 from deploy.local.postgres import find_bindir
+from deploy.local.service_process import ServiceProcess
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
 PREFIX = "bench"
 SLOT = "bench_slot"
 TABLES = ("pgbench_accounts", "pgbench_branches", "pgbench_tellers", "pgbench_history")
@@ -124,42 +123,15 @@ class ProcessTree:
 
 
 @dataclass
-class Service:
-    """One service as a process of its own session, its output in ``log``."""
+class Service(ServiceProcess):
+    """A service process whose CPU and memory are sampled (:class:`ProcessTree`)."""
 
-    name: str
-    argv: list[str]
-    env: dict[str, str]
-    log: Path
-    process: subprocess.Popen[bytes] | None = None
     tree: ProcessTree | None = None
 
     def start(self) -> None:
-        with self.log.open("ab") as out:
-            self.process = subprocess.Popen(
-                self.argv,
-                cwd=PROJECT_ROOT,
-                env=self.env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+        super().start()
+        assert self.process is not None
         self.tree = ProcessTree(self.process.pid)
-
-    def check(self) -> None:
-        if self.process is not None and self.process.poll() is not None:
-            tail = self.log.read_text(errors="replace")[-3000:]
-            raise SystemExit(f"bench: {self.name} exited ({self.process.returncode}):\n{tail}")
-
-    def stop(self) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(120)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(30)
 
 
 @dataclass

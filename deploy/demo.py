@@ -49,6 +49,7 @@ from capture.settings import KafkaSettings as CaptureKafka
 from deploy.local import stack
 from deploy.local.jars import PROJECT_ROOT, resolve
 from deploy.local.process import free_port
+from deploy.local.service_process import ServiceExited, ServiceProcess
 from pipeline.status import PipelineStatus, StatusReader
 from schemas.lsn import Lsn, parse_lsn
 
@@ -225,41 +226,6 @@ class Workload:
             order = self._orders.pop(r.randrange(len(self._orders)))
             conn.execute("DELETE FROM demo.order_items WHERE order_id = %s", [order])
             conn.execute("DELETE FROM demo.orders WHERE id = %s", [order])
-
-
-@dataclass
-class ServiceProcess:
-    name: str
-    argv: list[str]
-    env: dict[str, str]
-    log: Path
-    process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        with self.log.open("ab") as out:
-            self.process = subprocess.Popen(
-                self.argv,
-                cwd=PROJECT_ROOT,
-                env=self.env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # Ctrl-C reaches the demo only; it stops them in order
-            )
-
-    def check(self) -> None:
-        if self.process is not None and self.process.poll() is not None:
-            tail = self.log.read_text(errors="replace")[-2000:]
-            raise SystemExit(f"demo: {self.name} exited ({self.process.returncode}):\n{tail}")
-
-    def stop(self) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(120)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(30)
 
 
 @dataclass(frozen=True, slots=True)
@@ -503,6 +469,9 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         return run(arguments.seconds, arguments.rate, arguments.root, stop)
+    except ServiceExited as exc:
+        say(str(exc))
+        return 1
     except KeyboardInterrupt:
         say("interrupted: stopped cleanly")
         return 130
