@@ -13,11 +13,12 @@ The defaults suit one small machine and every setting can be overridden through
   (``spark.sql.parquet.outputTimestampType=TIMESTAMP_MICROS``; Spark's default is the
   legacy INT96). Delta writes its data files through Spark's Parquet writer, so the
   session conf decides, for new tables and for every file an existing table gets from
-  the next write on. INT96 holds nanoseconds, so readers that map it to a 64-bit
-  nanosecond count (delta-rs, pyarrow) wrap every instant outside 1677-2262, and
-  ``+-infinity`` (the int64 extremes in microseconds) become garbage; INT64 microseconds
-  is the exact value capture published. Files written before stay INT96 until something
-  rewrites them (docs/apply.md, Reading the lake);
+  the next write on. INT96 holds nanoseconds, and readers that map it to a 64-bit
+  nanosecond count cannot hold instants outside 1677-2262 nor ``+-infinity`` (the int64
+  extremes in microseconds): delta-rs's pyarrow reader fails on them, its query engine
+  returns other instants. INT64 microseconds is the exact value capture published.
+  Files written before stay INT96 until something rewrites them (docs/apply.md,
+  Reading the lake);
 - Delta snapshots rebuilt with 2 tasks (``snapshotPartitions``, Delta's default is 50):
   the table's state is rebuilt after every commit, i.e. every batch, and for the few
   files of a CDC table 50 tasks cost seconds of scheduling on a small machine;
