@@ -10,9 +10,11 @@ deletion vectors behind. Each reader's rows are turned into the contract's value
 (:func:`tests.plugins.lake.contract_values`) and compared with PostgreSQL by the checks
 of ``test_type_roundtrip.py``, value by value.
 
-A second lake is built from the same topics by ``python -m apply`` with
-``APPLY_LAKE__DELETION_VECTORS=false``: the reader matrix of docs/apply.md is what the
-DV test below observes on both.
+A table of ordinary values goes along (updated and deleted from in the later batch
+too), for delta-rs's pyarrow reader, which fails on the type-rich table's extreme dates
+whatever its deletion vectors. A second lake is built from the same topics by
+``python -m apply`` with ``APPLY_LAKE__DELETION_VECTORS=false``: the reader matrix of
+docs/apply.md is what the DV test below observes on both lakes.
 """
 
 from __future__ import annotations
