@@ -19,11 +19,12 @@ Definitions (docs/operations.md, status):
   (None) and its lag in bytes counts from its applied LSN, which stands still.
 
 The commit time of a waiting record is read from its value without its writer schema:
-every change value is ``C3 01`` + 8-byte fingerprint + an Avro ``Change`` whose first
-fields are the closed envelope ``op`` (enum), ``commit_lsn``, ``change_lsn``, ``xid``,
-``commit_ts`` (docs/wire-contract.md, value; a new envelope field is a new contract
-version). So five zig-zag varints after the header give it, exactly, without reading
-the schema topic.
+every change value is a header (single-object ``C3 01`` + 8-byte fingerprint, or the
+Schema Registry's ``00`` + 4-byte id) + an Avro ``Change`` whose first fields are the
+closed envelope ``op`` (enum), ``commit_lsn``, ``change_lsn``, ``xid``, ``commit_ts``
+(docs/wire-contract.md, value; a new envelope field is a new contract version). So five
+zig-zag varints after the header give it, exactly, without reading the schema topic or
+asking the registry.
 """
 
 from __future__ import annotations
@@ -31,8 +32,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from schemas import registry_framing, single_object
+from schemas.errors import DecodeError
 from schemas.lsn import Lsn
-from schemas.single_object import HEADER_SIZE, MARKER
+from schemas.registry_framing import Framing, framing_of
+
+_HEADER_SIZES = {
+    Framing.SINGLE_OBJECT: single_object.HEADER_SIZE,
+    Framing.REGISTRY: registry_framing.HEADER_SIZE,
+}
 
 _MAX_VARINT_BYTES = 10  # a 64-bit zig-zag long
 _ENVELOPE_LONGS = 4  # commit_lsn, change_lsn, xid, commit_ts after op
@@ -53,11 +61,16 @@ class WaitingChange:
 
 def envelope_head(value: bytes) -> WaitingChange:
     """``commit_lsn`` and ``commit_ts`` of a change value (module docstring)."""
-    if value[: len(MARKER)] != MARKER:
-        raise EnvelopeError("the value does not start with the single-object marker C3 01")
-    if len(value) < HEADER_SIZE:
-        raise EnvelopeError(f"the value ends inside its single-object header ({len(value)} bytes)")
-    position = HEADER_SIZE
+    try:
+        framing = framing_of(value)
+    except DecodeError as exc:
+        raise EnvelopeError(str(exc)) from exc
+    header_size = _HEADER_SIZES[framing]
+    if len(value) < header_size:
+        raise EnvelopeError(
+            f"the value ends inside its {framing.value} header ({len(value)} bytes)"
+        )
+    position = header_size
     fields = []
     for _ in range(1 + _ENVELOPE_LONGS):
         number, position = _zigzag(value, position)

@@ -13,6 +13,7 @@ from pipeline.status.lag import (
     waiting_offsets,
 )
 from schemas import column_type as ct
+from schemas import registry_framing, single_object
 from schemas.change_record import (
     Change,
     ChangeEncoder,
@@ -22,6 +23,7 @@ from schemas.change_record import (
 )
 from schemas.lsn import Lsn
 from schemas.operation import Operation
+from schemas.registry_framing import SchemaId
 
 NOW = 1_700_000_100_000_000
 ENCODER = ChangeEncoder(
@@ -48,15 +50,21 @@ def test_the_envelope_gives_commit_lsn_and_time_without_the_schema(
     op: Operation, commit_lsn: int, commit_ts: int, images: dict[str, object]
 ) -> None:
     change = Change(op, Lsn(commit_lsn), Lsn(commit_lsn + 8), 77, commit_ts, 3, **images)  # type: ignore[arg-type]
-    assert envelope_head(ENCODER.encode_value(change)) == WaitingChange(Lsn(commit_lsn), commit_ts)
+    single_object_value = ENCODER.encode_value(change)
+    expected = WaitingChange(Lsn(commit_lsn), commit_ts)
+    assert envelope_head(single_object_value) == expected
+    # The same body behind the Schema Registry's header.
+    body = single_object_value[single_object.HEADER_SIZE :]
+    assert envelope_head(registry_framing.header(SchemaId(42)) + body) == expected
 
 
 @pytest.mark.parametrize(
     ("value", "match"),
     [
-        (b"", "marker"),
-        (b"\x00\x01" + bytes(20), "marker"),
-        (b"\xc3\x01\x00\x00", "header"),
+        (b"", "framing byte"),
+        (b"\x07\x01" + bytes(20), "neither"),
+        (b"\xc3\x01\x00\x00", "single-object header"),
+        (b"\x00\x00\x01", "registry header"),
         (b"\xc3\x01" + bytes(8) + b"\x02\x80", "ends inside its envelope"),
         (b"\xc3\x01" + bytes(8) + b"\x00" + b"\xff" * 11, "longer than 10 bytes"),
         (b"\xc3\x01" + bytes(8) + b"\x00\x01\x00\x00\x00", "negative"),
