@@ -103,6 +103,7 @@ from apply.superseded import TablePlan, measure_supersession, plan_table
 from apply.table_pool import run_per_table, table_session
 from apply.tables import TableId, table_of_topic, table_path
 from schemas.lsn import format_lsn
+from schemas.registry_framing import registry_id_of
 from schemas.single_object import Fingerprint, format_fingerprint
 
 log = logging.getLogger(__name__)
@@ -203,7 +204,11 @@ def _table_task(
     try:
         missing = _missing_schemas(topic_survey, context)
         if missing:
-            raise MissingSchemaError(table, topic_survey.topic, context.schema_topic, missing)
+            registry_ids = [i for i in map(registry_id_of, missing) if i is not None]
+            fingerprints = [format_fingerprint(f) for f in missing if registry_id_of(f) is None]
+            raise MissingSchemaError(
+                table, topic_survey.topic, context.schema_topic, fingerprints, registry_ids
+            )
         return apply_table(session, batch, batch_id, topic_survey, context)
     except TableError as exc:
         log.error(  # noqa: TRY400 - the message says what to do; the trace adds nothing
@@ -281,10 +286,11 @@ def _at(position: Position | None) -> str:
     return "-" if position is None else f"{format_lsn(position.commit_lsn)}#{position.ordinal}"
 
 
-def _missing_schemas(topic_survey: TopicSurvey, context: ApplyContext) -> list[str]:
-    """The writer fingerprints of the topic's records that ``context`` lacks, formatted."""
+def _missing_schemas(topic_survey: TopicSurvey, context: ApplyContext) -> list[Fingerprint]:
+    """The writer keys (fingerprints, or registry ids as keys) of the topic's records
+    that ``context`` lacks."""
     return sorted(
-        format_fingerprint(fingerprint)
+        fingerprint
         for fingerprint in topic_survey.fingerprints
         if fingerprint not in context.writer_schemas
     )
@@ -317,7 +323,7 @@ def apply_batch(
             for topic in sorted(surveys):
                 missing = _missing_schemas(surveys[topic], context)
                 if missing:
-                    raise UnknownSchemaError(topic, missing)
+                    raise UnknownSchemaError(topic, [format_fingerprint(f) for f in missing])
         errored = errored_tables(spark, context.dead_letter)
         topics = [surveys[topic] for topic in sorted(surveys)]
         futures = run_per_table(
@@ -488,7 +494,8 @@ def apply_table(
                 topic,
                 partition,
                 seen.first_without_header,
-                "is not an Avro single-object encoding (no c3 01 header)",
+                "has neither framing of the contract (no single-object c3 01 header, no "
+                "Schema Registry 00 header)",
             )
     schemas = [
         parse_value_schema(table, fingerprint, context.writer_schemas[fingerprint])

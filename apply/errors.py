@@ -27,6 +27,8 @@ Kafka coordinates and the fix, never a row value.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from runtime.errors import ConfigError, PipelineError, TableError, TransientError
 
 __all__ = [
@@ -58,16 +60,34 @@ class UnknownSchemaError(TransientError):
 class MissingSchemaError(TableError):
     """The table's records name writer schemas the schema topic does not hold, even read
     to its end again: they were lost (retention, a compaction gone wrong, a different
-    prefix), since the capture publishes every schema before its first record."""
+    prefix), since the capture publishes every schema before its first record. Or they
+    name Schema Registry ids the registry does not know (another registry, a schema
+    deleted there)."""
 
-    def __init__(self, table: str, topic: str, schema_topic: str, fingerprints: list[str]) -> None:
-        super().__init__(
-            table,
-            f"records of {topic} name writer schema fingerprint(s) {', '.join(fingerprints)} "
-            f"that {schema_topic} does not hold, even read to its end again: restart the "
-            "capture, which publishes its schemas again, then run "
-            f"python -m apply reapply {table}",
-        )
+    def __init__(
+        self,
+        table: str,
+        topic: str,
+        schema_topic: str,
+        fingerprints: list[str],
+        registry_ids: Sequence[int] = (),
+    ) -> None:
+        causes = []
+        if fingerprints:
+            causes.append(
+                f"writer schema fingerprint(s) {', '.join(fingerprints)} that {schema_topic} "
+                "does not hold, even read to its end again: restart the capture, which "
+                f"publishes its schemas again, then run python -m apply reapply {table}"
+            )
+        if registry_ids:
+            causes.append(
+                f"Schema Registry id(s) {', '.join(str(i) for i in registry_ids)} that the "
+                "registry does not know: check that APPLY_KAFKA__REGISTRY__URL names the "
+                "registry capture writes to, then run python -m apply reapply "
+                f"{table}; a schema deleted from the registry cannot be read back: resync "
+                "the table (python -m capture resync) and discard its parked records"
+            )
+        super().__init__(table, f"records of {topic} name " + "; and ".join(causes))
         self.topic = topic
         self.fingerprints = fingerprints
 
