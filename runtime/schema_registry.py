@@ -35,7 +35,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from runtime.errors import ConfigError, PipelineError, TransientError
 from runtime.secrets import resolve_password
@@ -89,6 +89,12 @@ class SchemaRegistrySettings(BaseModel):
         ),
     )
     timeout_s: float = Field(10.0, gt=0, description="timeout of each registry request")
+
+    @field_validator("url", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: object) -> object:
+        """An empty URL (``VAR=`` in an env file or compose) means no registry."""
+        return None if value == "" else value
 
 
 def subject_name(strategy: SubjectStrategy, topic: str, record: str, *, key: bool) -> str:

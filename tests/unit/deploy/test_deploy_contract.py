@@ -266,11 +266,22 @@ def _service(compose: dict[str, Any], name: str) -> dict[str, Any]:
     return service
 
 
-def _environment(compose: dict[str, Any], name: str) -> dict[str, str]:
+_INTERPOLATION = re.compile(r"\$\{(\w+):-([^}]*)\}")
+
+
+def _environment(
+    compose: dict[str, Any], name: str, shell: dict[str, str] | None = None
+) -> dict[str, str]:
+    """A service's environment as compose hands it over (every value a string), with
+    ``${VAR:-default}`` resolved from ``shell`` as compose resolves it from its own."""
     env = _service(compose, name).get("environment", {})
     assert isinstance(env, dict), f"write {name}'s environment as a mapping"
-    # Compose hands every value to the container as a string.
-    return {str(key): str(value) for key, value in env.items()}
+    given = shell or {}
+
+    def resolve(value: object) -> str:
+        return _INTERPOLATION.sub(lambda m: given.get(m[1]) or m[2], str(value))
+
+    return {str(key): resolve(value) for key, value in env.items()}
 
 
 def _listeners(spec: str) -> dict[str, tuple[str, int]]:
@@ -288,7 +299,29 @@ def _published_container_ports(service: dict[str, Any]) -> set[int]:
 
 
 def test_compose_runs_the_four_services(compose: dict[str, Any]) -> None:
-    assert set(compose["services"]) == {"postgres", "kafka", "capture", "apply"}
+    assert set(compose["services"]) == {"postgres", "kafka", "capture", "apply", "registry"}
+    assert _service(compose, "registry")["profiles"] == ["registry"], "only when asked for"
+
+
+def test_compose_switches_both_services_to_the_registry_together(
+    compose: dict[str, Any],
+) -> None:
+    plain = capture_settings(_environment(compose, "capture"))
+    assert plain.kafka.encoding == "single-object"
+    assert plain.kafka.registry.url is None
+    assert apply_settings(_environment(compose, "apply")).kafka.registry.url is None
+    shell = {
+        "CDC_ENCODING": "registry",
+        "CDC_SCHEMA_REGISTRY_URL": "http://registry:8080/apis/ccompat/v7",
+    }
+    capture = capture_settings(_environment(compose, "capture", shell))
+    apply = apply_settings(_environment(compose, "apply", shell))
+    assert capture.kafka.encoding == "registry"
+    assert capture.kafka.registry.url == apply.kafka.registry.url
+    assert capture.kafka.registry.url is not None
+    assert capture.kafka.registry.url.startswith("http://registry:8080/")
+    published = _published_container_ports(_service(compose, "registry"))
+    assert 8080 in published
 
 
 def test_postgres_runs_with_logical_decoding(compose: dict[str, Any]) -> None:
@@ -513,7 +546,11 @@ def test_chart_names_only_real_settings(values: dict[str, Any]) -> None:
 
 
 def test_chart_sets_everything_compose_sets(compose: dict[str, Any]) -> None:
-    in_templates = {n for t in _chart_templates().values() for n in SETTING_NAME.findall(t)}
+    templates = _chart_templates().values()
+    in_templates = {n for t in templates for n in SETTING_NAME.findall(t)}
+    # Settings both services share are written once, under either service's prefix.
+    shared = {n for t in templates for n in re.findall(r'printf "%s([A-Z_]+)" \$prefix', t)}
+    in_templates |= {f"{service}_{name}" for name in shared for service in ("CAPTURE", "APPLY")}
     for service in ("capture", "apply"):
         # The chart hands a secret over as a mounted file (X_FILE) where compose sets X.
         missing = {
