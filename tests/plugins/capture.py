@@ -61,7 +61,10 @@ def confirmed_lsn(pg: Connection, slot: str) -> Lsn:
 
 
 def current_lsn(pg: Connection) -> Lsn:
-    row = pg.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+    """Where the WAL ends, committed transactions included: the insert position. Under
+    ``synchronous_commit=off`` (the local stack) the flush position can still be short
+    of a commit just made, and a wait on it would end before that commit arrived."""
+    row = pg.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
     assert row is not None
     return parse_lsn(str(row[0]))
 

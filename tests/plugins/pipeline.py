@@ -294,7 +294,10 @@ def slot_confirmed(conn: Connection, slot: str) -> Lsn | None:
 
 
 def current_wal(conn: Connection) -> Lsn:
-    row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+    """Where the WAL ends, committed transactions included: the insert position. Under
+    ``synchronous_commit=off`` (the local stack) the flush position can still be short
+    of a commit just made, and a wait on it would end before that commit arrived."""
+    row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
     assert row is not None
     return parse_lsn(str(row[0]))
 
