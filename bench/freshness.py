@@ -150,12 +150,14 @@ class ArrivalWatcher:
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
-                messages = self._consumer.consume(1000, timeout=0.1)
+                # poll, not consume(n): consume waits for n messages or its timeout, which
+                # would add up to the timeout to every latency at a low rate.
+                message = self._consumer.poll(0.1)
+                if message is None:
+                    continue
                 now_us = time.time_ns() // 1000
-                for message in messages:
-                    value = message.value()
-                    if message.error() is not None or value is None:
-                        continue
+                value = message.value()
+                if message.error() is None and value is not None:
                     record = (
                         message.topic() or "",
                         message.partition() or 0,
