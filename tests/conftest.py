@@ -6,4 +6,5 @@ pytest_plugins = [
     "tests.plugins.pipeline",
     "tests.plugins.secured",
     "tests.plugins.registry",
+    "tests.plugins.connect",
 ]

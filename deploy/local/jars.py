@@ -1,11 +1,17 @@
 """Where the JVM jars live and how they get there.
 
-Two sets, each resolved from Maven Central by a checked-in ``pom.xml`` under
-``deploy/jars/`` with ``mvn dependency:copy-dependencies`` (``make jars``), never by Ivy at
-run time:
+Each set is resolved from Maven Central by a checked-in ``pom.xml`` under
+``deploy/jars/`` with ``mvn dependency:copy-dependencies``, never by Ivy at run time.
+``make jars`` resolves :data:`JAR_SETS`:
 
 - ``kafka``: an Apache Kafka broker and its runtime classpath.
 - ``spark``: what the apply job adds to the pyspark wheel (the Kafka source and Delta).
+
+:data:`ON_DEMAND_JAR_SETS` are resolved only by the test that needs them
+(``resolve(name)``), so a bootstrap does not fetch what most runs never start:
+
+- ``connect``: a Kafka Connect worker with Apicurio's Avro converter and the file sink,
+  for the interop test of the registry-framed topics (about 40 MB).
 
 Which of the resolved Spark jars reach ``spark.jars`` is the apply job's rule, in
 :mod:`apply.spark_jars`.
@@ -23,6 +29,7 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 POM_DIR = PROJECT_ROOT / "deploy" / "jars"
 JAR_ROOT = PROJECT_ROOT / ".local" / "jars"
 JAR_SETS = ("kafka", "spark")
+ON_DEMAND_JAR_SETS = ("connect",)
 
 
 def jar_dir(name: str) -> Path:
