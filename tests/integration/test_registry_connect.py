@@ -129,9 +129,9 @@ def test_connect_avro_converter_sinks_every_record(
     assert sorted(by_id) == [row[0] for row in _ROWS]
     for row in _ROWS:
         assert f"note={row[1]}" in by_id[row[0]]
-    # Decimal, uuid, JSON text and arrays arrive as Connect values of their own; a
-    # timestamp-micros is an int64 of microseconds (the converter maps only the millis
-    # logical types), docs/wire-contract.md, Kafka Connect.
+    # A decimal arrives as Connect's Decimal, arrays as lists, uuid and JSON as their
+    # text; a timestamp-micros is an int64 of microseconds (the converter maps only the
+    # millis logical types), docs/wire-contract.md, Kafka Connect.
     expected = {
         1: [
             "amount=12.50",
