@@ -30,7 +30,9 @@ def main(argv: list[str] | None = None) -> int:
     down.add_argument("--wipe", action="store_true", help="also delete its data")
     sub.add_parser("status", help="say what is running")
     sub.add_parser("env", help="print the env file's KEY=value lines")
-    resolve = sub.add_parser("jars", help="resolve the Kafka and Spark jars with Maven")
+    resolve = sub.add_parser(
+        "jars", help="resolve jar sets with Maven (default: kafka and spark; also: connect)"
+    )
     resolve.add_argument("sets", nargs="*", default=list(jars.JAR_SETS))
     parser.add_argument("--env-file", type=Path, default=stack.ENV_FILE)
     args = parser.parse_args(argv)
