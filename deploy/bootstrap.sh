@@ -6,6 +6,8 @@
 #   jars:   Kafka broker + Spark connector/Delta jars from Maven Central (deploy/jars/*)
 #   tools:  helm and kubeconform for the Helm chart tests, built with Go into .local/bin
 #           (deploy/helm/tools.sh, also `make tools`); without Go only CI fails
+#   a JDK 21+ for the Schema Registry (make up, registry tests): found, never installed
+#           (Debian 12 packages only 17); without one only CI fails
 # Anything missing that cannot be installed is named with the command that installs it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -55,6 +57,13 @@ if [ ! -x .venv/bin/python ] || [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stam
 fi
 
 .venv/bin/python -m deploy.local jars
+
+if ! registry_java=$(.venv/bin/python -c \
+    'from deploy.local.registry import find_java_21; print(find_java_21())' 2>&1); then
+  echo "bootstrap: ${registry_java##*MissingPrerequisite: }" >&2
+  echo "bootstrap: make up and the Schema Registry tests need it" >&2
+  [ "${CI:-}" = "true" ] && exit 1
+fi
 
 # Built only when missing or at another version (a cold build takes minutes).
 bash deploy/helm/tools.sh
