@@ -186,10 +186,6 @@ STANDBY_SNAPSHOT_S = 15
 """The background writer logs an xl_running_xacts record every 15 s while WAL is written
 (LOG_SNAPSHOT_INTERVAL_MS in PostgreSQL's bgwriter.c); restart_lsn moves only to such a
 record the slot has decoded, once the confirmed position passes it."""
-CONFIRM_LAG_S = 25
-"""How old the WAL at confirmed_flush_lsn may be: capture's status interval (0.5 s
-here), apply's 1 s trigger and a micro-batch of a few seconds on a loaded 2-core machine,
-with room for a slow one. A slot pinned by the idle table stands still for the whole run."""
 SAMPLE_S = 2.0
 NEAR_ZERO = 1 << 20
 
@@ -277,10 +273,13 @@ def test_idle_table_does_not_pin_the_slot(
         assert pipeline.capture.running(), pipeline.logs()
         assert pipeline.apply.running(), pipeline.logs()
 
-        # confirmed_flush_lsn trails the WAL by the pipeline's latency, no more.
+        # confirmed_flush_lsn follows the WAL while the workload runs: it passes the WAL
+        # of the workload's start before the workload ends. A slot pinned by the idle
+        # table stands still for the whole run. (How far it trails is the pipeline's
+        # latency on this machine at this moment: printed, never asserted.)
         lags = [_age(samples[: i + 1], s, s.confirmed) for i, s in enumerate(samples)]
         print(f"age of the confirmed WAL: {max(lags):.1f} s at most")
-        assert max(lags) <= CONFIRM_LAG_S, f"confirmed_flush_lsn trails by {lags}"
+        assert samples[-1].confirmed > samples[0].wal, f"confirmed_flush_lsn stood still: {lags}"
         # restart_lsn takes a candidate xl_running_xacts only when the previous one is
         # confirmed: a candidate is decoded up to lag + 15 s after the last one was taken
         # and is itself taken one lag later, so the slot retains at most the WAL written
