@@ -257,7 +257,9 @@ def test_idle_table_does_not_pin_the_slot(
         "WHERE id = :id;\n",
         "busy",
         rate=40,
-        seconds=max(SECONDS, 60),
+        # Long enough that samples older than the retained-WAL window (2 x lag + 15 s)
+        # exist even when a loaded machine makes the lag 30 s or more.
+        seconds=max(SECONDS, 120),
     )
     samples: list[WalSample] = []
     start = time.monotonic()
