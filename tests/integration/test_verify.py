@@ -11,8 +11,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,6 @@ import pytest
 from delta.tables import DeltaTable
 from psycopg import sql
 
-from apply.app import ApplyJob
 from apply.settings import ApplySettings, LakeSettings, TriggerSettings
 from apply.settings import KafkaSettings as ApplyKafka
 from capture import admin
@@ -32,6 +30,7 @@ from pipeline.verify.compare import Outcome
 from pipeline.verify.report import format_human
 from schemas.control import TableState
 from tests.plugins.capture import CaptureThread, capture_settings
+from tests.plugins.lake import apply_running
 from tests.plugins.services import Services
 
 pytestmark = pytest.mark.slow
@@ -203,27 +202,6 @@ def _apply_settings(services: Services, prefix: str, lake: Path) -> ApplySetting
     )
 
 
-@contextmanager
-def _apply_running(settings: ApplySettings, spark: Any) -> Iterator[None]:
-    stop = threading.Event()
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            ApplyJob(settings, spark).run(stop)
-        except BaseException as exc:  # surfaced below
-            errors.append(exc)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join(60)
-    assert not errors, errors
-
-
 def _streaming(settings: CaptureSettings) -> bool:
     return {s.state for s in admin.table_statuses(settings)} == {TableState.STREAMING}
 
@@ -252,7 +230,7 @@ def test_verify_proves_a_type_rich_table_and_names_corrupted_keys(
     runner = CaptureThread(settings)
     runner.start(pg)
     try:
-        with _apply_running(apply_settings, spark):
+        with apply_running(apply_settings, spark):
             _wait(lambda: _streaming(settings), "the initial snapshot never finished")
             # And through the stream.
             _insert(pg, schema, ROWS[4:])
@@ -327,7 +305,7 @@ def test_a_change_after_the_verify_point_is_not_reported_once_applied(
     runner = CaptureThread(settings)
     runner.start(pg)
     try:
-        with _apply_running(apply_settings, spark):
+        with apply_running(apply_settings, spark):
             _wait(lambda: _streaming(settings), "the initial snapshot never finished")
             assert verify_tables(settings, apply_settings, spark, [table], timeout_s=120).ok
             # With capture stopped, the slot cannot reach a new verify point: verify
