@@ -18,7 +18,6 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
-from confluent_kafka import Consumer, TopicPartition
 from psycopg import sql
 
 from capture import admin
@@ -27,7 +26,7 @@ from schemas.control import TableState
 from schemas.reader import ContractReader
 from tests.plugins.capture import CaptureThread, capture_settings, confirmed_lsn, current_lsn
 from tests.plugins.services import Services
-from tests.plugins.topics import end_offsets, replay, report_applied, schema_reader
+from tests.plugins.topics import read_to_end, replay, report_applied, schema_reader
 
 Connection = psycopg.Connection[tuple[object, ...]]
 
@@ -43,31 +42,6 @@ def _state(settings: CaptureSettings, table: str) -> TableState | None:
     statuses = {s.table: s for s in admin.table_statuses(settings)}
     status = statuses.get(table)
     return None if status is None else status.state
-
-
-def _read_to_end(bootstrap: str, topic: str) -> list[Any]:
-    """Every message of ``topic`` up to its current end, per partition in offset order."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"end-{time.time()}"})
-    try:
-        ends = end_offsets(consumer, topic)
-        partitions = list(ends)
-        assert partitions, f"{topic} does not exist"
-        consumer.assign([TopicPartition(topic, p, 0) for p in partitions if ends[p] > 0])
-        messages: list[Any] = []
-        done = {p for p, end in ends.items() if end == 0}
-        deadline = time.monotonic() + 60
-        while len(done) < len(partitions) and time.monotonic() < deadline:
-            msg = consumer.poll(0.5)
-            if msg is None or msg.error() is not None:
-                continue
-            messages.append(msg)
-            partition, offset = msg.partition() or 0, msg.offset() or 0
-            if offset + 1 >= ends[partition]:
-                done.add(partition)
-        assert len(done) == len(partitions), f"{topic} could not be read to its end"
-        return messages
-    finally:
-        consumer.close()
 
 
 def _assert_per_key_order(reader: ContractReader, messages: list[Any]) -> None:
@@ -141,7 +115,7 @@ def test_snapshot_under_concurrent_writes_keeps_per_key_order(
         assert not runner.errors, runner.errors
 
         topic = f"{unique_name}.{unique_name}.t"
-        messages = _read_to_end(services.kafka_bootstrap_servers, topic)
+        messages = read_to_end(services.kafka_bootstrap_servers, topic)
         reader = schema_reader(services.kafka_bootstrap_servers, settings.kafka.schema_topic, 2)
         values = [reader.decode_value(m.value()) for m in messages]
         reads = [v for v in values if v["op"] == "READ"]
@@ -194,7 +168,7 @@ def test_added_table_errored_table_and_resync(
         pg.execute(sql.SQL("INSERT INTO {}.quiet VALUES (1)").format(sql.Identifier(name)))
         idle_end = current_lsn(pg)
         time.sleep(1.5)
-        snapshot_a = _read_to_end(bootstrap, topic_a)
+        snapshot_a = read_to_end(bootstrap, topic_a)
         assert len(snapshot_a) == 50
         assert confirmed_lsn(pg, name) < idle_end, "unapplied snapshot rows must pin the slot"
         report_applied(bootstrap, only_a.kafka.control_topic, snapshot_a)
@@ -216,8 +190,8 @@ def test_added_table_errored_table_and_resync(
         assert "NaN" in status_b.message
         _wait(
             lambda: (
-                any(m.value() is not None for m in _read_to_end(bootstrap, topic_a)[50:])
-                and len(_read_to_end(bootstrap, topic_a)) >= 50 + 10 + 1
+                any(m.value() is not None for m in read_to_end(bootstrap, topic_a)[50:])
+                and len(read_to_end(bootstrap, topic_a)) >= 50 + 10 + 1
             ),
             "a stopped streaming when b errored",
         )
@@ -237,10 +211,10 @@ def test_added_table_errored_table_and_resync(
         assert not runner.errors, runner.errors
 
         reader = schema_reader(bootstrap, both.kafka.schema_topic, 4)
-        messages_b = _read_to_end(bootstrap, topic_b)
+        messages_b = read_to_end(bootstrap, topic_b)
         ops_b = [reader.decode_value(m.value())["op"] for m in messages_b]
         assert "TRUNCATE" in ops_b, "a resync starts with a TRUNCATE"
-        messages_a = _read_to_end(bootstrap, topic_a)
+        messages_a = read_to_end(bootstrap, topic_a)
         lake = replay(reader, messages_a + messages_b)
         assert {k[0][1]: (r["id"], r["v"]) for k, r in lake[topic_a].items()} == _source_rows(
             pg, a, "id, v"
@@ -280,13 +254,13 @@ def test_a_table_created_in_a_captured_schema_joins_while_running(
         pg.execute(sql.SQL("DELETE FROM {} WHERE id = 40").format(late))
         topic = f"{name}.{name}.late"
         _wait(
-            lambda: len(_read_to_end(services.kafka_bootstrap_servers, topic)) >= 40 + 3 + 1,
+            lambda: len(read_to_end(services.kafka_bootstrap_servers, topic)) >= 40 + 3 + 1,
             "changes after the join never arrived",
         )
         runner.join()
         assert not runner.errors, runner.errors
         reader = schema_reader(services.kafka_bootstrap_servers, settings.kafka.schema_topic, 4)
-        messages = _read_to_end(services.kafka_bootstrap_servers, topic)
+        messages = read_to_end(services.kafka_bootstrap_servers, topic)
         _assert_per_key_order(reader, messages)
         lake = replay(reader, messages)[topic]
         assert {k[0][1]: (r["id"], r["v"]) for k, r in lake.items()} == _source_rows(
@@ -312,10 +286,10 @@ def test_replica_identity_full_keeps_the_primary_key_as_key(
         _wait(lambda: _state(settings, f"{name}.full_pk") is TableState.STREAMING, "no snapshot")
         pg.execute(sql.SQL("UPDATE {} SET v = 'changed' WHERE id = 1").format(full))
         topic = f"{name}.{name}.full_pk"
-        _wait(lambda: len(_read_to_end(services.kafka_bootstrap_servers, topic)) >= 3, "no update")
+        _wait(lambda: len(read_to_end(services.kafka_bootstrap_servers, topic)) >= 3, "no update")
         runner.join()
         reader = schema_reader(services.kafka_bootstrap_servers, settings.kafka.schema_topic, 2)
-        messages = _read_to_end(services.kafka_bootstrap_servers, topic)
+        messages = read_to_end(services.kafka_bootstrap_servers, topic)
         decoded = [(reader.decode_key(m.key()), reader.decode_value(m.value())) for m in messages]
         assert {tuple(k) for k, _ in decoded} == {("id",)}, "the key is the primary key only"
         (update,) = [v for _, v in decoded if v["op"] == "UPDATE"]
@@ -345,7 +319,7 @@ def test_a_snapshot_cut_short_is_taken_again_with_a_truncate(
         _wait(lambda: _state(settings, f"{name}.big") is TableState.SNAPSHOT, "no snapshot began")
         runner.join()  # a graceful stop in the middle of the COPY
         assert not runner.errors, runner.errors
-        first = len(_read_to_end(services.kafka_bootstrap_servers, topic))
+        first = len(read_to_end(services.kafka_bootstrap_servers, topic))
         assert _state(settings, f"{name}.big") is TableState.SNAPSHOT
         # Rows deleted after the first attempt must not survive in a consumer's replay.
         pg.execute(sql.SQL("DELETE FROM {} WHERE id <= 1000").format(big))
@@ -354,7 +328,7 @@ def test_a_snapshot_cut_short_is_taken_again_with_a_truncate(
         runner.start(pg)
         _wait(lambda: _state(settings, f"{name}.big") is TableState.STREAMING, "never finished")
         runner.join()
-        messages = _read_to_end(services.kafka_bootstrap_servers, topic)
+        messages = read_to_end(services.kafka_bootstrap_servers, topic)
         reader = schema_reader(services.kafka_bootstrap_servers, settings.kafka.schema_topic, 2)
         ops = [reader.decode_value(m.value())["op"] for m in messages]
         assert ops.count("TRUNCATE") == 1, "the second attempt starts with a TRUNCATE"

@@ -63,9 +63,39 @@ def consume_all(
     return messages
 
 
+def read_to_end(bootstrap: str, topic: str, timeout_s: float = 60) -> list[Any]:
+    """Every message of ``topic`` up to the end it has now, per partition in offset order.
+    Done is judged by the consumer's position, not the last message's offset, so a
+    transaction marker or a compacted-away record at the end cannot stall the read."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"end-{time.time()}"})
+    try:
+        ends = end_offsets(consumer, topic)
+        assert ends, f"{topic} does not exist"
+        todo = {p: end for p, end in ends.items() if end > 0}
+        consumer.assign([TopicPartition(topic, p, 0) for p in todo])
+        messages: list[Any] = []
+        deadline = time.monotonic() + timeout_s
+        while todo and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is not None and msg.error() is None:
+                messages.append(msg)
+            positions = consumer.position([TopicPartition(topic, p) for p in todo])
+            for tp in positions:
+                if tp.offset >= todo[tp.partition]:
+                    del todo[tp.partition]
+        assert not todo, f"{topic} could not be read to its end: partitions {sorted(todo)} left"
+        return messages
+    finally:
+        consumer.close()
+
+
 def schema_reader(bootstrap: str, schema_topic: str, expected: int) -> ContractReader:
+    """A reader holding every schema on ``schema_topic``, once at least ``expected`` schema
+    messages are there. The whole topic is read, not its first ``expected`` messages: each
+    capture run publishes the schemas it meets again, so the first few may be repeats."""
+    consume_all(bootstrap, [schema_topic], expected)
     reader = ContractReader(schema_topic)
-    for message in consume_all(bootstrap, [schema_topic], expected):
+    for message in read_to_end(bootstrap, schema_topic):
         reader.add_schema_message(message.key(), message.value())
     return reader
 
