@@ -3,6 +3,7 @@
 pytest_plugins = [
     "tests.plugins.services",
     "tests.plugins.spark",
+    "tests.plugins.spark_cluster",
     "tests.plugins.pipeline",
     "tests.plugins.secured",
     "tests.plugins.registry",
