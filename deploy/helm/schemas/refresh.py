@@ -54,6 +54,11 @@ KUBERNETES_KINDS = [
     ("", "v1", "ServiceAccount"),
     ("policy", "v1", "PodDisruptionBudget"),
     ("networking.k8s.io", "v1", "NetworkPolicy"),
+    ("rbac.authorization.k8s.io", "v1", "Role"),
+    ("rbac.authorization.k8s.io", "v1", "RoleBinding"),
+    # Not rendered as an object: the Spark executor pod template (a ConfigMap's data) is
+    # validated as one.
+    ("", "v1", "Pod"),
 ]
 CRDS = {
     "monitoring.coreos.com_servicemonitors.yaml": "v1",

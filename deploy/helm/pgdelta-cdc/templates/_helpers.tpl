@@ -165,6 +165,10 @@ names the value to use instead.
   "KAFKA__REGISTRY__SUBJECT_STRATEGY" "set kafka.registry.subjectStrategy (both services)"
   "KAFKA__REGISTRY__PASSWORD_FILE" "set kafka.registry.existingSecret"
 }}
+{{- if and (eq $service "apply") (include "pgdelta-cdc.sparkOnKubernetes" $root) }}
+{{- $_ := set $wired "SPARK__MASTER" "in kubernetes mode the master is k8s://<apply.spark.kubernetes.apiServer>" }}
+{{- $_ := set $wired "SPARK__CONF" "in kubernetes mode set apply.spark.conf, which the chart completes with the executors' wiring" }}
+{{- end }}
 {{- range $name, $value := (index $root.Values $service).settings }}
 {{- if not (hasPrefix $prefix $name) }}
 {{- fail (printf "%s.settings.%s: only %s* variables belong here (docs/configuration.md)" $service $name $prefix) }}
@@ -258,4 +262,208 @@ The registry password's volume and mount, for both Deployments.
         path: {{ include "pgdelta-cdc.registryPasswordFile" . | base }}
     defaultMode: 0440
 {{- end }}
+{{- end }}
+
+{{/*
+"true" when the lake (tables and checkpoints) is on object storage rather than the volume.
+*/}}
+{{- define "pgdelta-cdc.lakeOnObjectStore" -}}
+{{- if regexMatch "^(s3a|abfss|gs)://" .Values.lake.root }}true{{- end }}
+{{- end }}
+
+{{/*
+"true" when the apply pod is a Spark driver whose executors are pods of their own.
+*/}}
+{{- define "pgdelta-cdc.sparkOnKubernetes" -}}
+{{- if eq .Values.apply.spark.mode "kubernetes" }}true{{- end }}
+{{- end }}
+
+{{/*
+ServiceAccount of the apply pod: in kubernetes mode the driver's own (it holds the Role
+and mounts its token), so capture never gets API rights; else the chart's shared one.
+*/}}
+{{- define "pgdelta-cdc.applyServiceAccountName" -}}
+{{- if include "pgdelta-cdc.sparkOnKubernetes" . }}
+{{- default (printf "%s-apply" (include "pgdelta-cdc.fullname" .)) .Values.apply.spark.kubernetes.serviceAccountName }}
+{{- else }}
+{{- include "pgdelta-cdc.serviceAccountName" . }}
+{{- end }}
+{{- end }}
+
+{{/*
+Names and paths of the kubernetes mode's objects.
+*/}}
+{{- define "pgdelta-cdc.driverService" -}}{{ include "pgdelta-cdc.fullname" . }}-driver{{- end }}
+{{- define "pgdelta-cdc.driverHost" -}}{{ include "pgdelta-cdc.driverService" . }}.{{ .Release.Namespace }}.svc{{- end }}
+{{- define "pgdelta-cdc.executorTemplateDir" -}}/etc/pgdelta-cdc/spark{{- end }}
+{{- define "pgdelta-cdc.executorTemplateFile" -}}executor-pod-template.yaml{{- end }}
+{{- define "pgdelta-cdc.executorCommand" -}}/opt/cdc/bin/spark-executor{{- end }}
+
+{{/*
+Fails when a map of Spark or Hadoop settings names a secret one: object-store keys and
+tokens must not sit in a ConfigMap. (list $map "where it was given")
+*/}}
+{{- define "pgdelta-cdc.refuseSecretConf" -}}
+{{- range $key, $_ := index . 0 }}
+{{- if regexMatch "(?i)(secret|password|jaas|access\\.key|account\\.key|private\\.key|token$)" $key }}
+{{- fail (printf "%s: %q is a secret and would sit in a ConfigMap: object-store credentials come from lake.s3.existingSecret or workload identity, anything else from a Secret through apply.extraEnv (docs/deploy.md, Lake on object storage)" (index $ 1) $key) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+The Hadoop settings of an object-store lake, as spark.hadoop.* confs (JSON).
+*/}}
+{{- define "pgdelta-cdc.objectStoreConf" -}}
+{{- $lake := .Values.lake }}
+{{- include "pgdelta-cdc.refuseSecretConf" (list $lake.hadoopConf "lake.hadoopConf") }}
+{{- $conf := dict }}
+{{- range $key, $value := $lake.hadoopConf }}
+{{- $_ := set $conf (printf "spark.hadoop.%s" $key) (include "pgdelta-cdc.envValue" $value) }}
+{{- end }}
+{{- if hasPrefix "s3a://" $lake.root }}
+{{- $provider := "software.amazon.awssdk.auth.credentials.WebIdentityTokenFileCredentialsProvider" }}
+{{- if eq $lake.s3.credentials "secret" }}
+{{- $provider = "software.amazon.awssdk.auth.credentials.EnvironmentVariableCredentialsProvider" }}
+{{- end }}
+{{- $_ := set $conf "spark.hadoop.fs.s3a.aws.credentials.provider" $provider }}
+{{- $_ := set $conf "spark.hadoop.fs.s3a.path.style.access" (toString $lake.s3.pathStyleAccess) }}
+{{- with $lake.s3.endpoint }}
+{{- $_ := set $conf "spark.hadoop.fs.s3a.endpoint" . }}
+{{- end }}
+{{- with $lake.s3.region }}
+{{- $_ := set $conf "spark.hadoop.fs.s3a.endpoint.region" . }}
+{{- end }}
+{{- end }}
+{{- toJson $conf }}
+{{- end }}
+
+{{/*
+The S3 credentials as environment variables from the Secret lake.s3.existingSecret, for
+the driver and the executors; nothing unless lake.s3.credentials is secret.
+*/}}
+{{- define "pgdelta-cdc.objectStoreEnv" -}}
+{{- $s3 := .Values.lake.s3 }}
+{{- if and (hasPrefix "s3a://" .Values.lake.root) (eq $s3.credentials "secret") }}
+- name: AWS_ACCESS_KEY_ID
+  valueFrom:
+    secretKeyRef:
+      name: {{ $s3.existingSecret }}
+      key: {{ $s3.accessKeyIdKey }}
+- name: AWS_SECRET_ACCESS_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ $s3.existingSecret }}
+      key: {{ $s3.secretAccessKeyKey }}
+{{- end }}
+{{- end }}
+
+{{/*
+The Spark confs that make the apply pod a client-mode driver with executor pods (JSON).
+Every one is the chart's: apply.spark.conf may not set them (pgdelta-cdc.sparkConf).
+*/}}
+{{- define "pgdelta-cdc.kubernetesSparkConf" -}}
+{{- $k8s := .Values.apply.spark.kubernetes }}
+{{- $executor := $k8s.executor }}
+{{- $conf := dict
+  "spark.submit.deployMode" "client"
+  "spark.kubernetes.namespace" .Release.Namespace
+  "spark.kubernetes.container.image" (include "pgdelta-cdc.image" (list . .Values.apply.image))
+  "spark.kubernetes.container.image.pullPolicy" .Values.apply.image.pullPolicy
+  "spark.kubernetes.executor.podTemplateFile" (printf "%s/%s" (include "pgdelta-cdc.executorTemplateDir" .) (include "pgdelta-cdc.executorTemplateFile" .))
+  "spark.kubernetes.executor.podTemplateContainerName" "executor"
+  "spark.kubernetes.authenticate.executor.serviceAccountName" (include "pgdelta-cdc.applyServiceAccountName" .)
+  "spark.kubernetes.driver.pod.name" "${env:SPARK_DRIVER_POD_NAME}"
+  "spark.driver.host" (include "pgdelta-cdc.driverHost" .)
+  "spark.driver.bindAddress" "0.0.0.0"
+  "spark.driver.port" (include "pgdelta-cdc.envValue" $k8s.driverPort)
+  "spark.blockManager.port" (include "pgdelta-cdc.envValue" $k8s.blockManagerPort)
+  "spark.driver.blockManager.port" (include "pgdelta-cdc.envValue" $k8s.blockManagerPort)
+  "spark.executor.instances" (include "pgdelta-cdc.envValue" $executor.instances)
+  "spark.executor.cores" (include "pgdelta-cdc.envValue" $executor.cores)
+  "spark.executor.memory" (toString $executor.memory)
+}}
+{{- with .Values.imagePullSecrets }}
+{{- $names := list }}
+{{- range . }}
+{{- $names = append $names .name }}
+{{- end }}
+{{- $_ := set $conf "spark.kubernetes.container.image.pullSecrets" (join "," $names) }}
+{{- end }}
+{{- with $executor.memoryOverhead }}
+{{- $_ := set $conf "spark.executor.memoryOverhead" (toString .) }}
+{{- end }}
+{{- with $executor.requestCores }}
+{{- $_ := set $conf "spark.kubernetes.executor.request.cores" (toString .) }}
+{{- end }}
+{{- with $executor.limitCores }}
+{{- $_ := set $conf "spark.kubernetes.executor.limit.cores" (toString .) }}
+{{- end }}
+{{- toJson $conf }}
+{{- end }}
+
+{{/*
+APPLY_SPARK__CONF as a map: apply.spark.conf, with the object-store settings and the
+scratch spark.local.dir under it (the values win), and in kubernetes mode the wiring
+confs, which the values may not set.
+*/}}
+{{- define "pgdelta-cdc.sparkConf" -}}
+{{- $spark := .Values.apply.spark }}
+{{- include "pgdelta-cdc.refuseSecretConf" (list $spark.conf "apply.spark.conf") }}
+{{- $conf := deepCopy $spark.conf }}
+{{- if include "pgdelta-cdc.sparkOnKubernetes" . }}
+{{- $wired := dict
+  "spark.master" "set apply.spark.kubernetes.apiServer"
+  "spark.submit.deployMode" "the driver runs in client mode, in the apply pod"
+  "spark.kubernetes.namespace" "executors run in the release namespace"
+  "spark.kubernetes.container.image" "set apply.image"
+  "spark.kubernetes.container.image.pullPolicy" "set apply.image.pullPolicy"
+  "spark.kubernetes.executor.podTemplateFile" "set apply.spark.kubernetes.executor.*"
+  "spark.kubernetes.executor.podTemplateContainerName" "set apply.spark.kubernetes.executor.*"
+  "spark.kubernetes.authenticate.executor.serviceAccountName" "set apply.spark.kubernetes.serviceAccountName"
+  "spark.kubernetes.driver.pod.name" "the chart names the apply pod"
+  "spark.driver.host" "the chart's headless Service is the driver's address"
+  "spark.driver.bindAddress" "the driver listens on all interfaces"
+  "spark.driver.port" "set apply.spark.kubernetes.driverPort"
+  "spark.blockManager.port" "set apply.spark.kubernetes.blockManagerPort"
+  "spark.driver.blockManager.port" "set apply.spark.kubernetes.blockManagerPort"
+  "spark.executor.instances" "set apply.spark.kubernetes.executor.instances"
+  "spark.executor.cores" "set apply.spark.kubernetes.executor.cores"
+  "spark.executor.memory" "set apply.spark.kubernetes.executor.memory"
+  "spark.executor.memoryOverhead" "set apply.spark.kubernetes.executor.memoryOverhead"
+  "spark.kubernetes.executor.request.cores" "set apply.spark.kubernetes.executor.requestCores"
+  "spark.kubernetes.executor.limit.cores" "set apply.spark.kubernetes.executor.limitCores"
+  "spark.kubernetes.container.image.pullSecrets" "set imagePullSecrets"
+}}
+{{- range $key, $_ := $conf }}
+{{- if hasKey $wired $key }}
+{{- fail (printf "apply.spark.conf.%s is wired by the chart in kubernetes mode: %s" $key (get $wired $key)) }}
+{{- end }}
+{{- end }}
+{{- $conf = merge $conf (include "pgdelta-cdc.kubernetesSparkConf" . | fromJson) }}
+{{- end }}
+{{- $conf = merge $conf (include "pgdelta-cdc.objectStoreConf" . | fromJson) }}
+{{- $conf = merge $conf (dict "spark.local.dir" (include "pgdelta-cdc.sparkLocalDir" .)) }}
+{{- toJson $conf }}
+{{- end }}
+
+{{/*
+Labels of the executor pods: the chart's selector labels, so the chart's NetworkPolicy
+covers them, and a component of their own, so no Service or budget of the driver does.
+*/}}
+{{- define "pgdelta-cdc.executorLabels" -}}
+{{ include "pgdelta-cdc.selectorLabels" . }}
+app.kubernetes.io/component: apply-executor
+{{- end }}
+
+{{/*
+The apply pod and its executors, for the kubernetes mode's NetworkPolicy.
+*/}}
+{{- define "pgdelta-cdc.sparkPodSelector" -}}
+matchLabels:
+  {{- include "pgdelta-cdc.selectorLabels" . | nindent 2 }}
+matchExpressions:
+  - key: app.kubernetes.io/component
+    operator: In
+    values: [apply, apply-executor]
 {{- end }}
