@@ -1,7 +1,9 @@
 # syntax=docker/dockerfile:1
 #
-# The apply job (`python -m apply`): PySpark in local mode plus the JVM jars of
-# deploy/jars/spark/pom.xml. Build from the repository root:
+# The apply job (`python -m apply`): PySpark plus the JVM jars of deploy/jars/spark/pom.xml
+# and the object-store jars of deploy/jars/objectstore/pom.xml. The same image is the
+# Spark driver and, on Kubernetes (deploy/helm: apply.spark.mode=kubernetes), its
+# executors. Build from the repository root:
 #   docker build -f deploy/docker/apply.Dockerfile -t pgdelta-cdc-apply .
 
 # Stage 1: the Kafka source, Avro functions and Delta jars, resolved from Maven Central by
@@ -11,6 +13,15 @@ FROM maven:3.9-eclipse-temurin-17 AS jars
 WORKDIR /src
 COPY deploy/jars/spark/pom.xml deploy/jars/spark/pom.xml
 RUN mvn -B -f deploy/jars/spark/pom.xml dependency:copy-dependencies \
+        -DincludeScope=runtime -DoutputDirectory=/jars
+
+# Stage 1b: S3A (hadoop-aws and the AWS SDK bundle, about 690 MB) and ABFS, at the
+# Hadoop version the pyspark wheel bundles. A stage of its own so that changing one pom
+# does not re-download the other set.
+FROM maven:3.9-eclipse-temurin-17 AS objectstore-jars
+WORKDIR /src
+COPY deploy/jars/objectstore/pom.xml deploy/jars/objectstore/pom.xml
+RUN mvn -B -f deploy/jars/objectstore/pom.xml dependency:copy-dependencies \
         -DincludeScope=runtime -DoutputDirectory=/jars
 
 # Stage 2: Python 3.11 with a Java 17 runtime. The JRE is taken from the Temurin image
@@ -43,6 +54,21 @@ RUN pip install ".[apply]" && rm -rf /tmp/src
 # only artifacts the wheel lacks), so the wheel's copy of a class always wins.
 COPY --from=jars /jars /opt/cdc/jars
 ENV APPLY_SPARK__JARS_DIR=/opt/cdc/jars
+
+# The object-store jars go into the wheel's own jars directory (Spark's home), not
+# /opt/cdc/jars: every JVM then has them on its class path from the start, the driver
+# and, on Kubernetes, each executor, where anything in spark.jars would instead be
+# downloaded from the driver by every executor at start (690 MB each). Only artifacts the
+# wheel lacks are copied (the same rule as the job's jar filter), so the wheel's Hadoop
+# and HTTP client stay the only ones; and because the wheel now ships them, the job's
+# filter keeps them out of spark.jars. A bind mount, so the stage's copy is no layer.
+RUN --mount=type=bind,from=objectstore-jars,source=/jars,target=/tmp/objectstore-jars \
+    python -c 'import shutil; from pathlib import Path; \
+from apply.spark_jars import spark_jars, wheel_jar_dir; \
+[shutil.copy2(jar, wheel_jar_dir()) for jar in spark_jars(Path("/tmp/objectstore-jars"))]'
+
+# The executor's entrypoint on Kubernetes (the chart's executor pod template runs it).
+COPY --chmod=755 deploy/docker/spark-executor.sh /opt/cdc/bin/spark-executor
 
 # A numeric UID, so Kubernetes' runAsNonRoot can verify it. The user has a passwd entry
 # because Hadoop's login code, which Spark runs at start, needs a name for the UID.

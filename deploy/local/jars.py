@@ -12,6 +12,11 @@ Each set is resolved from Maven Central by a checked-in ``pom.xml`` under
 
 - ``connect``: a Kafka Connect worker with Apicurio's Avro converter and the file sink,
   for the interop test of the registry-framed topics (about 40 MB).
+- ``objectstore``: S3A (``hadoop-aws`` and the AWS SDK bundle) and ABFS at the Hadoop
+  version the pyspark wheel bundles, for a lake on object storage (about 700 MB, almost
+  all of it the SDK bundle). The apply image resolves it itself; locally only a test
+  that needs it should, and its jars go beside the wheel's Hadoop, not into
+  ``.local/jars/spark``.
 
 Which of the resolved Spark jars reach ``spark.jars`` is the apply job's rule, in
 :mod:`apply.spark_jars`.
@@ -29,7 +34,7 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 POM_DIR = PROJECT_ROOT / "deploy" / "jars"
 JAR_ROOT = PROJECT_ROOT / ".local" / "jars"
 JAR_SETS = ("kafka", "spark")
-ON_DEMAND_JAR_SETS = ("connect",)
+ON_DEMAND_JAR_SETS = ("connect", "objectstore")
 
 
 def jar_dir(name: str) -> Path:

@@ -12,6 +12,11 @@ What is proven on the rendered manifests, for every values file in the chart's `
 - every setting of both services (walked from the settings models, so a setting added
   later is checked too) can be set through values and arrives, parsed by the services'
   own settings classes, as the value that was set.
+- in apply.spark.mode=kubernetes the driver gets exactly the API rights Spark uses, the
+  executors run the apply image from a pod template that meets the same profile and is
+  a valid Pod, the driver's headless Service and NetworkPolicy carry the ports of its
+  Spark conf; a lake on object storage mounts no volume and takes its credentials from
+  a Secret or workload identity, and the schema refuses a lake executors cannot share.
 
 helm and kubeconform come from ``make tools`` (``.local/bin``). Without them the tests
 are skipped locally, naming the command; in CI (``CI=true``) a missing binary fails.
@@ -966,3 +971,366 @@ def test_numbers_keep_their_digits(helm: Path, tmp_path: Path) -> None:
     assert _container_env(docs, "capture")["CAPTURE_WAL__WARN_RETAINED_BYTES"] == "107374182400"
     conf = json.loads(_container_env(docs, "apply")["APPLY_SPARK__CONF"])
     assert conf["spark.sql.shuffle.partitions"] == "8"
+
+
+# --- Spark on Kubernetes and the object-store lake --------------------------------------
+
+KUBERNETES_VALUES = CHART / "ci" / "kubernetes-values.yaml"
+RWX_VALUES = CHART / "ci" / "kubernetes-rwx-values.yaml"
+OBJECT_STORE_VALUES = CHART / "ci" / "objectstore-values.yaml"
+OBJECT_STORE_ROOT = re.compile("^(s3a|abfss|gs)://")
+
+
+def _spark_conf(docs: list[dict[str, Any]]) -> dict[str, str]:
+    conf: dict[str, str] = json.loads(_container_env(docs, "apply")["APPLY_SPARK__CONF"])
+    return conf
+
+
+def _apply_container(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    containers: list[dict[str, Any]] = _deployment(docs, "apply")["spec"]["template"]["spec"][
+        "containers"
+    ]
+    (container,) = containers
+    return container
+
+
+def test_kubernetes_mode_grants_the_driver_exactly_what_spark_does_with_the_api(
+    helm: Path,
+) -> None:
+    """Spark's client-mode driver (KubernetesClusterSchedulerBackend, ExecutorPodsAllocator)
+    creates, gets (its own pod), lists, watches, patches (the executor-id label) and
+    deletes (one by one and by label) executor pods; creates its executors' conf map and
+    deletes it by label; at stop deletes its services and on-demand claims by label."""
+    docs = _render(helm, [KUBERNETES_VALUES])
+    (role,) = _kinds(docs, "Role").values()
+    granted = {
+        (group, resource): set(rule["verbs"])
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+    }
+    lifecycle = {"create", "get", "list", "watch", "delete", "deletecollection"}
+    assert granted == {
+        ("", "pods"): lifecycle | {"patch"},
+        ("", "configmaps"): lifecycle,
+        ("", "services"): lifecycle,
+        ("", "persistentvolumeclaims"): lifecycle,
+    }
+    assert [k for k in role if k not in {"apiVersion", "kind", "metadata", "rules"}] == []
+    (binding,) = _kinds(docs, "RoleBinding").values()
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": role["metadata"]["name"],
+    }
+    driver_account = _deployment(docs, "apply")["spec"]["template"]["spec"]["serviceAccountName"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": driver_account, "namespace": "data"}
+    ]
+    # capture keeps the shared account, which nothing binds to.
+    capture_account = _deployment(docs, "capture")["spec"]["template"]["spec"]
+    assert capture_account["serviceAccountName"] != driver_account
+    assert driver_account in _kinds(docs, "ServiceAccount")
+    assert not {"ClusterRole", "ClusterRoleBinding"} & {d["kind"] for d in docs}
+
+
+def test_kubernetes_mode_without_rbac_binds_nothing(helm: Path) -> None:
+    docs = _render(helm, [RWX_VALUES])
+    assert not {"Role", "RoleBinding"} & {d["kind"] for d in docs}
+    pod = _deployment(docs, "apply")["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "cdc-spark"  # the existing account the values name
+    assert "cdc-spark" not in _kinds(docs, "ServiceAccount")
+
+
+def test_executors_run_the_apply_image_and_the_driver_is_their_owner(helm: Path) -> None:
+    docs = _render(helm, [KUBERNETES_VALUES])
+    conf = _spark_conf(docs)
+    env = _container_env(docs, "apply")
+    container = _apply_container(docs)
+    assert env["APPLY_SPARK__MASTER"] == "k8s://https://kubernetes.default.svc"
+    assert conf["spark.submit.deployMode"] == "client"
+    assert conf["spark.kubernetes.namespace"] == "data"
+    assert conf["spark.kubernetes.container.image"] == container["image"]
+    assert conf["spark.kubernetes.container.image.pullPolicy"] == container["imagePullPolicy"]
+    assert conf["spark.kubernetes.container.image.pullSecrets"] == "registry-credentials"
+    executor = _executor_pod(docs)
+    assert executor is not None
+    (executor_container,) = executor["spec"]["containers"]
+    assert executor_container["image"] == container["image"]
+    assert executor_container["name"] == conf["spark.kubernetes.executor.podTemplateContainerName"]
+    # The driver names its own pod through the downward API; Spark reads ${env:...}.
+    variable = re.fullmatch(r"\$\{env:(\w+)\}", conf["spark.kubernetes.driver.pod.name"])
+    assert variable is not None
+    (pod_name,) = [e for e in container["env"] if e["name"] == variable.group(1)]
+    assert pod_name["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    # Executor size as the values say.
+    assert {k: conf[k] for k in conf if k.startswith("spark.executor.")} == {
+        "spark.executor.instances": "4",
+        "spark.executor.cores": "4",
+        "spark.executor.memory": "8g",
+        "spark.executor.memoryOverhead": "2g",
+    }
+    assert conf["spark.kubernetes.executor.request.cores"] == "3500m"
+    assert conf["spark.kubernetes.executor.limit.cores"] == "4"
+    # The settings the apply job builds from this environment.
+    settings = _parsed(ApplySettings, env)
+    assert settings.spark.master == env["APPLY_SPARK__MASTER"]  # type: ignore[attr-defined]
+    assert settings.spark.conf == conf  # type: ignore[attr-defined]
+
+
+def test_driver_reads_the_executor_template_it_names(helm: Path) -> None:
+    docs = _render(helm, [KUBERNETES_VALUES])
+    template_file = PurePosixPath(_spark_conf(docs)["spark.kubernetes.executor.podTemplateFile"])
+    pod = _deployment(docs, "apply")["spec"]["template"]
+    (mount,) = [
+        m
+        for m in _apply_container(docs)["volumeMounts"]
+        if m["mountPath"] == str(template_file.parent)
+    ]
+    (volume,) = [v for v in pod["spec"]["volumes"] if v["name"] == mount["name"]]
+    config_map = _kinds(docs, "ConfigMap")[volume["configMap"]["name"]]
+    assert template_file.name in config_map["data"]
+    # A changed template restarts the driver, as a changed setting does.
+    assert "checksum/executor-template" in pod["metadata"]["annotations"]
+
+
+def test_driver_service_ports_match_the_spark_conf(helm: Path) -> None:
+    docs = _render(helm, [KUBERNETES_VALUES])
+    conf = _spark_conf(docs)
+    host = conf["spark.driver.host"]
+    name, namespace, suffix = host.split(".")
+    assert (namespace, suffix) == ("data", "svc")
+    service = _kinds(docs, "Service")[name]
+    assert service["spec"]["clusterIP"] == "None"  # headless: the name is the pod's address
+    # Executors dial the driver before its query, and so its readiness, is up.
+    assert service["spec"]["publishNotReadyAddresses"] is True
+    labels = _deployment(docs, "apply")["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= labels.items()
+    ports = {p["targetPort"]: p["port"] for p in service["spec"]["ports"]}
+    container_ports = {p["name"]: p["containerPort"] for p in _apply_container(docs)["ports"]}
+    assert {name: container_ports[name] for name in ports} == ports
+    assert sorted(ports.values()) == sorted(
+        {int(conf["spark.driver.port"]), int(conf["spark.blockManager.port"])}
+    )
+    assert conf["spark.driver.blockManager.port"] == conf["spark.blockManager.port"]
+    assert (int(conf["spark.driver.port"]), int(conf["spark.blockManager.port"])) == (7100, 7101)
+    assert conf["spark.driver.bindAddress"] == "0.0.0.0"
+
+
+def _selects(selector: dict[str, Any], labels: Mapping[str, str]) -> bool:
+    if not selector.get("matchLabels", {}).items() <= labels.items():
+        return False
+    for expression in selector.get("matchExpressions", []):
+        assert expression["operator"] == "In"
+        if labels.get(expression["key"]) not in expression["values"]:
+            return False
+    return True
+
+
+def test_network_policy_lets_executors_and_driver_reach_each_other(helm: Path) -> None:
+    docs = _render(helm, [KUBERNETES_VALUES])
+    conf = _spark_conf(docs)
+    executor = _executor_pod(docs)
+    assert executor is not None
+    executor_labels = executor["metadata"]["labels"]
+    driver_labels = _deployment(docs, "apply")["spec"]["template"]["metadata"]["labels"]
+    capture_labels = _deployment(docs, "capture")["spec"]["template"]["metadata"]["labels"]
+    spark_ports = {int(conf["spark.driver.port"]), int(conf["spark.blockManager.port"])}
+
+    def allowed(policy: dict[str, Any], source: Mapping[str, str]) -> set[int]:
+        ports: set[int] = set()
+        for rule in policy["spec"]["ingress"]:
+            peers = rule.get("from")
+            if peers is None or any(_selects(p["podSelector"], source) for p in peers):
+                ports |= {p["port"] for p in rule["ports"]}
+        return ports
+
+    def ingress(target: Mapping[str, str], source: Mapping[str, str]) -> set[int]:
+        policies = [
+            p
+            for p in _kinds(docs, "NetworkPolicy").values()
+            if _selects(p["spec"]["podSelector"], target)
+        ]
+        assert policies, "no policy selects the pod, so it would be open"
+        return {port for p in policies for port in allowed(p, source)}
+
+    assert spark_ports <= ingress(driver_labels, executor_labels)
+    assert int(conf["spark.blockManager.port"]) in ingress(executor_labels, driver_labels)
+    assert int(conf["spark.blockManager.port"]) in ingress(executor_labels, executor_labels)
+    assert not spark_ports & ingress(driver_labels, capture_labels)
+    # Egress is restricted in these values: the same ports are allowed out between them.
+    egress = {
+        port["port"]
+        for policy in _kinds(docs, "NetworkPolicy").values()
+        if _selects(policy["spec"]["podSelector"], executor_labels)
+        for rule in policy["spec"].get("egress", [])
+        if any(_selects(peer.get("podSelector", {}), driver_labels) for peer in rule.get("to", []))
+        for port in rule["ports"]
+    }
+    assert spark_ports <= egress
+    # Executors are no target of the driver's Services or disruption budget.
+    for service in _kinds(docs, "Service").values():
+        assert not service["spec"]["selector"].items() <= executor_labels.items()
+    for budget in _kinds(docs, "PodDisruptionBudget").values():
+        assert not _selects(budget["spec"]["selector"], executor_labels)
+
+
+def test_executor_template_is_a_valid_pod(helm: Path, kubeconform: Path) -> None:
+    for values in (KUBERNETES_VALUES, RWX_VALUES):
+        executor = _executor_pod(_render(helm, [values]))
+        report = _kubeconform(kubeconform, yaml.safe_dump(executor))
+        assert report["resources"] == [], report["resources"]
+        assert report["summary"]["valid"] == 1
+
+
+def test_executors_mount_what_the_job_may_name(helm: Path) -> None:
+    """Kafka client secrets and CA files are named in properties the executors' Kafka
+    consumers use; a ReadWriteMany lake is mounted where the driver has it."""
+    docs = _render(helm, [KUBERNETES_VALUES])
+    executor = _executor_pod(docs)
+    assert executor is not None
+    (container,) = executor["spec"]["containers"]
+    driver_mounts = {m["mountPath"]: m["name"] for m in _apply_container(docs)["volumeMounts"]}
+    executor_mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    for path in ("/var/run/secrets/pgdelta-cdc/kafka", "/etc/pgdelta-cdc/certs"):
+        assert path in driver_mounts
+        assert path in executor_mounts
+    conf = _spark_conf(docs)
+    assert _on_mount(conf["spark.local.dir"], _writable_mounts(executor["spec"], container))
+    # Spark uses a volume named spark-local-dir-* as the executor's local dir.
+    assert executor_mounts[conf["spark.local.dir"]] == "spark-local-dir-1"
+
+    rwx = _render(helm, [RWX_VALUES])
+    rwx_executor = _executor_pod(rwx)
+    assert rwx_executor is not None
+    driver_lake = {
+        v["name"]: v for v in _deployment(rwx, "apply")["spec"]["template"]["spec"]["volumes"]
+    }["lake"]
+    executor_lake = {v["name"]: v for v in rwx_executor["spec"]["volumes"]}["lake"]
+    assert executor_lake == driver_lake
+    (claim,) = _kinds(rwx, "PersistentVolumeClaim").values()
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+
+
+def test_no_secret_sits_in_the_kubernetes_mode_configmaps(helm: Path) -> None:
+    docs = _render(helm, [KUBERNETES_VALUES])
+    values = yaml.safe_load(KUBERNETES_VALUES.read_text())
+    secret_name = values["lake"]["s3"]["existingSecret"]
+    executor = _executor_pod(docs)
+    assert executor is not None
+    (executor_container,) = executor["spec"]["containers"]
+    for container in (_apply_container(docs), executor_container):
+        credentials = {e["name"]: e for e in container["env"] if e["name"].startswith("AWS_")}
+        assert set(credentials) == {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}
+        for variable in credentials.values():
+            assert "value" not in variable
+            assert variable["valueFrom"]["secretKeyRef"]["name"] == secret_name
+    for config_map in _kinds(docs, "ConfigMap").values():
+        text = json.dumps(config_map["data"])
+        assert "AWS_SECRET_ACCESS_KEY" not in text or "secretKeyRef" in text
+        assert not re.search(r"fs\.s3a\.(access|secret)\.key|session\.token", text)
+    conf = _spark_conf(docs)
+    assert conf["spark.hadoop.fs.s3a.aws.credentials.provider"] == (
+        "software.amazon.awssdk.auth.credentials.EnvironmentVariableCredentialsProvider"
+    )
+    assert conf["spark.hadoop.fs.s3a.endpoint"] == values["lake"]["s3"]["endpoint"]
+    assert conf["spark.hadoop.fs.s3a.path.style.access"] == "true"
+
+
+@pytest.mark.parametrize("values", [KUBERNETES_VALUES, OBJECT_STORE_VALUES], ids=lambda p: p.stem)
+def test_an_object_store_lake_has_no_volume(helm: Path, values: Path) -> None:
+    docs = _render(helm, [values])
+    env = _container_env(docs, "apply")
+    assert OBJECT_STORE_ROOT.match(env["APPLY_LAKE__ROOT"])
+    assert OBJECT_STORE_ROOT.match(env["APPLY_LAKE__CHECKPOINT_ROOT"])
+    assert _kinds(docs, "PersistentVolumeClaim") == {}
+    pod = _deployment(docs, "apply")["spec"]["template"]["spec"]
+    assert "persistentVolumeClaim" not in {k for v in pod["volumes"] for k in v}
+    executor = _executor_pod(docs)
+    if executor is not None:
+        assert "persistentVolumeClaim" not in {k for v in executor["spec"]["volumes"] for k in v}
+
+
+def test_workload_identity_needs_no_key(helm: Path) -> None:
+    docs = _render(helm, [OBJECT_STORE_VALUES])
+    conf = _spark_conf(docs)
+    assert conf["spark.hadoop.fs.s3a.aws.credentials.provider"] == (
+        "software.amazon.awssdk.auth.credentials.WebIdentityTokenFileCredentialsProvider"
+    )
+    assert conf["spark.hadoop.fs.s3a.endpoint.region"] == "eu-west-1"
+    assert conf["spark.hadoop.fs.s3a.connection.maximum"] == "200"  # lake.hadoopConf
+    assert "env" not in _apply_container(docs)
+    pod = _deployment(docs, "apply")["spec"]["template"]["spec"]
+    account = _kinds(docs, "ServiceAccount")[pod["serviceAccountName"]]
+    assert "eks.amazonaws.com/role-arn" in account["metadata"]["annotations"]
+    # In kubernetes mode the driver's own account carries the same role, for executors.
+    flags = ["--set", "apply.spark.mode=kubernetes"]
+    k8s = _render(helm, [OBJECT_STORE_VALUES], flags)
+    executor = _executor_pod(k8s)
+    assert executor is not None
+    own = _kinds(k8s, "ServiceAccount")[executor["spec"]["serviceAccountName"]]
+    assert own["metadata"]["annotations"] == account["metadata"]["annotations"]
+    assert own["automountServiceAccountToken"] is False
+
+
+@pytest.mark.parametrize(
+    ("flags", "complaint"),
+    [
+        # Executors on other nodes cannot see a ReadWriteOnce volume, nor an emptyDir.
+        (["--set", "apply.spark.mode=kubernetes"], "value must be 'ReadWriteMany'"),
+        (
+            ["--set", "apply.spark.mode=kubernetes", "--set", "lake.persistence.enabled=false"],
+            "value must be true",
+        ),
+        (
+            [
+                *("--set", "apply.spark.mode=kubernetes"),
+                *("--set", "lake.persistence.accessMode=ReadWriteOncePod"),
+            ],
+            "value must be 'ReadWriteMany'",
+        ),
+        # Tables and checkpoints on one kind of storage.
+        (["--set", "lake.root=s3a://lake/tables"], "does not match pattern '^/'"),
+        (["--set", "lake.root=s3://lake/tables"], "lake/root"),
+        (
+            [
+                *("--set", "lake.root=s3a://b/t", "--set", "lake.checkpointRoot=s3a://b/c"),
+                *("--set", "lake.s3.credentials=secret"),
+            ],
+            "existingSecret",
+        ),
+        (["--set", "apply.spark.conf.spark\\.hadoop\\.fs\\.s3a\\.secret\\.key=x"], "is a secret"),
+        (["--set", "lake.hadoopConf.fs\\.azure\\.account\\.key\\.acct=x"], "is a secret"),
+        (["--set", "lake.hadoopConf.fs\\.s3a\\.session\\.token=x"], "is a secret"),
+    ],
+)
+def test_lakes_that_cannot_work_are_refused(helm: Path, flags: list[str], complaint: str) -> None:
+    base = ["--values", str(CHART / "ci" / "default-values.yaml")]
+    assert complaint in _render_error(helm, base + flags)
+
+
+@pytest.mark.parametrize(
+    ("flags", "complaint"),
+    [
+        (
+            ["--set", "apply.spark.conf.spark\\.driver\\.port=7000"],
+            "set apply.spark.kubernetes.driverPort",
+        ),
+        (["--set", "apply.spark.conf.spark\\.executor\\.instances=9"], "executor.instances"),
+        (["--set", "apply.spark.conf.spark\\.kubernetes\\.container\\.image=x"], "set apply.image"),
+        (["--set", "apply.settings.APPLY_SPARK__CONF=x"], "set apply.spark.conf"),
+        (["--set", "apply.settings.APPLY_SPARK__MASTER=local[2]"], "k8s://"),
+    ],
+)
+def test_kubernetes_mode_keeps_its_wiring(helm: Path, flags: list[str], complaint: str) -> None:
+    base = ["--values", str(KUBERNETES_VALUES)]
+    assert complaint in _render_error(helm, base + flags)
+
+
+def test_local_mode_renders_nothing_of_kubernetes_mode(helm: Path) -> None:
+    docs = _render(helm, [CHART / "ci" / "production-values.yaml"])
+    assert _executor_pod(docs) is None
+    assert not {"Role", "RoleBinding"} & {d["kind"] for d in docs}
+    conf = _spark_conf(docs)
+    assert not [k for k in conf if k.startswith(("spark.kubernetes.", "spark.driver.host"))]
+    assert _container_env(docs, "apply")["APPLY_SPARK__MASTER"] == "local[4]"
