@@ -1,7 +1,7 @@
 """Apply speed (MERGE per micro-batch) against a plain Delta append of the same rows.
 
 Usage: ``.venv/bin/python -m bench.apply_merge [--changes N] [--keys K] [--batch B]
-[--profile] [--conf KEY=VALUE ...]``
+[--distribution uniform|skewed|insert-heavy] [--profile] [--conf KEY=VALUE ...]``
 
 On the local stack (``deploy.local.stack.up()``), with a fresh topic prefix
 ``bench_apply_<hex>``:
@@ -15,11 +15,19 @@ On the local stack (``deploy.local.stack.up()``), with a fresh topic prefix
 
    - a snapshot of K rows (``READ`` records at the consistent point), applied by the job
      before the measurement: the table the changes go to already holds K rows;
-   - then N row changes in transactions of :data:`TX_CHANGES`: 85 % updates of a
-     uniformly random live key (pgbench's access pattern; ``abalance`` moves by a
-     random delta), 10 % inserts of new keys, 5 % deletes of a random live key (the key
-     only, as with ``REPLICA IDENTITY DEFAULT``). No tombstones (the capture's
-     default) and no unchanged TOAST values.
+   - then N row changes in transactions of :data:`TX_CHANGES`, with one of three key
+     distributions (``--distribution``, :data:`MIXES`):
+
+     - ``uniform`` (default): 85 % updates of a uniformly random live key (pgbench's
+       access pattern; ``abalance`` moves by a random delta), 10 % inserts of new keys,
+       5 % deletes of a random live key;
+     - ``skewed``: the same mix, but 90 % of the updates and deletes go to the newest
+       10 % of the keys (recent rows are hot), the rest uniformly to the older ones;
+     - ``insert-heavy``: 80 % inserts, 15 % updates and 5 % deletes of uniformly random
+       live keys.
+
+     Deletes carry the key only, as with ``REPLICA IDENTITY DEFAULT``. No tombstones
+     (the capture's default) and no unchanged TOAST values.
 
    Generating and producing are not measured.
 2. **Apply** (measured): :class:`apply.app.ApplyJob` -- the code ``python -m apply``
@@ -63,6 +71,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -98,12 +107,46 @@ from schemas.single_object import HEADER_SIZE
 SCHEMA, TABLE = "bench", "accounts"
 PARTITIONS = 3
 TX_CHANGES = 10
-UPDATE_SHARE, INSERT_SHARE = 0.85, 0.10  # the rest are deletes
-DELETE_SHARE = 1.0 - UPDATE_SHARE - INSERT_SHARE
 ACCOUNTS_PER_BRANCH = 100_000
 FILLER = " " * 84
 SEED = 20261122
-TARGET_RATIO = 0.5
+
+
+class Distribution(StrEnum):
+    """Which rows the changes go to (module docstring, Workload)."""
+
+    UNIFORM = "uniform"
+    SKEWED = "skewed"
+    INSERT_HEAVY = "insert-heavy"
+
+
+@dataclass(frozen=True, slots=True)
+class Mix:
+    """Shares of updates and inserts (the rest are deletes), and where updates and
+    deletes land: ``hot_changes`` of them on the newest ``hot_keys`` of the key range,
+    the rest uniformly on the older keys; uniformly on every live key when
+    ``hot_keys`` is 0."""
+
+    update: float
+    insert: float
+    hot_keys: float = 0.0
+    hot_changes: float = 0.0
+    target: float = 0.5
+    """apply/append rate the run must reach (issue #12's targets)."""
+
+    @property
+    def delete(self) -> float:
+        return 1.0 - self.update - self.insert
+
+
+MIXES: dict[Distribution, Mix] = {
+    # pgbench's access pattern: every row equally likely.
+    Distribution.UNIFORM: Mix(update=0.85, insert=0.10, target=0.5),
+    # 90 % of the updates and deletes on the newest 10 % of the keys: recent rows are hot.
+    Distribution.SKEWED: Mix(update=0.85, insert=0.10, hot_keys=0.10, hot_changes=0.90, target=0.7),
+    # An event or order table: mostly new rows, a few corrections of any row.
+    Distribution.INSERT_HEAVY: Mix(update=0.15, insert=0.80, target=0.9),
+}
 DEFAULT_BATCH = 100_000
 START_LSN = 0x1_0000_0000
 START_TS = 1_795_000_000_000_000  # 2026-11-18, µs since 1970 UTC
@@ -144,6 +187,7 @@ class Workload:
 
     keys: int
     seed: int = SEED
+    distribution: Distribution = Distribution.UNIFORM
     _balances: list[int | None] = field(init=False, repr=False)
     _live: int = field(init=False, default=0)
     _rng: random.Random = field(init=False, repr=False)
@@ -184,6 +228,7 @@ class Workload:
     def changes(self, count: int) -> Iterator[Change]:
         """``count`` row changes with the mix of the module docstring."""
         rng, balances = self._rng, self._balances
+        mix = MIXES[self.distribution]
         produced = 0
         while produced < count:
             size = min(TX_CHANGES, count - produced)
@@ -195,14 +240,14 @@ class Workload:
             for ordinal in range(size):
                 change_lsn = Lsn(begin + 0x80 * (ordinal + 1))
                 draw = rng.random()
-                if self._live == 0 or UPDATE_SHARE <= draw < UPDATE_SHARE + INSERT_SHARE:
+                if self._live == 0 or mix.update <= draw < mix.update + mix.insert:
                     aid = len(balances)
                     balances.append(0)
                     self._live += 1
                     op, before, after = Operation.INSERT, None, self.row(aid, 0)
                 else:
-                    aid = self._live_key()
-                    if draw < UPDATE_SHARE:
+                    aid = self._live_key(mix)
+                    if draw < mix.update:
                         balance = (balances[aid] or 0) + rng.randint(-5000, 5000)
                         balances[aid] = balance
                         op, before, after = Operation.UPDATE, None, self.row(aid, balance)
@@ -224,13 +269,26 @@ class Workload:
                 )
             produced += size
 
-    def _live_key(self) -> int:
-        # Deletes are a small share, so a few draws find a live key.
+    def _live_key(self, mix: Mix) -> int:
+        """A live key, drawn as ``mix`` says. Deletes are a small share, so a few draws
+        find a live key; a key range emptied by deletes (tiny tables) falls back to
+        every key, and to a scan when draws keep missing."""
         balances, rng = self._balances, self._rng
-        while True:
-            aid = rng.randrange(1, len(balances))
+        end = len(balances)  # keys are 1 .. end - 1, the newest last
+        low, high = 1, end
+        if mix.hot_keys > 0:
+            cut = end - max(1, int((end - 1) * mix.hot_keys))  # hot keys: cut .. end - 1
+            hot = cut <= 1 or rng.random() < mix.hot_changes
+            low, high = (cut, end) if hot else (1, cut)
+        for _ in range(64):
+            aid = rng.randrange(low, high)
             if balances[aid] is not None:
                 return aid
+        for _ in range(64):
+            aid = rng.randrange(1, end)
+            if balances[aid] is not None:
+                return aid
+        return next(aid for aid in range(1, end) if balances[aid] is not None)
 
     def _count(self, op: Operation) -> None:
         self.counts[op] = self.counts.get(op, 0) + 1
@@ -682,7 +740,8 @@ def _report(
         for op in (Operation.UPDATE, Operation.INSERT, Operation.DELETE)
     )
     print(
-        f"\n{changes} changes ({mix}) on a table of {workload.keys} rows, "
+        f"\n{changes} changes ({mix}, {workload.distribution.value} keys) on a table of "
+        f"{workload.keys} rows, "
         f"{PARTITIONS} partitions, maxOffsetsPerTrigger {batch}, {os.cpu_count()} CPUs"
     )
     print(
@@ -717,10 +776,11 @@ def _report(
     print(f"rows copied per row changed: {copied / changed if changed else 0:.2f}")
     print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     ratio = merge.rate / append.rate
+    target = MIXES[workload.distribution].target
     print(f"CPU per row, append/apply: {append.cpu_s / merge.cpu_s:.2f}")
     print(
-        f"target apply/append >= {TARGET_RATIO}: "
-        f"{'met' if ratio >= TARGET_RATIO else 'NOT met'} ({ratio:.2f})"
+        f"target apply/append >= {target} ({workload.distribution.value} keys): "
+        f"{'met' if ratio >= target else 'NOT met'} ({ratio:.2f})"
     )
     if not valid:
         print("run INVALID: the tables do not hold what the workload left (see above)")
@@ -734,6 +794,12 @@ def main() -> None:
     )
     parser.add_argument(
         "--batch", type=int, default=DEFAULT_BATCH, help="maxOffsetsPerTrigger of both runs"
+    )
+    parser.add_argument(
+        "--distribution",
+        choices=[d.value for d in Distribution],
+        default=Distribution.UNIFORM.value,
+        help="which rows the changes go to (module docstring)",
     )
     parser.add_argument(
         "--profile",
@@ -757,7 +823,7 @@ def main() -> None:
     bootstrap = state.kafka.bootstrap_servers
     names = Names.unique()
     schemas = build_table_schemas(ACCOUNTS)
-    workload = Workload(keys)
+    workload = Workload(keys, distribution=Distribution(args.distribution))
     print(f"prefix {names.prefix}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}")
     if overrides:
         print(f"Spark settings over the apply defaults: {overrides}")

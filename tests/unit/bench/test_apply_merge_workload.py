@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from bench.apply_merge import ACCOUNTS, DELETE_SHARE, INSERT_SHARE, UPDATE_SHARE, Workload
+from bench.apply_merge import ACCOUNTS, MIXES, Distribution, Workload
 from schemas.change_record import ChangeEncoder, build_table_schemas
 from schemas.operation import Operation
 
@@ -23,8 +23,9 @@ def test_snapshot_reads_every_key_at_one_point() -> None:
         list(workload.snapshot())
 
 
-def test_changes_follow_the_mix_and_touch_only_live_keys() -> None:
-    workload = Workload(keys=2_000)
+@pytest.mark.parametrize("distribution", list(Distribution))
+def test_changes_follow_the_mix_and_touch_only_live_keys(distribution: Distribution) -> None:
+    workload = Workload(keys=2_000, distribution=distribution)
     table: dict[int, Mapping[str, Any]] = {}
     positions = []
     for change in (*workload.snapshot(), *workload.changes(20_000)):
@@ -49,16 +50,36 @@ def test_changes_follow_the_mix_and_touch_only_live_keys() -> None:
     assert counts[Operation.READ] == 2_000
     changes = counts[Operation.UPDATE] + counts[Operation.INSERT] + counts[Operation.DELETE]
     assert changes == 20_000
+    mix = MIXES[distribution]
     for op, share in (
-        (Operation.UPDATE, UPDATE_SHARE),
-        (Operation.INSERT, INSERT_SHARE),
-        (Operation.DELETE, DELETE_SHARE),
+        (Operation.UPDATE, mix.update),
+        (Operation.INSERT, mix.insert),
+        (Operation.DELETE, mix.delete),
     ):
         assert abs(counts[op] / changes - share) < 0.02, op
     expected = workload.expected()
     assert expected.rows == len(table)
     assert expected.key_sum == sum(table)
     assert expected.balance_sum == sum(row["abalance"] for row in table.values())
+
+
+def _hot_share(workload: Workload, changes: int) -> float:
+    """Share of the updates that went to the newest tenth of the keys existing then."""
+    highest, hot, updates = 0, 0, 0
+    for change in (*workload.snapshot(), *workload.changes(changes)):
+        if change.after is None:
+            continue
+        aid = change.after["aid"]
+        if change.op is Operation.UPDATE:
+            updates += 1
+            hot += aid > highest * 0.9
+        highest = max(highest, aid)
+    return hot / updates
+
+
+def test_skewed_changes_go_mostly_to_the_newest_keys() -> None:
+    assert _hot_share(Workload(keys=10_000, distribution=Distribution.SKEWED), 20_000) > 0.85
+    assert _hot_share(Workload(keys=10_000), 20_000) < 0.15
 
 
 def test_same_seed_same_stream_and_every_change_encodes() -> None:
