@@ -100,7 +100,7 @@ from apply.positions import (
 )
 from apply.progress import BatchResult, ParkedTable, TableResult
 from apply.superseded import TablePlan, measure_supersession, plan_table
-from apply.table_pool import run_per_table, table_session
+from apply.table_pool import SchedulerPools, run_per_table, table_session
 from apply.tables import TableId, table_of_topic, table_path
 from schemas.lsn import format_lsn
 from schemas.registry_framing import registry_id_of
@@ -286,6 +286,11 @@ def _at(position: Position | None) -> str:
     return "-" if position is None else f"{format_lsn(position.commit_lsn)}#{position.ordinal}"
 
 
+def _table_name(topic_survey: TopicSurvey) -> str:
+    """The table a topic's records go to: the name of its scheduler pool too."""
+    return str(table_of_topic(topic_survey.topic))
+
+
 def _missing_schemas(topic_survey: TopicSurvey, context: ApplyContext) -> list[Fingerprint]:
     """The writer keys (fingerprints, or registry ids as keys) of the topic's records
     that ``context`` lacks."""
@@ -337,6 +342,7 @@ def apply_batch(
                 topic_survey=topic_survey,
             ),
             context.parallelism,
+            pools=SchedulerPools(spark.sparkContext, _table_name),
         )
         # Not a TableError: the batch fails as a whole, the first failure in topic order.
         for future in futures:

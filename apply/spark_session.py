@@ -34,6 +34,11 @@ The defaults suit one small machine and every setting can be overridden through
   turns them off for the tables created from then on. Deleted rows stay in their
   files until ``OPTIMIZE`` or ``REORG TABLE ... APPLY (PURGE)`` rewrites them; those
   commits carry no apply metadata and do not disturb :mod:`apply.history`;
+- FAIR scheduling (``spark.scheduler.mode=FAIR``): the tables of a batch are applied
+  side by side, each submitting its jobs to a scheduler pool named after it
+  (:mod:`apply.table_pool`), and FAIR mode shares the executor cores between those
+  pools, where Spark's default FIFO mode gives them all to the job submitted first, so
+  one big table's MERGE would hold every other table of the batch behind it;
 - the change data feed on new tables when ``APPLY_LAKE__CHANGE_DATA_FEED`` asks
   (``properties.defaults.enableChangeDataFeed``).
 
@@ -75,6 +80,7 @@ DEFAULT_CONF: dict[str, str] = {
     "spark.databricks.delta.snapshotPartitions": "2",
     "spark.databricks.delta.properties.defaults.enableDeletionVectors": "true",
     "spark.sql.streaming.stopGracefullyOnShutdown": "true",
+    "spark.scheduler.mode": "FAIR",
 }
 
 
