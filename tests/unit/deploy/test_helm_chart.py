@@ -1235,6 +1235,10 @@ def test_no_secret_sits_in_the_kubernetes_mode_configmaps(helm: Path) -> None:
     )
     assert conf["spark.hadoop.fs.s3a.endpoint"] == values["lake"]["s3"]["endpoint"]
     assert conf["spark.hadoop.fs.s3a.path.style.access"] == "true"
+    # S3A's upload buffers are on the executors' scratch volume, not the small /tmp.
+    executor_mounts = _writable_mounts(executor["spec"], executor_container)
+    assert _on_mount(conf["spark.hadoop.fs.s3a.buffer.dir"], executor_mounts) == "emptyDir"
+    assert not PurePosixPath(conf["spark.hadoop.fs.s3a.buffer.dir"]).is_relative_to("/tmp")
 
 
 @pytest.mark.parametrize("values", [KUBERNETES_VALUES, OBJECT_STORE_VALUES], ids=lambda p: p.stem)

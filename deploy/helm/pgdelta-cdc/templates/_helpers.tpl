@@ -328,6 +328,8 @@ The Hadoop settings of an object-store lake, as spark.hadoop.* confs (JSON).
 {{- end }}
 {{- $_ := set $conf "spark.hadoop.fs.s3a.aws.credentials.provider" $provider }}
 {{- $_ := set $conf "spark.hadoop.fs.s3a.path.style.access" (toString $lake.s3.pathStyleAccess) }}
+{{- /* S3A buffers each upload on disk first; by default under /tmp, a small emptyDir here. */}}
+{{- $_ := set $conf "spark.hadoop.fs.s3a.buffer.dir" (printf "%s/s3a" (include "pgdelta-cdc.sparkLocalDir" .)) }}
 {{- with $lake.s3.endpoint }}
 {{- $_ := set $conf "spark.hadoop.fs.s3a.endpoint" . }}
 {{- end }}
