@@ -121,6 +121,8 @@ def alive_workers(status: Mapping[str, Any]) -> int:
 
 @dataclass(frozen=True, slots=True)
 class Worker:
+    """One worker daemon: its directory (log, pid, work dir) and its two ports."""
+
     index: int
     root: Path
     port: int = field(default_factory=free_port)
@@ -217,12 +219,20 @@ class LocalSparkCluster:
                     pid_file=worker.pid_file,
                     env=env,
                 )
-            wait_until(
-                self._workers_alive,
-                what=f"{self.workers} ALIVE workers at the Spark master {self.master_url}",
-                timeout_s=timeout_s,
-                log_file=self.log_file,
-            )
+            try:
+                wait_until(
+                    self._workers_alive,
+                    what=f"{self.workers} ALIVE workers at the Spark master {self.master_url}",
+                    timeout_s=timeout_s,
+                    log_file=self.log_file,
+                )
+            except ServiceNotReady as exc:
+                # The master's log says who registered; a worker's says why it did not.
+                logs = "".join(
+                    f"\nlast lines of worker {w.index} ({w.log_file}):\n{tail(w.log_file)}"
+                    for w in self.nodes
+                )
+                raise ServiceNotReady(f"{exc}{logs}") from None
         except BaseException:
             self.stop()
             raise
@@ -247,10 +257,7 @@ class LocalSparkCluster:
         for worker in self.nodes:
             pid = read_pid(worker.pid_file)
             if pid is None or not alive(pid):
-                raise ServiceNotReady(
-                    f"Spark worker {worker.index} exited during start; last log lines:\n"
-                    f"{tail(worker.log_file)}"
-                )
+                raise ServiceNotReady(f"Spark worker {worker.index} exited during start")
         status = self.status()
         return status is not None and alive_workers(status) >= self.workers
 
