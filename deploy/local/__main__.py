@@ -31,7 +31,11 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("status", help="say what is running")
     sub.add_parser("env", help="print the env file's KEY=value lines")
     resolve = sub.add_parser(
-        "jars", help="resolve jar sets with Maven (default: kafka and spark; also: connect)"
+        "jars",
+        help=(
+            f"resolve jar sets with Maven (default: {' and '.join(jars.JAR_SETS)}; on demand: "
+            f"{', '.join(jars.ON_DEMAND_JAR_SETS)})"
+        ),
     )
     resolve.add_argument("sets", nargs="*", default=list(jars.JAR_SETS))
     parser.add_argument("--env-file", type=Path, default=stack.ENV_FILE)
