@@ -142,6 +142,8 @@ class PipelineRun:
     state: stack.StackState
     trigger: str
     services: list[Service] = field(default_factory=list)
+    env_overrides: dict[str, str] = field(default_factory=dict)
+    """Settings of the services on top of :meth:`service_env`'s (a benchmark's knob)."""
 
     @property
     def dsn(self) -> str:
@@ -201,6 +203,7 @@ class PipelineRun:
                 {"spark.sql.shuffle.partitions": "2", "spark.ui.enabled": "false"}
             ),
             "APPLY_METRICS__ENABLED": "false",
+            **self.env_overrides,
         }
 
     def start_pipeline(self) -> tuple[Service, Service]:
