@@ -8,4 +8,5 @@ pytest_plugins = [
     "tests.plugins.secured",
     "tests.plugins.registry",
     "tests.plugins.connect",
+    "tests.plugins.objectstore",
 ]
