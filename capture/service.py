@@ -349,6 +349,8 @@ class CaptureService:
                 metrics=metrics,
                 progress_interval_s=settings.log.progress_interval_s,
                 framer=self._framer,
+                workers=settings.snapshot_workers,
+                chunk_rows=settings.snapshot_chunk_rows,
             )
             run.start()
             return run

@@ -146,6 +146,24 @@ class CaptureSettings(BaseSettings):
             "slot was created"
         ),
     )
+    snapshot_workers: int | None = Field(
+        None,
+        ge=1,
+        description=(
+            "processes that read a snapshot's chunks in parallel (default: one per core "
+            "this process may run on); 1 reads them in the capture process itself"
+        ),
+    )
+    snapshot_chunk_rows: int = Field(
+        100_000,
+        ge=1,
+        le=100_000_000,
+        description=(
+            "rows per snapshot chunk, about (a chunk is a range of the table's blocks, "
+            "sized from pg_class statistics); with the workers, it bounds the rows held "
+            "in memory to publish chunks in order"
+        ),
+    )
     spool_dir: Path | None = Field(
         None,
         description="where changes held back during a snapshot are spooled (default: system temp)",

@@ -1,4 +1,4 @@
-"""Snapshot runs: copy tables consistently with the stream, in a worker thread.
+"""Snapshot runs: copy tables consistently with the stream, in chunks, in parallel.
 
 A run snapshots a set of tables at one consistent point:
 
@@ -9,67 +9,110 @@ A run snapshots a set of tables at one consistent point:
    slot is never streamed; it exists only to tie the snapshot to an LSN, the way
    pg_duckpipe snapshots a table added later, so it works the same for the first start
    and for a table added while the main slot streams.
-2. A ``REPEATABLE READ READ ONLY`` transaction imports it (``SET TRANSACTION SNAPSHOT``);
-   then the replication connection is closed (the import keeps the snapshot alive, and
-   the temporary slot goes away with its connection).
-3. Per table, in that transaction: the table's columns are read from the catalog as a
-   pgoutput Relation would list them (so the writer schema matches the stream's), a
-   TRUNCATE record first unless the table was never captured before, then every row
-   as a ``READ`` record, streamed
-   with ``COPY (SELECT ...) TO STDOUT`` in text form and parsed by the stream's own
-   parsers (:mod:`capture.copy_text`).
+2. The run's thread imports it in a ``REPEATABLE READ READ ONLY`` transaction
+   (``SET TRANSACTION SNAPSHOT``) and plans each table there: its columns as a pgoutput
+   Relation would list them (so the writer schema matches the stream's), its codec,
+   and its chunks (:mod:`capture.snapshot_chunks`: ``ctid`` block ranges).
+3. With more than one worker and more than one chunk, worker processes
+   (:mod:`capture.snapshot_worker`) each import the same snapshot; the replication
+   connection stays open until every one has (an exported snapshot lives only as long
+   as the transaction that exported it), then closes, and the temporary slot with it.
+4. The chunks of every table form one queue, one table's chunk after another's in turn;
+   each chunk is a ``COPY (SELECT ... WHERE ctid ...) TO STDOUT`` in text form, parsed
+   by the stream's own parsers (:mod:`capture.copy_text`). At most one chunk per
+   worker is in flight; each table's records are published in chunk order
+   (:class:`~capture.snapshot_chunks.ChunkSequencer`), so records of a later chunk that
+   arrive early are held, at most ``workers`` chunks' worth. With one worker, or a run
+   of one chunk, the run's thread reads the chunks itself, in the same order.
 
 Positions: every record of the run carries commit LSN and change LSN ``C - 1`` (see
-:mod:`capture.table_states` for why), ordinal 0 for the TRUNCATE and 1.. for the rows,
-xid 0 (no transaction produced them) and the time the run started as commit time. The
+:mod:`capture.table_states` for why), ordinal 0 for the TRUNCATE and
+``chunk * 2**32 + i`` for row ``i`` (from 1) of a chunk: unique, increasing in publish
+order, not consecutive, and the same however many workers read them. xid is 0 (no
+transaction produced them) and the time the run started is the commit time. The
 leading TRUNCATE makes the lake table equal to the snapshot when it may hold rows
 already (a resync, or a snapshot cut short and taken again): it erases only rows
 positioned before it. A table captured for the first time gets none: nothing of it can
 be in Kafka, because its state is flushed to the control topic before its first
 snapshot record is produced.
 
-The worker only reads PostgreSQL and encodes; it hands items to the capture loop
-through a bounded queue, so publishing and every book update stay in the loop's thread
-and a full queue (backpressure) simply stops the COPY.
+The run only reads PostgreSQL and encodes; it hands items to the capture loop through a
+bounded queue, so publishing and every book update stay in the loop's thread and a full
+queue (backpressure) stops the run's thread, then the workers, whose pipes fill. A
+table's ``TableCopied`` follows its last published record. A value the contract cannot
+carry fails its table only; a lost connection or worker fails the run (``RunFailed``),
+and the run's end -- finished, failed or cancelled -- stops every worker.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import psycopg
 from psycopg import sql
 
 from capture.change_stream import OutgoingRecord, SchemaRecord, TableCodec
-from capture.copy_text import CopyRows
 from capture.errors import ConfigError, PipelineError, TableError, TransientError
 from capture.metrics import CaptureMetrics
 from capture.pgoutput import Relation, RelationColumn, ReplicaIdentity
 from capture.schema_registration import Framer, single_object
+from capture.snapshot_chunks import (
+    TID_RANGE_SCAN_VERSION,
+    Chunk,
+    ChunkSequencer,
+    TableSize,
+    dispatch_order,
+    plan_chunks,
+)
+from capture.snapshot_worker import (
+    ChunkFailed,
+    ChunkRead,
+    ChunkRows,
+    ChunkTask,
+    Connection,
+    DescribeWith,
+    SnapshotCancelledError,
+    SnapshotPoint,
+    TableJob,
+    WorkerPool,
+    WorkerSetup,
+    connect,
+    import_snapshot,
+    read_chunk,
+    unexpected_message,
+)
 from capture.source import key_by_primary_key
-from capture.typemap import SESSION_SETTINGS, ColumnMapping, libpq_options
-from schemas.change_record import Change
+from schemas.change_record import Change, RecordFraming, TableSchemas
 from schemas.errors import ChangeEncodingError
-from schemas.headers import change_headers
+from schemas.headers import Headers, change_headers, record_headers
 from schemas.lsn import Lsn, parse_lsn
 from schemas.operation import Operation
 from schemas.schema_topic import table_schema_messages
 
+__all__ = [
+    "Connection",
+    "DescribeWith",
+    "RunFailed",
+    "RunFinished",
+    "SnapshotItem",
+    "SnapshotRecords",
+    "SnapshotRun",
+    "SnapshotTaken",
+    "TableCopied",
+    "TableFailed",
+    "default_workers",
+    "relation_from_catalog",
+]
+
 log = logging.getLogger(__name__)
-
-Connection = psycopg.Connection[tuple[Any, ...]]
-DescribeWith = Callable[[Connection, Relation], Sequence[ColumnMapping]]
-"""Column mappings of a relation, read through the given connection."""
-
-_BATCH_ROWS = 500
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,8 +201,29 @@ def relation_from_catalog(conn: Connection, table: str) -> Relation:
     )
 
 
+@dataclass(slots=True)
+class _Table:
+    """One table of the run, as planned in the run's transaction."""
+
+    name: str
+    codec: TableCodec
+    job: TableJob
+    schemas: tuple[SchemaRecord, ...]
+    headers: Headers
+    chunks: tuple[Chunk, ...]
+    progress: _Progress
+    rows: int = 0
+
+
+def default_workers() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0))
+
+
 class SnapshotRun:
-    """One run over ``tables``, in a daemon thread; results arrive on :attr:`items`."""
+    """One run over ``tables``, coordinated by a daemon thread; results arrive on
+    :attr:`items`. ``workers`` processes read the chunks (default: one per core); with
+    one, or a run of one chunk, the thread reads them itself."""
 
     def __init__(
         self,
@@ -175,6 +239,8 @@ class SnapshotRun:
         metrics: CaptureMetrics | None = None,
         progress_interval_s: float = 30.0,
         framer: Framer = single_object,
+        workers: int | None = None,
+        chunk_rows: int = 100_000,
     ) -> None:
         self.tables = tuple(tables)
         self._framer = framer
@@ -188,6 +254,11 @@ class SnapshotRun:
         self._temp_slot = f"{slot[:40]}_snap_{os.getpid()}_{threading.get_ident() % 10_000}"
         self._describe = describe
         self._prefix = topic_prefix
+        self._workers = default_workers() if workers is None else workers
+        if self._workers < 1:
+            raise ValueError("a snapshot needs at least one worker")
+        self._chunk_rows = chunk_rows
+        self._pool: WorkerPool | None = None
         self._cancel = threading.Event()
         self._thread = threading.Thread(target=self._run, name="snapshot", daemon=True)
 
@@ -195,14 +266,18 @@ class SnapshotRun:
         self._thread.start()
 
     def cancel(self, timeout_s: float = 10.0) -> None:
-        """Stop copying (the capture attempt is ending); waits briefly for the thread."""
+        """Stop copying (the capture attempt is ending); waits briefly for the thread,
+        which stops the workers. Workers it could not stop in time are killed here."""
         self._cancel.set()
         while True:  # unblock a producer waiting on a full queue
             try:
                 self.items.get_nowait()
             except queue.Empty:
                 break
-        self._thread.join(timeout_s)
+        self._thread.join(max(timeout_s - 1.0, 0.1))
+        pool = self._pool
+        if pool is not None and self._thread.is_alive():
+            pool.kill()
 
     def _put(self, item: SnapshotItem) -> None:
         while not self._cancel.is_set():
@@ -211,153 +286,276 @@ class SnapshotRun:
             except queue.Full:
                 continue
             return
-        raise _CancelledError
+        raise SnapshotCancelledError
 
     def _run(self) -> None:
         try:
-            with self._connect(replication=False) as conn:
-                snapshot_lsn = self._import_snapshot(conn)
+            with connect(self._dsn, self._password) as conn:
+                exporter = connect(self._dsn, self._password, replication=True)
+                with exporter:
+                    snapshot_name, snapshot_lsn = self._export(exporter, conn)
+                    point = SnapshotPoint(snapshot_lsn, time.time_ns() // 1000)
+                    tables, failures = self._plan(conn, point)
+                    order = dispatch_order(t.chunks for t in tables.values())
+                    workers = min(self._workers, len(order))
+                    if workers > 1:
+                        setup = WorkerSetup(
+                            self._dsn, self._password, snapshot_name, point, self._describe
+                        )
+                        self._pool = WorkerPool(workers, setup)
+                        # The exported snapshot lives until its connection closes or
+                        # runs another command: every worker imports it first.
+                        self._pool.wait_ready(self._cancel.is_set)
+                # Taken once the rows can flow: the loop marks the tables as in their
+                # snapshot now, and their first records follow at once.
                 self._put(SnapshotTaken(self.tables, snapshot_lsn))
-                started = time.time_ns() // 1000
-                for table in self.tables:
-                    try:
-                        rows = self._copy(conn, table, snapshot_lsn, started)
-                    except TableError as exc:
-                        self._put(TableFailed(exc))
-                    except ChangeEncodingError as exc:
-                        self._put(TableFailed(TableError(table, str(exc))))
-                    else:
-                        self._put(TableCopied(table, rows))
+                for failure in failures:
+                    self._put(failure)
+                if self._pool is None:
+                    self._copy_in_thread(conn, tables, order, point)
+                else:
+                    # The workers hold the snapshot now; an idle open transaction here
+                    # could only be ended by idle_in_transaction_session_timeout.
+                    conn.rollback()
+                    self._copy_in_workers(self._pool, tables, order, point)
+                    self._pool.stop(graceful=True)
                 conn.rollback()
             self._put(RunFinished())
-        except _CancelledError:
+        except SnapshotCancelledError:
             return
         except PipelineError as exc:
             self._put_final(RunFailed(exc))
         except psycopg.Error as exc:
             self._put_final(RunFailed(TransientError(f"snapshot failed: {exc}")))
+        finally:
+            if self._pool is not None:
+                self._pool.stop(graceful=False)
 
     def _put_final(self, item: SnapshotItem) -> None:
-        with contextlib.suppress(_CancelledError):  # the loop is gone and will not read it
+        with contextlib.suppress(SnapshotCancelledError):  # the loop is gone: not read
             self._put(item)
 
-    def _connect(self, *, replication: bool) -> Connection:
+    def _export(self, replication: Connection, conn: Connection) -> tuple[str, Lsn]:
+        """Export a snapshot on ``replication`` and open ``conn``'s transaction on it:
+        its name and the run's position."""
         try:
-            if replication:
-                return psycopg.connect(
-                    self._dsn,
-                    password=self._password,
-                    autocommit=True,
-                    replication="database",
-                    options=libpq_options(SESSION_SETTINGS),
-                )
-            return psycopg.connect(
-                self._dsn, password=self._password, options=libpq_options(SESSION_SETTINGS)
-            )
-        except psycopg.OperationalError as exc:
-            raise TransientError(f"snapshot cannot connect to PostgreSQL: {exc}") from exc
-
-    def _import_snapshot(self, conn: Connection) -> Lsn:
-        """Open ``conn``'s transaction on a fresh exported snapshot; its position."""
-        with self._connect(replication=True) as replication:
-            try:
-                row = replication.execute(
-                    sql.SQL(
-                        "CREATE_REPLICATION_SLOT {} TEMPORARY LOGICAL pgoutput EXPORT_SNAPSHOT"
-                    ).format(sql.Identifier(self._temp_slot))
-                ).fetchone()
-            except psycopg.errors.ConfigurationLimitExceeded as exc:
-                raise ConfigError(
-                    f"a snapshot needs one more replication slot and WAL sender for a moment: "
-                    f"{exc.diag.message_primary}; raise max_replication_slots and "
-                    "max_wal_senders by one"
-                ) from exc
-            if row is None:
-                raise TransientError("CREATE_REPLICATION_SLOT returned no consistent point")
-            consistent_point, snapshot_name = parse_lsn(str(row[1])), str(row[2])
-            conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
-            conn.read_only = True
-            conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot_name)))
+            row = replication.execute(
+                sql.SQL(
+                    "CREATE_REPLICATION_SLOT {} TEMPORARY LOGICAL pgoutput EXPORT_SNAPSHOT"
+                ).format(sql.Identifier(self._temp_slot))
+            ).fetchone()
+        except psycopg.errors.ConfigurationLimitExceeded as exc:
+            raise ConfigError(
+                f"a snapshot needs one more replication slot and WAL sender for a moment: "
+                f"{exc.diag.message_primary}; raise max_replication_slots and "
+                "max_wal_senders by one"
+            ) from exc
+        if row is None:
+            raise TransientError("CREATE_REPLICATION_SLOT returned no consistent point")
+        consistent_point, snapshot_name = parse_lsn(str(row[1])), str(row[2])
+        import_snapshot(conn, snapshot_name)
         log.info("snapshot of %s at %s", ", ".join(self.tables), row[1])
-        return Lsn(consistent_point - 1)
+        return snapshot_name, Lsn(consistent_point - 1)
 
-    def _copy(self, conn: Connection, table: str, snapshot_lsn: Lsn, started: int) -> int:
-        relation = relation_from_catalog(conn, table)
-        codec = TableCodec(relation, self._describe(conn, relation), self._prefix, self._framer)
-        schemas = tuple(SchemaRecord(m.key, m.value) for m in table_schema_messages(codec.schemas))
+    # -- planning --------------------------------------------------------------------------
+
+    def _plan(
+        self, conn: Connection, point: SnapshotPoint
+    ) -> tuple[dict[str, _Table], list[TableFailed]]:
+        """Each table's codec and chunks; a table that cannot be planned fails alone."""
+        tables: dict[str, _Table] = {}
+        failures: list[TableFailed] = []
+        tid_range_scans = conn.info.server_version >= TID_RANGE_SCAN_VERSION
+        for name in self.tables:
+            try:
+                tables[name] = self._plan_table(conn, name, point, tid_range_scans=tid_range_scans)
+            except TableError as exc:
+                failures.append(TableFailed(exc))
+            except ChangeEncodingError as exc:
+                failures.append(TableFailed(TableError(name, str(exc))))
+        chunks = sum(len(t.chunks) for t in tables.values())
+        log.info(
+            "snapshot: %d chunks of up to about %d rows in %d tables",
+            chunks,
+            self._chunk_rows,
+            len(tables),
+        )
+        return tables, failures
+
+    def _plan_table(
+        self, conn: Connection, name: str, point: SnapshotPoint, *, tid_range_scans: bool
+    ) -> _Table:
+        relation = relation_from_catalog(conn, name)
+        framings: list[RecordFraming] = []
+
+        def framer(schemas: TableSchemas, topic: str) -> RecordFraming:
+            framing = self._framer(schemas, topic)
+            framings.append(framing)
+            return framing
+
+        codec = TableCodec(relation, self._describe(conn, relation), self._prefix, framer)
         fingerprint = codec.schemas.value_fingerprint
-
-        def record(op: Operation, ordinal: int, after: dict[str, Any] | None) -> OutgoingRecord:
-            change = Change(
-                op=op,
-                commit_lsn=snapshot_lsn,
-                change_lsn=snapshot_lsn,
-                xid=0,
-                commit_ts=started,
-                ordinal=ordinal,
-                after=after,
-            )
-            return OutgoingRecord(
-                codec.topic,
-                codec.encoder.encode_key(change),
-                codec.encoder.encode_value(change),
-                change_headers(change, fingerprint),
-                table,
-            )
-
-        batch = [record(Operation.TRUNCATE, 0, None)] if table in self._truncate else []
-        ordinal = 0
-        progress = _Progress(
-            table, _row_estimate(conn, relation.oid), self._metrics, self._progress_interval_s
+        size = _table_size(conn, relation.oid)
+        return _Table(
+            name=name,
+            codec=codec,
+            job=TableJob(relation, self._prefix, framings[-1], fingerprint),
+            schemas=tuple(
+                SchemaRecord(m.key, m.value) for m in table_schema_messages(codec.schemas)
+            ),
+            headers=record_headers(Operation.READ, point.lsn, point.lsn, fingerprint),
+            chunks=plan_chunks(name, size, self._chunk_rows, tid_range_scans=tid_range_scans),
+            progress=_Progress(
+                name,
+                None if size.tuples < 0 else int(size.tuples),
+                self._metrics,
+                self._progress_interval_s,
+            ),
         )
-        parser = CopyRows(len(relation.columns))
-        query = sql.SQL("COPY (SELECT {} FROM {}) TO STDOUT").format(
-            sql.SQL(", ").join(sql.Identifier(c.name) for c in relation.columns),
-            sql.Identifier(relation.namespace, relation.name),
+
+    # -- copying ---------------------------------------------------------------------------
+
+    def _copy_in_thread(
+        self,
+        conn: Connection,
+        tables: dict[str, _Table],
+        order: Sequence[Chunk],
+        point: SnapshotPoint,
+    ) -> None:
+        """Every chunk read here, one after the other (one worker, or one chunk)."""
+        failed: set[str] = set()
+        for chunk in order:
+            table = tables[chunk.table]
+            if table.name in failed:
+                continue
+            if chunk.index == 0:
+                self._begin(table, point)
+
+            def emit(keys: list[bytes], values: list[bytes], table: _Table = table) -> None:
+                self._publish(table, keys, values)
+
+            try:
+                read_chunk(
+                    conn, table.codec, chunk, point, emit=emit, cancelled=self._cancel.is_set
+                )
+            except TableError as exc:
+                failed.add(table.name)
+                self._put(TableFailed(exc))
+            else:
+                if chunk.last:
+                    self._finish(table)
+
+    def _copy_in_workers(
+        self,
+        pool: WorkerPool,
+        tables: dict[str, _Table],
+        order: Sequence[Chunk],
+        point: SnapshotPoint,
+    ) -> None:
+        """Chunks read by the workers, at most one per worker in flight, each table's
+        published in chunk order (:class:`ChunkSequencer`)."""
+        pending = collections.deque(order)
+        sequencer: ChunkSequencer[tuple[list[bytes], list[bytes]]] = ChunkSequencer(
+            {t.name: len(t.chunks) for t in tables.values()}
         )
-        failure: TableError | None = None
-        with conn.cursor().copy(query) as copy:
-            for chunk in copy:
-                if self._cancel.is_set():
-                    raise _CancelledError
-                if failure is not None:
-                    # Read the COPY to its end: leaving it early would abort the
-                    # transaction the other tables of the run are read in.
-                    continue
-                try:
-                    for data in parser.feed(bytes(chunk)):
-                        after, _ = codec.row(data)
-                        ordinal += 1
-                        batch.append(record(Operation.READ, ordinal, after))
-                except ChangeEncodingError as exc:
-                    failure = TableError(table, str(exc))
-                except TableError as exc:
-                    failure = exc
-                if len(batch) >= _BATCH_ROWS and failure is None:
-                    self._put(SnapshotRecords(table, schemas, tuple(batch)))
-                    batch = []
-                    progress.rows(ordinal)
-        if failure is not None:
-            raise failure
-        parser.finish()
-        if batch:
-            self._put(SnapshotRecords(table, schemas, tuple(batch)))
-        progress.rows(ordinal)
-        return ordinal
+        failed: set[str] = set()
+        while pending or pool.busy():
+            if self._cancel.is_set():
+                raise SnapshotCancelledError
+            for worker in pool.idle():
+                while pending and pending[0].table in failed:
+                    pending.popleft()
+                if not pending or sequencer.in_flight >= len(pool.workers):
+                    break
+                chunk = pending.popleft()
+                table = tables[chunk.table]
+                if chunk.index == 0:
+                    self._begin(table, point)
+                sequencer.start(chunk)
+                pool.assign(worker, ChunkTask(chunk, table.job))
+            for worker, message in pool.receive(pool.workers, timeout_s=0.1):
+                if isinstance(message, ChunkRows):
+                    table = tables[message.chunk.table]
+                    for keys, values in sequencer.add(
+                        message.chunk, (message.keys, message.values)
+                    ):
+                        self._publish(table, keys, values)
+                elif isinstance(message, ChunkRead):
+                    worker.chunk = None
+                    table = tables[message.chunk.table]
+                    released, complete = sequencer.done(message.chunk)
+                    for keys, values in released:
+                        self._publish(table, keys, values)
+                    if complete:
+                        self._finish(table)
+                elif isinstance(message, ChunkFailed):
+                    worker.chunk = None
+                    name = message.chunk.table
+                    if name not in failed:
+                        failed.add(name)
+                        sequencer.drop(name)
+                        self._put(TableFailed(TableError(name, message.message)))
+                else:
+                    raise unexpected_message(message)
+
+    def _begin(self, table: _Table, point: SnapshotPoint) -> None:
+        """Before the table's first row: a TRUNCATE when it may hold rows already."""
+        if table.name not in self._truncate:
+            return
+        codec = table.codec
+        change = Change(
+            op=Operation.TRUNCATE,
+            commit_lsn=point.lsn,
+            change_lsn=point.lsn,
+            xid=0,
+            commit_ts=point.commit_ts,
+            ordinal=0,
+        )
+        record = OutgoingRecord(
+            codec.topic,
+            codec.encoder.encode_key(change),
+            codec.encoder.encode_value(change),
+            change_headers(change, codec.schemas.value_fingerprint),
+            table.name,
+        )
+        self._put(SnapshotRecords(table.name, table.schemas, (record,)))
+
+    def _publish(self, table: _Table, keys: list[bytes], values: list[bytes]) -> None:
+        topic, headers, name = table.codec.topic, table.headers, table.name
+        records = tuple(
+            OutgoingRecord(topic, key, value, headers, name)
+            for key, value in zip(keys, values, strict=True)
+        )
+        self._put(SnapshotRecords(name, table.schemas, records))
+        table.rows += len(records)
+        table.progress.rows(table.rows)
+
+    def _finish(self, table: _Table) -> None:
+        table.progress.rows(table.rows)
+        self._put(TableCopied(table.name, table.rows))
 
 
-def _row_estimate(conn: Connection, oid: int) -> int | None:
-    """The planner's row count of the table (``pg_class.reltuples``), None when the
-    table was never vacuumed or analyzed (-1 since PostgreSQL 14)."""
-    row = conn.execute("SELECT reltuples FROM pg_class WHERE oid = %s", [oid]).fetchone()
-    if row is None or row[0] is None or float(row[0]) < 0:
-        return None
-    return int(float(row[0]))
+def _table_size(conn: Connection, oid: int) -> TableSize:
+    """The table's blocks now and its planner statistics, for :func:`plan_chunks`."""
+    row = conn.execute(
+        "SELECT pg_relation_size(c.oid) / current_setting('block_size')::bigint, "
+        "c.relpages, c.reltuples FROM pg_class c WHERE c.oid = %s",
+        [oid],
+    ).fetchone()
+    if row is None:
+        return TableSize(blocks=0, pages=0, tuples=-1)
+    blocks, pages, tuples = row
+    return TableSize(
+        blocks=int(blocks or 0), pages=int(pages or 0), tuples=-1.0 if tuples is None else tuples
+    )
 
 
 class _Progress:
-    """Rows copied of one table: the metrics at every batch, a log line every
-    ``interval_s`` (rows, estimate, rate) so a long snapshot is never silent."""
+    """Rows published of one table: the metrics at every batch, a log line every
+    ``interval_s`` (rows, estimate, rate, time left) so a long snapshot is never silent.
+    The rate is over the time since the run planned the table: its chunks share the
+    workers with the other tables of the run, so the rate and time left are the table's
+    as the run goes, not what it would take alone."""
 
     def __init__(
         self,
@@ -384,13 +582,15 @@ class _Progress:
         self._last_line = now
         rate = done / max(now - self._started, 1e-9)
         if self._estimate:
+            left = max(self._estimate - done, 0)
             log.info(
-                "snapshot of %s: %d of about %d rows (%.0f%%), %.0f rows/s",
+                "snapshot of %s: %d of about %d rows (%.0f%%), %.0f rows/s, about %s left",
                 self._table,
                 done,
                 self._estimate,
                 100.0 * done / self._estimate,
                 rate,
+                format_duration(left / rate) if rate > 0 else "unknown time",
                 extra={"table": self._table},
             )
         else:
@@ -403,5 +603,11 @@ class _Progress:
             )
 
 
-class _CancelledError(Exception):
-    """The capture loop cancelled the run."""
+def format_duration(seconds: float) -> str:
+    """``seconds`` for a log line: ``45s``, ``3m10s``, ``2h05m``."""
+    whole = round(seconds)
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
