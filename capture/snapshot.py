@@ -298,6 +298,13 @@ class SnapshotRun:
                     tables, failures = self._plan(conn, point)
                     order = dispatch_order(t.chunks for t in tables.values())
                     workers = min(self._workers, len(order))
+                    log.info(
+                        "snapshot: %d chunks of about %d rows in %d tables, %s",
+                        len(order),
+                        self._chunk_rows,
+                        len(tables),
+                        f"{workers} worker processes" if workers > 1 else "read in one thread",
+                    )
                     if workers > 1:
                         setup = WorkerSetup(
                             self._dsn, self._password, snapshot_name, point, self._describe
@@ -373,13 +380,6 @@ class SnapshotRun:
                 failures.append(TableFailed(exc))
             except ChangeEncodingError as exc:
                 failures.append(TableFailed(TableError(name, str(exc))))
-        chunks = sum(len(t.chunks) for t in tables.values())
-        log.info(
-            "snapshot: %d chunks of up to about %d rows in %d tables",
-            chunks,
-            self._chunk_rows,
-            len(tables),
-        )
         return tables, failures
 
     def _plan_table(

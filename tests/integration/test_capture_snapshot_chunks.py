@@ -1,0 +1,276 @@
+"""Chunked, parallel snapshots against the real PostgreSQL and Kafka.
+
+With two worker processes and chunks of a few hundred rows, so every table of a few
+thousand rows is many chunks:
+
+- tables keyed by an int (under concurrent inserts, updates and deletes), a composite
+  text and int key, a uuid, a very skewed bigint key range, and an empty table, all in
+  one run: each topic replays to its source table, every partition's positions strictly
+  increase (snapshot rows, then the streamed changes), and the rows carry the ordinals
+  of several chunks;
+- a capture stopped while its snapshot's workers are reading leaves no worker process,
+  and no COPY of theirs, behind.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import random
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from confluent_kafka import Consumer
+from psycopg import sql
+
+from capture import admin
+from capture.settings import CaptureSettings
+from capture.snapshot_chunks import CHUNK_ORDINALS
+from schemas.control import TableState
+from schemas.reader import ContractReader
+from tests.plugins.capture import CaptureThread, capture_settings
+from tests.plugins.services import Services
+from tests.plugins.topics import end_offsets, read_to_end, replay, schema_reader
+
+Connection = psycopg.Connection[tuple[object, ...]]
+
+TABLES = {
+    # table: (columns, key columns)
+    "t": ("id, n, note", "id"),
+    "composite": ("region, id, v", "region, id"),
+    "uuidkey": ("id, v", "id"),
+    "skewed": ("id, v", "id"),
+    "empty": ("id", "id"),
+}
+
+
+def _wait(predicate: Callable[[], bool], what: str, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.2)
+
+
+def _state(settings: CaptureSettings, table: str) -> TableState | None:
+    statuses = {s.table: s for s in admin.table_statuses(settings)}
+    status = statuses.get(table)
+    return None if status is None else status.state
+
+
+def _chunked(settings: CaptureSettings, **update: Any) -> CaptureSettings:
+    return settings.model_copy(update={"snapshot_workers": 2, "snapshot_chunk_rows": 300, **update})
+
+
+def _as_text(row: Any) -> tuple[str, ...]:
+    return tuple(str(v) for v in row)
+
+
+def _source(pg: Connection, schema: str, table: str) -> set[tuple[str, ...]]:
+    columns, _ = TABLES[table]
+    rows = pg.execute(
+        sql.SQL("SELECT {} FROM {}").format(sql.SQL(columns), sql.Identifier(schema, table))
+    ).fetchall()
+    return {_as_text(r) for r in rows}
+
+
+def _lake(reader: ContractReader, messages: list[Any], topic: str, table: str) -> set[Any]:
+    columns = [c.strip() for c in TABLES[table][0].split(",")]
+    rows = replay(reader, messages).get(topic, {})
+    return {_as_text(r[c] for c in columns) for r in rows.values()}
+
+
+def _assert_positions_increase(reader: ContractReader, messages: list[Any]) -> None:
+    last: dict[int, tuple[int, int]] = {}
+    for m in messages:
+        if m.value() is None:
+            continue
+        value = reader.decode_value(m.value())
+        position = (value["commit_lsn"], value["ordinal"])
+        before = last.get(m.partition())
+        assert before is None or before < position, (
+            f"partition {m.partition()}: {value['op']} at {position} after {before}"
+        )
+        last[m.partition()] = position
+
+
+def _load(pg: Connection, name: str) -> None:
+    schema = sql.Identifier(name)
+    pg.execute(sql.SQL("CREATE SCHEMA {}").format(schema))
+    pg.execute(
+        sql.SQL(
+            "CREATE TABLE {s}.t (id int PRIMARY KEY, n int, note text);"
+            "INSERT INTO {s}.t SELECT g, 0, CASE g % 3 WHEN 0 THEN NULL "
+            "  WHEN 1 THEN E'tab\\there' ELSE 'plain' END FROM generate_series(1, 5000) g;"
+            "CREATE TABLE {s}.composite (region text, id int, v text, PRIMARY KEY (region, id));"
+            "INSERT INTO {s}.composite SELECT 'r' || (g % 7), g, repeat('v', g % 50) "
+            "  FROM generate_series(1, 3000) g;"
+            "CREATE TABLE {s}.uuidkey (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), v int);"
+            "INSERT INTO {s}.uuidkey (v) SELECT g FROM generate_series(1, 3000) g;"
+            "CREATE TABLE {s}.skewed (id bigint PRIMARY KEY, v int);"
+            "INSERT INTO {s}.skewed SELECT g, g % 10 FROM generate_series(1, 1000) g;"
+            "INSERT INTO {s}.skewed SELECT 1000000000000 + g, g % 10 "
+            "  FROM generate_series(0, 1000) g;"
+            "CREATE TABLE {s}.empty (id int PRIMARY KEY);"
+            # Analyzed tables are chunked by their density, the others by the assumed one.
+            "ANALYZE {s}.t; ANALYZE {s}.skewed;"
+        ).format(s=schema)
+    )
+
+
+def test_chunked_parallel_snapshot_of_many_key_kinds_equals_the_source(
+    services: Services, pg: Connection, unique_name: str
+) -> None:
+    name = unique_name
+    _load(pg, name)
+    t, composite = sql.Identifier(name, "t"), sql.Identifier(name, "composite")
+    stop_writing = threading.Event()
+    written = threading.Event()
+
+    def write() -> None:
+        rng = random.Random(11)
+        next_id = 5001
+        with psycopg.connect(services.postgres_dsn, autocommit=True) as conn:
+            while not stop_writing.is_set():
+                key = rng.randint(1, 5000)
+                conn.execute(sql.SQL("UPDATE {} SET n = n + 1 WHERE id = %s").format(t), [key])
+                if key % 5 == 0:
+                    conn.execute(sql.SQL("DELETE FROM {} WHERE id = %s").format(t), [key])
+                    conn.execute(
+                        sql.SQL("INSERT INTO {} VALUES (%s, 1, 'new')").format(t), [next_id]
+                    )
+                    next_id += 1
+                conn.execute(
+                    sql.SQL("UPDATE {} SET v = v || 'u' WHERE region = %s AND id = %s").format(
+                        composite
+                    ),
+                    [f"r{key % 7}", key % 3000],
+                )
+                if key % 11 == 0:
+                    conn.execute(
+                        sql.SQL("DELETE FROM {} WHERE region = %s AND id = %s").format(composite),
+                        [f"r{key % 7}", key % 3000],
+                    )
+                written.set()
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    written.wait(30)
+    tables = [f"{name}.{table}" for table in TABLES]
+    settings = _chunked(capture_settings(services, name, tables, snapshot_mode="initial"))
+    runner = CaptureThread(settings)
+    bootstrap = services.kafka_bootstrap_servers
+    topics = {table: f"{name}.{name}.{table}" for table in TABLES}
+    try:
+        runner.start(pg)
+        _wait(
+            lambda: all(_state(settings, table) is TableState.STREAMING for table in tables),
+            "the tables never all reached streaming",
+        )
+        stop_writing.set()
+        writer.join(10)
+        reader = schema_reader(bootstrap, settings.kafka.schema_topic, len(TABLES))
+
+        for table in TABLES:
+            if table == "empty":  # no record: the topic may not even exist
+                continue
+
+            def caught_up(table: str = table) -> bool:
+                messages = read_to_end(bootstrap, topics[table])
+                return _lake(reader, messages, topics[table], table) == _source(pg, name, table)
+
+            _wait(caught_up, f"{table} never equalled its source")
+        runner.join()
+        assert not runner.errors, runner.errors
+
+        (status,) = [s for s in admin.table_statuses(settings) if s.table == f"{name}.t"]
+        for table in TABLES:
+            if table == "empty":
+                continue
+            messages = read_to_end(bootstrap, topics[table])
+            _assert_positions_increase(reader, messages)
+            values = [reader.decode_value(m.value()) for m in messages]
+            reads = [v for v in values if v["op"] == "READ"]
+            assert not [v for v in values if v["op"] == "TRUNCATE"], "a first snapshot"
+            ordinals = [v["ordinal"] for v in reads]
+            assert len(set(ordinals)) == len(ordinals), f"{table}: ordinals are unique"
+            chunks = {o // CHUNK_ORDINALS for o in ordinals}
+            assert len(chunks) > 2, f"{table} was read in several chunks, not {chunks}"
+            assert all(o % CHUNK_ORDINALS > 0 for o in ordinals)
+        reads_t = [
+            reader.decode_value(m.value())
+            for m in read_to_end(bootstrap, topics["t"])
+            if reader.decode_value(m.value())["op"] == "READ"
+        ]
+        assert {v["commit_lsn"] for v in reads_t} == {status.snapshot_lsn}
+        assert _state(settings, f"{name}.empty") is TableState.STREAMING
+    finally:
+        stop_writing.set()
+        runner.close(pg)
+
+
+def _records(bootstrap: str, topic: str) -> int:
+    """Records in ``topic`` now; 0 while it does not exist."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"count-{time.time()}"})
+    try:
+        return sum(end_offsets(consumer, topic).values())
+    finally:
+        consumer.close()
+
+
+def _workers() -> list[multiprocessing.process.BaseProcess]:
+    return [p for p in multiprocessing.active_children() if p.name.startswith("snapshot-worker")]
+
+
+def test_a_capture_stopped_mid_snapshot_leaves_no_worker_behind(
+    services: Services, pg: Connection, unique_name: str
+) -> None:
+    name = unique_name
+    big = sql.Identifier(name, "big")
+    pg.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(name)))
+    pg.execute(sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, v text)").format(big))
+    pg.execute(
+        sql.SQL("INSERT INTO {} SELECT g, repeat('x', 50) FROM generate_series(1, 60000) g").format(
+            big
+        )
+    )
+    # Nothing applies the records, so the snapshot stalls at the in-flight bound with its
+    # workers busy: the stop always finds them in the middle of their chunks.
+    settings = _chunked(
+        capture_settings(services, name, [f"{name}.big"], snapshot_mode="initial"),
+        snapshot_chunk_rows=2000,
+        max_in_flight_records=3000,
+    )
+    assert not _workers(), "no worker of an earlier test is left"
+    runner = CaptureThread(settings)
+    try:
+        runner.start(pg)
+        _wait(lambda: len(_workers()) == 2, "the snapshot never started its two workers")
+        pids = [p.pid for p in _workers()]
+        _wait(
+            lambda: _records(services.kafka_bootstrap_servers, f"{name}.{name}.big") > 0,
+            "the workers never published a row",
+        )
+        assert _state(settings, f"{name}.big") is TableState.SNAPSHOT
+        runner.join()
+        assert not runner.errors, runner.errors
+        assert runner.thread is not None
+        assert not runner.thread.is_alive()
+        assert not _workers(), "every worker ended with the capture"
+        assert pids
+        assert all(not Path(f"/proc/{pid}").exists() for pid in pids), "and was reaped"
+
+        def copies() -> int:
+            row = pg.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE query LIKE %s AND pid <> "
+                "pg_backend_pid()",
+                [f"COPY%{name}%"],
+            ).fetchone()
+            assert row is not None
+            return int(str(row[0]))
+
+        _wait(lambda: copies() == 0, "a worker's COPY outlived it on the server", 30)
+    finally:
+        runner.close(pg)
