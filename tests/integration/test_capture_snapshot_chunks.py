@@ -9,13 +9,19 @@ thousand rows is many chunks:
   increase (snapshot rows, then the streamed changes), and the rows carry the ordinals
   of several chunks;
 - a capture stopped while its snapshot's workers are reading leaves no worker process,
-  and no COPY of theirs, behind.
+  and no COPY of theirs, behind; so does a worker's lost connection, which fails the
+  capture attempt with a transient error; and a capture process killed with SIGKILL
+  takes its workers with it.
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import os
 import random
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -27,13 +33,20 @@ from confluent_kafka import Consumer
 from psycopg import sql
 
 from capture import admin
+from capture.errors import TransientError
 from capture.settings import CaptureSettings
 from capture.snapshot_chunks import CHUNK_ORDINALS
 from schemas.control import TableState
 from schemas.reader import ContractReader
-from tests.plugins.capture import CaptureThread, capture_settings
+from tests.plugins.capture import CaptureThread, capture_settings, slot_active
 from tests.plugins.services import Services
-from tests.plugins.topics import end_offsets, read_to_end, replay, schema_reader
+from tests.plugins.topics import (
+    end_offsets,
+    read_to_end,
+    replay,
+    report_applied,
+    schema_reader,
+)
 
 Connection = psycopg.Connection[tuple[object, ...]]
 
@@ -224,10 +237,10 @@ def _workers() -> list[multiprocessing.process.BaseProcess]:
     return [p for p in multiprocessing.active_children() if p.name.startswith("snapshot-worker")]
 
 
-def test_a_capture_stopped_mid_snapshot_leaves_no_worker_behind(
-    services: Services, pg: Connection, unique_name: str
-) -> None:
-    name = unique_name
+def _stalled_snapshot(services: Services, pg: Connection, name: str) -> tuple[CaptureSettings, str]:
+    """A 60,000-row table and settings under which its snapshot stalls: nothing applies
+    the records, so the snapshot stops at the in-flight bound with its workers busy, and
+    whatever stops it finds them in the middle of their chunks."""
     big = sql.Identifier(name, "big")
     pg.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(name)))
     pg.execute(sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, v text)").format(big))
@@ -236,13 +249,29 @@ def test_a_capture_stopped_mid_snapshot_leaves_no_worker_behind(
             big
         )
     )
-    # Nothing applies the records, so the snapshot stalls at the in-flight bound with its
-    # workers busy: the stop always finds them in the middle of their chunks.
     settings = _chunked(
         capture_settings(services, name, [f"{name}.big"], snapshot_mode="initial"),
         snapshot_chunk_rows=2000,
         max_in_flight_records=3000,
     )
+    return settings, f"{name}.{name}.big"
+
+
+def _copies(pg: Connection, name: str) -> int:
+    """COPY statements of the test's tables running on the server."""
+    row = pg.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE query LIKE %s AND pid <> pg_backend_pid()",
+        [f"COPY%{name}%"],
+    ).fetchone()
+    assert row is not None
+    return int(str(row[0]))
+
+
+def test_a_capture_stopped_mid_snapshot_leaves_no_worker_behind(
+    services: Services, pg: Connection, unique_name: str
+) -> None:
+    name = unique_name
+    settings, topic = _stalled_snapshot(services, pg, name)
     assert not _workers(), "no worker of an earlier test is left"
     runner = CaptureThread(settings)
     try:
@@ -250,7 +279,7 @@ def test_a_capture_stopped_mid_snapshot_leaves_no_worker_behind(
         _wait(lambda: len(_workers()) == 2, "the snapshot never started its two workers")
         pids = [p.pid for p in _workers()]
         _wait(
-            lambda: _records(services.kafka_bootstrap_servers, f"{name}.{name}.big") > 0,
+            lambda: _records(services.kafka_bootstrap_servers, topic) > 0,
             "the workers never published a row",
         )
         assert _state(settings, f"{name}.big") is TableState.SNAPSHOT
@@ -259,18 +288,124 @@ def test_a_capture_stopped_mid_snapshot_leaves_no_worker_behind(
         assert runner.thread is not None
         assert not runner.thread.is_alive()
         assert not _workers(), "every worker ended with the capture"
-        assert pids
         assert all(not Path(f"/proc/{pid}").exists() for pid in pids), "and was reaped"
-
-        def copies() -> int:
-            row = pg.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE query LIKE %s AND pid <> "
-                "pg_backend_pid()",
-                [f"COPY%{name}%"],
-            ).fetchone()
-            assert row is not None
-            return int(str(row[0]))
-
-        _wait(lambda: copies() == 0, "a worker's COPY outlived it on the server", 30)
+        _wait(lambda: _copies(pg, name) == 0, "a worker's COPY outlived it on the server", 30)
     finally:
         runner.close(pg)
+
+
+def test_a_lost_worker_connection_fails_the_attempt_and_stops_every_worker(
+    services: Services, pg: Connection, unique_name: str
+) -> None:
+    name = unique_name
+    settings, topic = _stalled_snapshot(services, pg, name)
+    bootstrap = services.kafka_bootstrap_servers
+    runner = CaptureThread(settings)
+    try:
+        runner.start(pg)
+        _wait(lambda: len(_workers()) == 2, "the snapshot never started its two workers")
+        _wait(lambda: _records(bootstrap, topic) > 0, "the workers never published a row")
+        row = pg.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE query LIKE %s AND pid <> pg_backend_pid()",
+            [f"COPY%{name}%"],
+        ).fetchone()
+        assert row is not None
+        assert int(str(row[0])) >= 1, "a worker's COPY was running"
+
+        def attempt_failed() -> bool:
+            # Applied, as apply would report it: the snapshot goes on, and a worker reads
+            # from its lost connection.
+            if not runner.errors:
+                report_applied(
+                    bootstrap, settings.kafka.control_topic, read_to_end(bootstrap, topic)
+                )
+            return bool(runner.errors)
+
+        _wait(attempt_failed, "the lost connection never failed the attempt")
+        assert runner.thread is not None
+        runner.thread.join(30)
+        assert not runner.thread.is_alive()
+        (error,) = runner.errors
+        assert isinstance(error, TransientError), error
+        assert "snapshot worker lost PostgreSQL" in str(error)
+        assert not _workers(), "every worker ended with the failed attempt"
+        _wait(lambda: _copies(pg, name) == 0, "a worker's COPY outlived it on the server", 30)
+    finally:
+        runner.close(pg)
+
+
+def _descendants(pid: int) -> dict[int, str]:
+    """Live processes whose parent is ``pid``: their command lines."""
+    found: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue  # ended meanwhile
+        # Fields after the command name, which is in parentheses and may hold spaces.
+        state, ppid = stat.rsplit(")", 1)[1].split()[:2]
+        if int(ppid) == pid and state != "Z":
+            found[int(entry.name)] = cmdline
+    return found
+
+
+def _alive(pids: list[int]) -> list[int]:
+    alive = []
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":  # a zombie runs nothing: only its exit status is left to reap
+            alive.append(pid)
+    return alive
+
+
+_RUN_CAPTURE = """
+import sys, threading
+from capture.service import CaptureService
+from capture.settings import CaptureSettings
+CaptureService(CaptureSettings.model_validate_json(sys.argv[1]), threading.Event()).run()
+"""
+
+
+def test_a_killed_capture_takes_its_workers_with_it(
+    services: Services, pg: Connection, unique_name: str
+) -> None:
+    name = unique_name
+    settings, topic = _stalled_snapshot(services, pg, name)
+    repo = Path(__file__).resolve().parents[2]
+    capture = subprocess.Popen(
+        [sys.executable, "-c", _RUN_CAPTURE, settings.model_dump_json()],
+        cwd=repo,
+        env={**os.environ, "PYTHONPATH": str(repo)},
+    )
+    try:
+        _wait(
+            lambda: sum("spawn_main" in c for c in _descendants(capture.pid).values()) == 2,
+            "the snapshot never started its two workers",
+        )
+        _wait(
+            lambda: _records(services.kafka_bootstrap_servers, topic) > 0,
+            "the workers never published a row",
+        )
+        children = list(_descendants(capture.pid))
+        capture.send_signal(signal.SIGKILL)
+        capture.wait(30)
+        _wait(lambda: not _alive(children), "a worker outlived the killed capture", 60)
+        _wait(lambda: _copies(pg, name) == 0, "a worker's COPY outlived it on the server", 30)
+    finally:
+        if capture.poll() is None:
+            capture.kill()
+            capture.wait(30)
+        slot = settings.postgres.slot
+        _wait(lambda: not slot_active(pg, slot), "the slot stayed active", 30)
+        pg.execute(
+            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+            "WHERE slot_name = %s",
+            [slot],
+        )
