@@ -216,8 +216,10 @@ class _Table:
 
 
 def default_workers() -> int:
-    """The cores this process may run on."""
-    return len(os.sched_getaffinity(0))
+    """The cores this process may run on (all of them where that is not known)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 class SnapshotRun:
@@ -334,6 +336,12 @@ class SnapshotRun:
             self._put_final(RunFailed(exc))
         except psycopg.Error as exc:
             self._put_final(RunFailed(TransientError(f"snapshot failed: {exc}")))
+        except Exception as exc:
+            # A bug: the loop must still hear of it, or it would wait for the run forever.
+            log.exception("snapshot run failed unexpectedly")
+            self._put_final(
+                RunFailed(TransientError(f"snapshot failed unexpectedly: {type(exc).__name__}"))
+            )
         finally:
             if self._pool is not None:
                 self._pool.stop(graceful=False)

@@ -38,6 +38,7 @@ import logging
 import multiprocessing
 import multiprocessing.connection
 import signal
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -450,13 +451,14 @@ class WorkerPool:
             worker.process.join(timeout_s)
         self.kill()
 
-    def kill(self) -> None:
-        """SIGKILL what is still alive, and reap it."""
+    def kill(self, timeout_s: float = 1.0) -> None:
+        """SIGKILL what is still alive, and reap it (within ``timeout_s`` in all)."""
         for worker in self.workers:
             if worker.process.is_alive():
                 worker.process.kill()
+        deadline = time.monotonic() + timeout_s
         for worker in self.workers:
-            worker.process.join(1.0)
+            worker.process.join(max(deadline - time.monotonic(), 0.0))
             worker.pipe.close()
 
 
