@@ -12,11 +12,13 @@ Scaling out).
 
 Two rounds of changes, each waited for until the slot is confirmed past it (capture
 confirms only what apply has committed to Delta), so the second round's updates and
-deletes are MERGEd into files the first round wrote.
+deletes are MERGEd into files the first round wrote; the second round also adds a
+column, which runs Python workers on the executors.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -67,14 +69,19 @@ def _second_round(pg: Connection, schema: str) -> None:
     pg.execute(sql.SQL("UPDATE {} SET balance = balance + 100 WHERE id <= 5").format(accounts))
     pg.execute(sql.SQL("DELETE FROM {} WHERE id BETWEEN 6 AND 8").format(accounts))
     pg.execute(sql.SQL("INSERT INTO {} VALUES (21, 'owner-21', NULL)").format(accounts))
+    # A new column: apply adds it with an empty append, a DataFrame made on the driver
+    # whose partitions the executors compute with Python workers (docs/apply.md).
+    pg.execute(sql.SQL("ALTER TABLE {} ADD COLUMN tier text").format(accounts))
+    pg.execute(sql.SQL("UPDATE {} SET tier = 'gold' WHERE id IN (1, 21)").format(accounts))
     pg.execute(sql.SQL("UPDATE {} SET kind = 'shipped' WHERE id <= 3").format(events))
     pg.execute(sql.SQL("DELETE FROM {} WHERE id >= 9").format(events))
 
 
 EXPECTED_ACCOUNTS = [
-    *[(i, f"owner-{i}", i * 10 + 100) for i in range(1, 6)],
-    *[(i, f"owner-{i}", i * 10) for i in range(9, 21)],
-    (21, "owner-21", None),
+    (1, "owner-1", 110, "gold"),
+    *[(i, f"owner-{i}", i * 10 + 100, None) for i in range(2, 6)],
+    *[(i, f"owner-{i}", i * 10, None) for i in range(9, 21)],
+    (21, "owner-21", None, "gold"),
 ]
 EXPECTED_EVENTS = [
     *[(i, "shipped") for i in range(1, 4)],
@@ -130,8 +137,7 @@ def _submitted_apply(
 
 
 def _base_env() -> dict[str, str]:
-    import os  # noqa: PLC0415
-
+    """This process's environment without any service's settings or Spark's."""
     return {
         key: value
         for key, value in os.environ.items()
@@ -205,7 +211,7 @@ def test_apply_on_a_standalone_cluster_makes_the_lake_equal_the_source(
     assert accounts == EXPECTED_ACCOUNTS
     assert events == EXPECTED_EVENTS
     lake = tmp_path / "lake" / name
-    assert _lake_rows(lake / "accounts", ["id", "owner", "balance"]) == accounts
+    assert _lake_rows(lake / "accounts", ["id", "owner", "balance", "tier"]) == accounts
     assert _lake_rows(lake / "events", ["id", "kind"]) == events
 
 
