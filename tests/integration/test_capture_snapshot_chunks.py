@@ -12,12 +12,16 @@ thousand rows is many chunks:
   and no COPY of theirs, behind; so does a worker's lost connection, which fails the
   capture attempt with a transient error; and a capture process killed with SIGKILL
   takes its workers with it.
+- the workers write the record headers the run's framer gave (a registry's ids), and a
+  table's ``TableCopied`` follows its last record.
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
+import queue
 import random
 import signal
 import subprocess
@@ -34,8 +38,19 @@ from psycopg import sql
 
 from capture import admin
 from capture.errors import TransientError
+from capture.service import describe_columns
 from capture.settings import CaptureSettings
+from capture.snapshot import (
+    RunFailed,
+    RunFinished,
+    SnapshotItem,
+    SnapshotRecords,
+    SnapshotRun,
+    TableCopied,
+    TableFailed,
+)
 from capture.snapshot_chunks import CHUNK_ORDINALS
+from schemas.change_record import RecordFraming, TableSchemas
 from schemas.control import TableState
 from schemas.reader import ContractReader
 from tests.plugins.capture import CaptureThread, capture_settings, slot_active
@@ -409,3 +424,77 @@ def test_a_killed_capture_takes_its_workers_with_it(
             "WHERE slot_name = %s",
             [slot],
         )
+
+
+def test_workers_frame_records_as_the_run_framed_them_and_copied_comes_last(
+    services: Services, pg: Connection, unique_name: str
+) -> None:
+    """The framer (a registry's, in production) is asked once per table, by the run;
+    the workers write the headers it gave. A table's ``TableCopied`` follows its last
+    record, and a table's batches arrive in position order."""
+    name = unique_name
+    pg.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(name)))
+    for table, rows in (("a", 4000), ("b", 1500)):
+        pg.execute(
+            sql.SQL(
+                "CREATE TABLE {t} (id int PRIMARY KEY, v text);"
+                "INSERT INTO {t} SELECT g, md5(g::text) FROM generate_series(1, {n}) g"
+            ).format(t=sql.Identifier(name, table), n=sql.Literal(rows))
+        )
+    asked: list[str] = []
+
+    def framer(schemas: TableSchemas, topic: str) -> RecordFraming:
+        asked.append(topic)
+        return RecordFraming(key=b"\x00KEY!", value=b"\x00VAL!", table_key=b"\x00TBL!")
+
+    run = SnapshotRun(
+        dsn=services.postgres_dsn,
+        password=None,
+        slot=name,
+        tables=[f"{name}.a", f"{name}.b"],
+        truncate=[f"{name}.b"],
+        describe=describe_columns,
+        topic_prefix=name,
+        framer=framer,
+        workers=2,
+        chunk_rows=250,
+        # One item at a time: the run waits for each get, so its workers (stopped after
+        # its last record) are surely there when the first item is taken.
+        queue_size=1,
+    )
+    run.start()
+    items: list[SnapshotItem] = []
+    workers_seen = 0
+    try:
+        deadline = time.monotonic() + 120
+        while not items or not isinstance(items[-1], RunFinished | RunFailed):
+            assert time.monotonic() < deadline, "the run never finished"
+            with contextlib.suppress(queue.Empty):
+                items.append(run.items.get(timeout=1))
+                workers_seen = max(workers_seen, len(_workers()))
+    finally:
+        run.cancel()
+    assert workers_seen == 2, "the chunks were read by two worker processes"
+    assert not [i for i in items if isinstance(i, RunFailed | TableFailed)], items
+    assert isinstance(items[-1], RunFinished)
+    assert sorted(asked) == [f"{name}.{name}.a", f"{name}.{name}.b"], "once per table"
+    for table, rows in ((f"{name}.a", 4000), (f"{name}.b", 1500)):
+        batches = [i for i in items if isinstance(i, SnapshotRecords) and i.table == table]
+        records = [r for b in batches for r in b.records]
+        (copied,) = [
+            n for n, i in enumerate(items) if isinstance(i, TableCopied) and i.table == table
+        ]
+        last_batch = max(n for n, i in enumerate(items) if i in batches)
+        assert last_batch < copied, "TableCopied after the table's last record"
+        item = items[copied]
+        assert isinstance(item, TableCopied)
+        assert item.rows == rows
+        reads = [r for r in records if not r.key.startswith(b"\x00TBL!")]
+        assert len(reads) == rows
+        assert all(r.key.startswith(b"\x00KEY!") for r in reads)
+        assert all(r.value is not None and r.value.startswith(b"\x00VAL!") for r in records)
+        truncates = [r for r in records if r.key.startswith(b"\x00TBL!")]
+        assert len(truncates) == (1 if table.endswith(".b") else 0)
+        if truncates:
+            assert records[0] is truncates[0], "the TRUNCATE comes first"
+    assert not _workers(), "the finished run's workers ended"
