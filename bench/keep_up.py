@@ -117,20 +117,24 @@ def _insert_lsn(run: PipelineRun) -> int:
 
 
 class TopicEnds:
-    """The sum of the change topics' high watermarks, read with one consumer."""
+    """The sum of the change topics' high watermarks, read with one consumer. A topic
+    capture has not created yet (``pgbench_history`` starts empty, so the snapshot
+    creates no topic for it) counts 0 until it appears: the partitions are listed
+    again on every call, from the whole cluster's metadata, which never creates one."""
 
     def __init__(self, bootstrap: str, topics: list[str]) -> None:
         self._consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-keep-up"})
-        self._partitions = [
-            TopicPartition(topic, partition)
-            for topic in topics
-            for partition in self._consumer.list_topics(topic, timeout=10).topics[topic].partitions
-        ]
+        self._topics = topics
 
     def total(self) -> int:
+        metadata = self._consumer.list_topics(timeout=10).topics
         return sum(
-            self._consumer.get_watermark_offsets(p, timeout=10, cached=False)[1]
-            for p in self._partitions
+            self._consumer.get_watermark_offsets(
+                TopicPartition(topic, partition), timeout=10, cached=False
+            )[1]
+            for topic in self._topics
+            if topic in metadata
+            for partition in metadata[topic].partitions
         )
 
     def close(self) -> None:
