@@ -1,6 +1,6 @@
 """Capture's initial snapshot of a big table against a plain COPY of the same table.
 
-Usage: ``.venv/bin/python -m bench.capture_snapshot [--rows N]``
+Usage: ``.venv/bin/python -m bench.capture_snapshot [--rows N] [--workers N [N ...]]``
 
 On the local stack, in a fresh schema: a table shaped like pgbench's ``accounts`` (``aid
 int`` primary key, ``bid int``, ``abalance int``, ``filler char(84)``) filled with N
@@ -13,7 +13,9 @@ rows, and nothing else. Then, in the same run:
   ``snapshot_mode=initial`` (it creates the publication and the slot, takes the exported
   snapshot, parses every row with the stream's parsers, encodes it and produces it with
   ``acks=all``), stopping by itself once the table is streaming (``stop_at``: the WAL
-  position after the load). Wall time, CPU and peak RSS are the child's. This process
+  position after the load), with ``--workers`` snapshot workers. Wall time, CPU and peak
+  RSS are the child's; its CPU includes its snapshot worker processes (it reaps them,
+  and ``wait4`` counts reaped descendants), its peak RSS does not. This process
   stands in for the apply job as in :mod:`bench.capture_drain` (applied offsets on the
   control topic every second): snapshot rows count against the in-flight bound.
 
@@ -28,6 +30,7 @@ import os
 import sys
 import threading
 import time
+from dataclasses import dataclass
 
 import psycopg
 from confluent_kafka import KafkaException
@@ -39,6 +42,7 @@ from bench.capture_drain import (
     WORKLOAD_APP,
     AppliedFeeder,
     Names,
+    Usage,
     _delete_topics,
     _drop_postgres_objects,
     _records_in,
@@ -100,18 +104,27 @@ def _delete_change_topic(bootstrap: str, names: Names) -> None:
         admin.delete_topics([topic], operation_timeout=30)[topic].result(60)
 
 
-def _settings(dsn: str, bootstrap: str, names: Names) -> CaptureSettings:
-    return names.capture_settings(dsn, bootstrap, [TABLE], partitions=3, snapshot_mode="initial")
+def _settings(dsn: str, bootstrap: str, names: Names, workers: int) -> CaptureSettings:
+    settings = names.capture_settings(
+        dsn, bootstrap, [TABLE], partitions=3, snapshot_mode="initial"
+    )
+    return settings.model_copy(update={"snapshot_workers": workers})
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--rows", type=int, default=1_000_000, help="rows in the table")
-    args = parser.parse_args()
-    state = stack.up()
-    dsn, bootstrap = state.postgres.dsn, state.kafka.bootstrap_servers
+@dataclass(frozen=True, slots=True)
+class Run:
+    workers: int
+    copy_s: float
+    copied: int
+    usage: Usage
+    records: int
+
+
+def _measure(dsn: str, bootstrap: str, rows: int, workers: int) -> Run:
+    """One table loaded, read by the COPY baseline, then snapshotted by capture with
+    ``workers`` snapshot workers; everything created is dropped."""
     names = Names.unique()
-    print(f"schema {names.schema}: loading {args.rows} rows...")
+    print(f"schema {names.schema}: loading {rows} rows...")
     with (
         psycopg.connect(dsn, autocommit=True) as admin,
         contextlib.ExitStack() as cleanup,
@@ -123,14 +136,14 @@ def main() -> None:
             admin.execute,
             sql.SQL("DROP PUBLICATION IF EXISTS {}").format(sql.Identifier(names.publication)),
         )
-        _load(dsn, names, args.rows)
+        _load(dsn, names, rows)
         row = admin.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
         assert row is not None
         stop_at = parse_lsn(str(row[0]))
 
         print("baseline: COPY to nowhere...")
         copy_s, copied = _copy_baseline(dsn, names)
-        print("capture: initial snapshot to Kafka...")
+        print(f"capture: initial snapshot to Kafka, {workers} snapshot workers...")
         # On an idle database the server has nothing to report: WAL written while the
         # child runs moves its decoding position past stop_at, so the child can stop.
         # And an apply stand-in: snapshot rows count against the in-flight bound too, so
@@ -152,25 +165,58 @@ def main() -> None:
                 sys.executable,
                 "-m",
                 "bench.capture_drain",
-                f"--capture-settings={_settings(dsn, bootstrap, names).model_dump_json()}",
+                f"--capture-settings={_settings(dsn, bootstrap, names, workers).model_dump_json()}",
                 f"--stop-at={format_lsn(stop_at)}",
             ],
         )
         records = _records_in(bootstrap, names, (TABLE,))
-    base_rate, rate = copied / copy_s, args.rows / usage.wall_s
-    print(
-        f"\n{'run':<24}{'wall s':>8}{'rows/s':>10}{'vs base':>9}{'CPU us/row':>11}"
-        f"{'peak RSS MB':>12}"
+    return Run(workers, copy_s, copied, usage, records)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--rows", type=int, default=1_000_000, help="rows in the table")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        nargs="+",
+        default=[1],
+        metavar="N",
+        help="snapshot workers (CAPTURE_SNAPSHOT_WORKERS); several values run one after "
+        "the other, each on a table of its own, compared with the first",
     )
-    print(f"{'COPY to nowhere (base)':<24}{copy_s:>8.1f}{base_rate:>10.0f}{'1.00x':>9}")
+    args = parser.parse_args()
+    state = stack.up()
+    dsn, bootstrap = state.postgres.dsn, state.kafka.bootstrap_servers
+    runs = [_measure(dsn, bootstrap, args.rows, workers) for workers in args.workers]
     print(
-        f"{'capture snapshot':<24}{usage.wall_s:>8.1f}{rate:>10.0f}{rate / base_rate:>8.2f}x"
-        f"{usage.cpu_s / args.rows * 1e6:>11.1f}{usage.max_rss_bytes / 1e6:>12.1f}"
+        f"\n{'run':<24}{'wall s':>8}{'rows/s':>10}{'vs base':>9}{'vs first':>9}"
+        f"{'CPU us/row':>11}{'peak RSS MB':>12}"
     )
+    first_rate = args.rows / runs[0].usage.wall_s
+    for run in runs:
+        base_rate, rate = run.copied / run.copy_s, args.rows / run.usage.wall_s
+        print(f"{'COPY to nowhere (base)':<24}{run.copy_s:>8.1f}{base_rate:>10.0f}{'1.00x':>9}")
+        label = f"capture, {run.workers} worker{'s' if run.workers > 1 else ''}"
+        print(
+            f"{label:<24}{run.usage.wall_s:>8.1f}{rate:>10.0f}{rate / base_rate:>8.2f}x"
+            f"{rate / first_rate:>8.2f}x{run.usage.cpu_s / args.rows * 1e6:>11.1f}"
+            f"{run.usage.max_rss_bytes / 1e6:>12.1f}"
+        )
     print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    print(f"records in the change topic: {records} (expected {args.rows})")
-    if usage.returncode != 0 or records != args.rows or copied != args.rows:
-        print(f"FAILED: exit code {usage.returncode}, {records} records, {copied} copied")
+    failed = False
+    for run in runs:
+        print(
+            f"{run.workers} workers: {run.records} records in the change topic "
+            f"(expected {args.rows})"
+        )
+        if run.usage.returncode != 0 or run.records != args.rows or run.copied != args.rows:
+            print(
+                f"FAILED: exit code {run.usage.returncode}, {run.records} records, "
+                f"{run.copied} copied"
+            )
+            failed = True
+    if failed:
         sys.exit(1)
 
 
