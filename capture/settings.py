@@ -151,7 +151,8 @@ class CaptureSettings(BaseSettings):
         ge=1,
         description=(
             "processes that read a snapshot's chunks in parallel (default: one per core "
-            "this process may run on); 1 reads them in the capture process itself"
+            "this process may use: its CPU affinity, capped by its cgroup's CPU limit); 1 "
+            "reads them in the capture process itself"
         ),
     )
     snapshot_chunk_rows: int = Field(

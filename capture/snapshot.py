@@ -49,12 +49,14 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
+import math
 import os
 import queue
 import threading
 import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import psycopg
 from psycopg import sql
@@ -215,11 +217,42 @@ class _Table:
     rows: int = 0
 
 
+_CGROUP_CPU_LIMITS = (
+    # cgroup v2: "<quota> <period>" or "max <period>"
+    (Path("/sys/fs/cgroup/cpu.max"), None),
+    # cgroup v1: quota and period in two files; quota -1 means no limit
+    (Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"), Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us")),
+)
+
+
 def default_workers() -> int:
-    """The cores this process may run on (all of them where that is not known)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
+    """The cores this process may run on: its CPU affinity, and no more than its
+    container's CPU limit (a pod limited to 2 CPUs on a 64-core node gets 2, not 64)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    limit = cgroup_cpu_limit()
+    return max(1, min(cores or 1, limit if limit is not None else cores or 1))
+
+
+def cgroup_cpu_limit(
+    limits: Sequence[tuple[Path, Path | None]] = _CGROUP_CPU_LIMITS,
+) -> int | None:
+    """CPUs the cgroup's CFS quota allows, rounded up; None without a limit."""
+    for quota_file, period_file in limits:
+        try:
+            if period_file is None:
+                quota_text, period_text = quota_file.read_text().split()[:2]
+            else:
+                quota_text, period_text = quota_file.read_text(), period_file.read_text()
+        except (OSError, ValueError):
+            continue
+        quota, period = quota_text.strip(), period_text.strip()
+        if quota in {"max", "-1"}:
+            return None
+        try:
+            return max(1, math.ceil(int(quota) / int(period)))
+        except (ValueError, ZeroDivisionError):
+            continue
+    return None
 
 
 class SnapshotRun:

@@ -1,13 +1,15 @@
-"""Snapshot chunks: block ranges, ordinals, dispatch order and in-order publishing."""
+"""Snapshot chunks: block ranges, ordinals, dispatch order and in-order publishing; the
+default number of snapshot workers under a cgroup CPU limit."""
 
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import pytest
 
 from capture.pgoutput import Relation, RelationColumn, ReplicaIdentity
-from capture.snapshot import format_duration
+from capture.snapshot import cgroup_cpu_limit, format_duration
 from capture.snapshot_chunks import (
     CHUNK_ORDINALS,
     MAX_CHUNK_BLOCKS,
@@ -228,3 +230,26 @@ def test_chunk_queries_bound_by_ctid() -> None:
 )
 def test_time_left_reads_as_a_duration(seconds: float, text: str) -> None:
     assert format_duration(seconds) == text
+
+
+@pytest.mark.parametrize(
+    ("files", "cpus"),
+    [
+        ({"cpu.max": "max 100000\n"}, None),
+        ({"cpu.max": "150000 100000\n"}, 2),
+        ({"cpu.max": "50000 100000\n"}, 1),
+        ({"quota": "-1\n", "period": "100000\n"}, None),
+        ({"quota": "400000\n", "period": "100000\n"}, 4),
+        ({}, None),
+    ],
+)
+def test_the_cgroup_cpu_limit_caps_the_default_workers(
+    tmp_path: Path, files: dict[str, str], cpus: int | None
+) -> None:
+    for file, text in files.items():
+        (tmp_path / file).write_text(text)
+    limits = (
+        (tmp_path / "cpu.max", None),
+        (tmp_path / "quota", tmp_path / "period"),
+    )
+    assert cgroup_cpu_limit(limits) == cpus
