@@ -13,7 +13,8 @@ thousand rows is many chunks:
   capture attempt with a transient error; and a capture process killed with SIGKILL
   takes its workers with it.
 - the workers write the record headers the run's framer gave (a registry's ids), and a
-  table's ``TableCopied`` follows its last record.
+  table's ``TableCopied`` follows its last record;
+- a value the contract cannot carry, read by a worker, fails its table only.
 """
 
 from __future__ import annotations
@@ -498,3 +499,57 @@ def test_workers_frame_records_as_the_run_framed_them_and_copied_comes_last(
         if truncates:
             assert records[0] is truncates[0], "the TRUNCATE comes first"
     assert not _workers(), "the finished run's workers ended"
+
+
+def test_a_value_the_contract_cannot_carry_fails_its_table_only(
+    services: Services, pg: Connection, unique_name: str
+) -> None:
+    """NaN has no Avro decimal: the chunk holding it fails its table, whose other chunks
+    are skipped, while the other table of the run is read in full."""
+    name = unique_name
+    pg.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(name)))
+    bad, good = sql.Identifier(name, "bad"), sql.Identifier(name, "good")
+    pg.execute(
+        sql.SQL(
+            "CREATE TABLE {bad} (id int PRIMARY KEY, amount numeric(6,2));"
+            "INSERT INTO {bad} SELECT g, g / 4.0 FROM generate_series(1, 3000) g;"
+            "UPDATE {bad} SET amount = 'NaN' WHERE id = 2500;"
+            "CREATE TABLE {good} (id int PRIMARY KEY, v text);"
+            "INSERT INTO {good} SELECT g, 'v' || g FROM generate_series(1, 3000) g;"
+        ).format(bad=bad, good=good)
+    )
+    run = SnapshotRun(
+        dsn=services.postgres_dsn,
+        password=None,
+        slot=name,
+        tables=[f"{name}.bad", f"{name}.good"],
+        truncate=[],
+        describe=describe_columns,
+        topic_prefix=name,
+        workers=2,
+        chunk_rows=250,
+    )
+    run.start()
+    items: list[SnapshotItem] = []
+    try:
+        deadline = time.monotonic() + 120
+        while not items or not isinstance(items[-1], RunFinished | RunFailed):
+            assert time.monotonic() < deadline, "the run never finished"
+            with contextlib.suppress(queue.Empty):
+                items.append(run.items.get(timeout=1))
+    finally:
+        run.cancel()
+    assert isinstance(items[-1], RunFinished), items[-1]
+    failed = [i for i in items if isinstance(i, TableFailed)]
+    assert [f.error.table for f in failed] == [f"{name}.bad"]
+    assert "NaN" in str(failed[0].error)
+    copied = {i.table: i.rows for i in items if isinstance(i, TableCopied)}
+    assert copied == {f"{name}.good": 3000}
+    good_rows = [
+        r
+        for i in items
+        if isinstance(i, SnapshotRecords) and i.table == f"{name}.good"
+        for r in i.records
+    ]
+    assert len(good_rows) == 3000
+    assert not _workers()
