@@ -282,7 +282,8 @@ class Change:
     """Commit time, microseconds since 1970-01-01 UTC."""
     ordinal: int
     """0-based count of the records the transaction produced before this one, over all
-    tables (snapshot: 0 for its leading TRUNCATE, rows from 1)."""
+    tables (snapshot: 0 for its leading TRUNCATE; row ``i``, from 1, of chunk ``k`` is
+    ``k * 2**32 + i``: unique and increasing in publish order, not consecutive)."""
     before: Row | None = None
     after: Row | None = None
     unchanged_columns: tuple[str, ...] = ()
