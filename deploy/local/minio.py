@@ -18,8 +18,11 @@ Invariants:
   with its data, log and pid file under the instance's ``root``.
 - The root user and password come from the caller, reach MinIO through its environment
   (``MINIO_ROOT_USER``/``MINIO_ROOT_PASSWORD``) and are written to no file.
-- Ready means ``GET /minio/health/ready`` answers 200, not an open port. A start that
-  does not get there fails with the log's tail and stops what it started.
+- Ready means ``GET /minio/health/ready`` answers 200 *and* a signed S3 request
+  (ListBuckets) succeeds, not an open port: the health endpoint answers 200 a moment
+  before the object layer is initialised, and a request then gets 503
+  ``XMinioServerNotInitialized``. A start that does not get there fails with the log's
+  tail and stops what it started.
 
 :class:`S3Client` makes the few S3 calls the launcher and the tests need (create a
 bucket, list, get and delete objects), signed with :mod:`deploy.local.sigv4`: the
@@ -165,6 +168,10 @@ class S3Client:
         except (urllib.error.URLError, OSError) as exc:
             raise S3Error(f"S3 {method} {path}: {self.endpoint} does not answer: {exc}") from exc
 
+    def list_buckets(self) -> list[str]:
+        root = ET.fromstring(self._request("GET", "/"))  # noqa: S314 - see list_keys
+        return [node.text or "" for node in root.iter(f"{_S3_NAMESPACE}Name")]
+
     def create_bucket(self, bucket: str) -> None:
         self._request("PUT", f"/{bucket}")
 
@@ -264,12 +271,19 @@ class LocalMinio:
             raise
 
     def ready(self) -> bool:
+        """The health endpoint says ready and the S3 API answers (module docstring)."""
         try:
             url = f"http://127.0.0.1:{self.port}/minio/health/ready"
             with urllib.request.urlopen(url, timeout=2) as response:
-                return bool(response.status == 200)
+                if response.status != 200:
+                    return False
         except (urllib.error.URLError, OSError):
             return False
+        try:
+            self.client().list_buckets()
+        except S3Error:
+            return False
+        return True
 
     def running(self) -> bool:
         pid = read_pid(self.pid_file)
