@@ -37,7 +37,11 @@ from psycopg import sql
 
 from tests.plugins.capture import CaptureThread, capture_settings
 from tests.plugins.objectstore import ObjectStore
-from tests.plugins.pipeline import Service, current_wal, slot_confirmed, wait_for
+from tests.plugins.pipeline import (
+    Service,
+    wait_for,
+    wait_service_applied,
+)
 from tests.plugins.services import Services
 
 # Started by this test's first use of the session's MinIO, a cold build of MinIO with
@@ -120,22 +124,6 @@ def _apply_service(
     }
     workdir.mkdir(parents=True, exist_ok=True)
     return Service("apply", [sys.executable, "-m", "apply"], env, workdir / "apply.log")
-
-
-def _wait_applied(pg: Connection, slot: str, apply: Service) -> None:
-    """Until the slot passes the WAL written so far: capture confirms only what apply
-    has committed to Delta, so the lake then holds every change before."""
-    target = current_wal(pg)
-
-    def applied() -> bool:
-        assert apply.running(), f"apply exited:\n{apply.tail()}"
-        confirmed = slot_confirmed(pg, slot)
-        return confirmed is not None and confirmed >= target
-
-    try:
-        wait_for(applied, f"slot {slot} to pass the WAL written so far", timeout_s=600)
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}\n--- apply log:\n{apply.tail()}") from None
 
 
 def _lake_rows(store: ObjectStore, url: str) -> list[tuple[Any, ...]]:
@@ -250,9 +238,9 @@ def test_lake_and_checkpoint_on_s3_apply_and_resume_without_reapplying(
         # into the files the first wrote to the bucket, and the table gets commits of
         # more than one batch, so the restart below has earlier batches to not re-run.
         _inserts(pg, name)
-        _wait_applied(pg, name, apply)
+        wait_service_applied(pg, name, apply, timeout_s=600)
         _updates_and_deletes(pg, name)
-        _wait_applied(pg, name, apply)
+        wait_service_applied(pg, name, apply, timeout_s=600)
         source = _source_rows(pg, name)
         # The exit status is not judged: SIGTERM reaches the JVM's group too, and the
         # checkpoint and the lake below are what the test is about.
@@ -298,7 +286,7 @@ def test_lake_and_checkpoint_on_s3_apply_and_resume_without_reapplying(
         assert min(ran) == last, ran
 
         _changes_after_restart(pg, name)
-        _wait_applied(pg, name, apply)
+        wait_service_applied(pg, name, apply, timeout_s=600)
         source = _source_rows(pg, name)
         apply.terminate()
     finally:

@@ -31,7 +31,10 @@ import apply.__main__ as entry_point
 from deploy.local.spark_cluster import LocalSparkCluster
 from tests.plugins.capture import CaptureThread, capture_settings
 from tests.plugins.lake import read_delta_rs_query
-from tests.plugins.pipeline import Service, current_wal, slot_confirmed, wait_for
+from tests.plugins.pipeline import (
+    Service,
+    wait_service_applied,
+)
 from tests.plugins.services import Services
 
 pytestmark = pytest.mark.slow
@@ -145,21 +148,6 @@ def _base_env() -> dict[str, str]:
     }
 
 
-def _wait_applied(pg: Connection, slot: str, apply: Service) -> None:
-    """Until the slot passes the WAL written so far: the lake then holds every change."""
-    target = current_wal(pg)
-
-    def applied() -> bool:
-        assert apply.running(), f"apply exited:\n{apply.tail()}"
-        confirmed = slot_confirmed(pg, slot)
-        return confirmed is not None and confirmed >= target
-
-    try:
-        wait_for(applied, f"slot {slot} to pass the WAL written so far", timeout_s=300)
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}\n--- apply log:\n{apply.tail()}") from None
-
-
 def _lake_rows(path: Path, columns: list[str]) -> list[tuple[Any, ...]]:
     table = read_delta_rs_query(str(path)).select(columns).sort_by("id")
     return [tuple(row[c] for c in columns) for row in table.to_pylist()]
@@ -185,9 +173,9 @@ def test_apply_on_a_standalone_cluster_makes_the_lake_equal_the_source(
         capture.start(pg)
         apply.start()
         _first_round(pg, name)
-        _wait_applied(pg, name, apply)
+        wait_service_applied(pg, name, apply, timeout_s=300)
         _second_round(pg, name)
-        _wait_applied(pg, name, apply)
+        wait_service_applied(pg, name, apply, timeout_s=300)
         # spark-submit's JVM is the driver's parent and exits 143 on SIGTERM, however
         # cleanly the job stops; the lake below is what the test judges.
         apply.terminate()

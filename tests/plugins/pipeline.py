@@ -362,3 +362,20 @@ def watch_schemas(pipeline: Pipeline, schemas: list[str], refresh_s: float) -> N
     assert not pipeline.capture.running(), "capture reads its environment only at start"
     pipeline.capture.env["CAPTURE_POSTGRES__SCHEMAS"] = json.dumps(schemas)
     pipeline.capture.env["CAPTURE_TABLE_REFRESH_S"] = str(refresh_s)
+
+
+def wait_service_applied(pg: Connection, slot: str, apply: Service, timeout_s: float) -> None:
+    """Until the slot passes the WAL written so far: capture confirms only what ``apply``
+    (a process) has committed to Delta, so the lake then holds every change before. An
+    apply that exits ends the wait, with its log."""
+    target = current_wal(pg)
+
+    def applied() -> bool:
+        assert apply.running(), f"apply exited:\n{apply.tail()}"
+        confirmed = slot_confirmed(pg, slot)
+        return confirmed is not None and confirmed >= target
+
+    try:
+        wait_for(applied, f"slot {slot} to pass the WAL written so far", timeout_s=timeout_s)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n--- apply log:\n{apply.tail()}") from None
