@@ -42,6 +42,14 @@ STATUS_GROUP = "pgdelta-status"
 """The status consumer's group id: nothing is committed under it (partitions are
 assigned), but a secured cluster's ACLs name it."""
 _TIMEOUT_S = 10.0
+_LEADER_BACKOFF_S = 0.2
+_LEADER_MOVING = frozenset(
+    {
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+    }
+)
 _LATEST = OffsetSpec.latest()  # type: ignore[no-untyped-call]  # untyped in confluent-kafka
 
 
@@ -162,14 +170,32 @@ class KafkaReader:
         return found
 
     def _end_offsets(self, partitions: list[Partition]) -> dict[Partition, int]:
-        request = {TopicPartition(t, p): _LATEST for t, p in partitions}
-        if not request:
-            return {}
-        try:
+        """The end offset of every partition. A partition whose leader is moving (a topic
+        created a moment ago answers NOT_LEADER_FOR_PARTITION to its first requests, as
+        does one whose broker restarts) is asked again until the read's deadline: status
+        runs beside a capture that creates topics as tables appear."""
+        ends: dict[Partition, int] = {}
+        waiting = list(partitions)
+        deadline = time.monotonic() + _TIMEOUT_S
+        while waiting:
+            request = {TopicPartition(t, p): _LATEST for t, p in waiting}
             futures = self._admin.list_offsets(request, request_timeout=_TIMEOUT_S)
-            return {(tp.topic, tp.partition): int(f.result().offset) for tp, f in futures.items()}
-        except KafkaException as exc:
-            raise StatusError(f"cannot list the end offsets of the topics: {exc}") from exc
+            moving: list[Partition] = []
+            for tp, future in futures.items():
+                partition = (tp.topic, tp.partition)
+                try:
+                    ends[partition] = int(future.result().offset)
+                except KafkaException as exc:
+                    error = exc.args[0] if exc.args else None
+                    if not _leader_moving(error) or time.monotonic() > deadline:
+                        raise StatusError(
+                            f"cannot list the end offset of {tp.topic}[{tp.partition}]: {exc}"
+                        ) from exc
+                    moving.append(partition)
+            waiting = moving
+            if waiting:
+                time.sleep(_LEADER_BACKOFF_S)
+        return ends
 
     def _read_control(self, ends: Mapping[int, int]) -> None:
         if any(self._log.positions.get(p, 0) > end for p, end in ends.items()):
@@ -239,3 +265,8 @@ class KafkaReader:
 
     def close(self) -> None:
         self._consumer.close()
+
+
+def _leader_moving(error: object) -> bool:
+    """Whether a partition's error says its leadership is being settled, which passes."""
+    return isinstance(error, KafkaError) and error.code() in _LEADER_MOVING

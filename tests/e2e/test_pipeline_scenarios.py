@@ -186,6 +186,11 @@ STANDBY_SNAPSHOT_S = 15
 """The background writer logs an xl_running_xacts record every 15 s while WAL is written
 (LOG_SNAPSHOT_INTERVAL_MS in PostgreSQL's bgwriter.c); restart_lsn moves only to such a
 record the slot has decoded, once the confirmed position passes it."""
+HIBERNATE_FACTOR = 50
+"""A background writer with no buffers to clean sleeps ``bgwriter_delay`` x 50 before it
+looks at the clock again (HIBERNATE_FACTOR in bgwriter.c): a workload that updates rows
+already in shared buffers gives it nothing to clean, so the records come up to 15 s +
+50 x bgwriter_delay apart (10 s more at the default 200 ms)."""
 SAMPLE_S = 2.0
 NEAR_ZERO = 1 << 20
 
@@ -220,6 +225,16 @@ def _sample(conn: psycopg.Connection[tuple[Any, ...]], slot: str, start: float) 
     assert row is not None, f"slot {slot} is gone"
     wal, restart, confirmed = (parse_lsn(str(v)) for v in row)
     return WalSample(time.monotonic() - start, wal, restart, confirmed)
+
+
+def _standby_snapshot_interval(conn: psycopg.Connection[tuple[Any, ...]]) -> float:
+    """The longest time between two xl_running_xacts records of a server writing WAL."""
+    row = conn.execute(
+        "SELECT setting::float / 1000 FROM pg_settings WHERE name = 'bgwriter_delay'"
+    ).fetchone()
+    assert row is not None
+    delay_s = float(row[0])
+    return STANDBY_SNAPSHOT_S + (HIBERNATE_FACTOR + 1) * delay_s
 
 
 def _age(samples: list[WalSample], sample: WalSample, lsn: Lsn) -> float:
@@ -285,8 +300,9 @@ def test_idle_table_does_not_pin_the_slot(
         # restart_lsn takes a candidate xl_running_xacts only when the previous one is
         # confirmed: a candidate is decoded up to lag + 15 s after the last one was taken
         # and is itself taken one lag later, so the slot retains at most the WAL written
-        # in 2 x lag + 15 s (ReplicationSlot candidate_restart_* in logical.c).
-        window = 2 * max(lags) + STANDBY_SNAPSHOT_S + SAMPLE_S
+        # in 2 x lag + the records' interval (ReplicationSlot candidate_restart_* in
+        # logical.c).
+        window = 2 * max(lags) + _standby_snapshot_interval(conn) + SAMPLE_S
         judged = 0
         for s in samples:
             bound = _written_within(samples, s, window)
