@@ -72,7 +72,7 @@ from capture.wal_safety import (
     warn_if_unlimited,
 )
 from runtime.telemetry import Health
-from schemas.control import TableState, TableStatus
+from schemas.control import SnapshotResume, TableState, TableStatus
 from schemas.lsn import Lsn, format_lsn
 
 log = logging.getLogger(__name__)
@@ -337,7 +337,9 @@ class CaptureService:
             stream.send_status(confirmed, reply_requested=reply_requested)
             position.confirmed_lsn = confirmed
 
-        def start_run(tables: list[str], truncate: list[str]) -> SnapshotRun:
+        def start_run(
+            tables: list[str], truncate: list[str], resume: dict[str, tuple[Lsn, SnapshotResume]]
+        ) -> SnapshotRun:
             run = SnapshotRun(
                 dsn=dsn,
                 password=password,
@@ -351,6 +353,7 @@ class CaptureService:
                 framer=self._framer,
                 workers=settings.snapshot_workers,
                 chunk_rows=settings.snapshot_chunk_rows,
+                resume=resume,
             )
             run.start()
             return run

@@ -54,7 +54,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -93,13 +93,15 @@ from capture.snapshot_worker import (
 )
 from capture.source import key_by_primary_key
 from schemas.change_record import Change, RecordFraming, TableSchemas
+from schemas.control import SnapshotResume
 from schemas.errors import ChangeEncodingError
 from schemas.headers import Headers, change_headers, record_headers
-from schemas.lsn import Lsn, parse_lsn
+from schemas.lsn import Lsn, format_lsn, parse_lsn
 from schemas.operation import Operation
 from schemas.schema_topic import table_schema_messages
 
 __all__ = [
+    "ChunkPublished",
     "Connection",
     "DescribeWith",
     "RunFailed",
@@ -134,6 +136,15 @@ class SnapshotRecords:
 
 
 @dataclass(frozen=True, slots=True)
+class ChunkPublished:
+    """Every record of the table's chunks before ``resume.chunk`` was handed to the loop:
+    once they are in Kafka, a capture that restarts resumes the table there."""
+
+    table: str
+    resume: SnapshotResume
+
+
+@dataclass(frozen=True, slots=True)
 class TableCopied:
     table: str
     rows: int
@@ -159,7 +170,15 @@ class RunFinished:
     pass
 
 
-SnapshotItem = SnapshotTaken | SnapshotRecords | TableCopied | TableFailed | RunFailed | RunFinished
+SnapshotItem = (
+    SnapshotTaken
+    | SnapshotRecords
+    | ChunkPublished
+    | TableCopied
+    | TableFailed
+    | RunFailed
+    | RunFinished
+)
 
 
 def relation_from_catalog(conn: Connection, table: str) -> Relation:
@@ -214,6 +233,8 @@ class _Table:
     headers: Headers
     chunks: tuple[Chunk, ...]
     progress: _Progress
+    point: SnapshotPoint
+    """Where its records sit (:attr:`TableJob.point`)."""
     rows: int = 0
 
 
@@ -276,8 +297,14 @@ class SnapshotRun:
         framer: Framer = single_object,
         workers: int | None = None,
         chunk_rows: int = 100_000,
+        resume: Mapping[str, tuple[Lsn, SnapshotResume]] | None = None,
     ) -> None:
+        """``resume``: tables whose snapshot was cut short after some of its chunks were
+        published, with their position and where to go on (``truncate`` must not name
+        them): their remaining chunks are read at this run's point and published at
+        theirs (docs/capture.md, "Resuming a snapshot")."""
         self.tables = tuple(tables)
+        self._resume = dict(resume or {})
         self._framer = framer
         self._metrics = metrics
         self._progress_interval_s = progress_interval_s
@@ -342,7 +369,7 @@ class SnapshotRun:
                     )
                     if workers > 1:
                         setup = WorkerSetup(
-                            self._dsn, self._password, snapshot_name, point, self._describe
+                            self._dsn, self._password, snapshot_name, self._describe
                         )
                         self._pool = WorkerPool(workers, setup)
                         # The exported snapshot lives until its connection closes or
@@ -354,12 +381,12 @@ class SnapshotRun:
                 for failure in failures:
                     self._put(failure)
                 if self._pool is None:
-                    self._copy_in_thread(conn, tables, order, point)
+                    self._copy_in_thread(conn, tables, order)
                 else:
                     # The workers hold the snapshot now; an idle open transaction here
                     # could only be ended by idle_in_transaction_session_timeout.
                     conn.rollback()
-                    self._copy_in_workers(self._pool, tables, order, point)
+                    self._copy_in_workers(self._pool, tables, order)
                     self._pool.stop(graceful=True)
                 conn.rollback()
             self._put(RunFinished())
@@ -437,21 +464,37 @@ class SnapshotRun:
         codec = TableCodec(relation, self._describe(conn, relation), self._prefix, framer)
         fingerprint = codec.schemas.value_fingerprint
         size = _table_size(conn, relation.oid)
+        resumed = self._resume.get(name)
+        estimate = None if size.tuples < 0 else int(size.tuples)
+        if resumed is None:
+            chunks = plan_chunks(name, size, self._chunk_rows, tid_range_scans=tid_range_scans)
+        else:
+            lsn, resume = resumed
+            point = SnapshotPoint(lsn, point.commit_ts)
+            chunks = plan_chunks(
+                name, size, self._chunk_rows, tid_range_scans=tid_range_scans, resume=resume
+            )
+            if estimate is not None and size.blocks > 0:
+                estimate = int(estimate * max(size.blocks - resume.block, 0) / size.blocks)
+            log.info(
+                "snapshot of %s resumes at block %d (chunk %d was cut short), its rows at %s",
+                name,
+                resume.block,
+                resume.chunk,
+                format_lsn(lsn),
+                extra={"table": name},
+            )
         return _Table(
             name=name,
             codec=codec,
-            job=TableJob(relation, self._prefix, framings[-1], fingerprint),
+            job=TableJob(relation, self._prefix, framings[-1], fingerprint, point),
             schemas=tuple(
                 SchemaRecord(m.key, m.value) for m in table_schema_messages(codec.schemas)
             ),
             headers=record_headers(Operation.READ, point.lsn, point.lsn, fingerprint),
-            chunks=plan_chunks(name, size, self._chunk_rows, tid_range_scans=tid_range_scans),
-            progress=_Progress(
-                name,
-                None if size.tuples < 0 else int(size.tuples),
-                self._metrics,
-                self._progress_interval_s,
-            ),
+            chunks=chunks,
+            progress=_Progress(name, estimate, self._metrics, self._progress_interval_s),
+            point=point,
         )
 
     # -- copying ---------------------------------------------------------------------------
@@ -461,7 +504,6 @@ class SnapshotRun:
         conn: Connection,
         tables: dict[str, _Table],
         order: Sequence[Chunk],
-        point: SnapshotPoint,
     ) -> None:
         """Every chunk read here, one after the other (one worker, or one chunk)."""
         failed: set[str] = set()
@@ -470,14 +512,14 @@ class SnapshotRun:
             if table.name in failed:
                 continue
             if chunk.index == 0:
-                self._begin(table, point)
+                self._begin(table)
 
             def emit(keys: list[bytes], values: list[bytes], table: _Table = table) -> None:
                 self._publish(table, keys, values)
 
             try:
                 read_chunk(
-                    conn, table.codec, chunk, point, emit=emit, cancelled=self._cancel.is_set
+                    conn, table.codec, chunk, table.point, emit=emit, cancelled=self._cancel.is_set
                 )
             except TableError as exc:
                 failed.add(table.name)
@@ -485,19 +527,20 @@ class SnapshotRun:
             else:
                 if chunk.last:
                     self._finish(table)
+                else:
+                    self._chunk_published(table, chunk.index + 1)
 
     def _copy_in_workers(
         self,
         pool: WorkerPool,
         tables: dict[str, _Table],
         order: Sequence[Chunk],
-        point: SnapshotPoint,
     ) -> None:
         """Chunks read by the workers, at most one per worker in flight, each table's
         published in chunk order (:class:`ChunkSequencer`)."""
         pending = collections.deque(order)
         sequencer: ChunkSequencer[tuple[list[bytes], list[bytes]]] = ChunkSequencer(
-            {t.name: len(t.chunks) for t in tables.values()}
+            {t.name: t.chunks for t in tables.values()}
         )
         failed: set[str] = set()
         while pending or pool.busy():
@@ -511,7 +554,7 @@ class SnapshotRun:
                 chunk = pending.popleft()
                 table = tables[chunk.table]
                 if chunk.index == 0:
-                    self._begin(table, point)
+                    self._begin(table)
                 sequencer.start(chunk)
                 pool.assign(worker, ChunkTask(chunk, table.job))
             for worker, message in pool.receive(pool.workers, timeout_s=0.1):
@@ -524,11 +567,14 @@ class SnapshotRun:
                 elif isinstance(message, ChunkRead):
                     worker.chunk = None
                     table = tables[message.chunk.table]
-                    released, complete = sequencer.done(message.chunk)
-                    for keys, values in released:
+                    current = sequencer.current(table.name)
+                    published = sequencer.done(message.chunk)
+                    for keys, values in published.batches:
                         self._publish(table, keys, values)
-                    if complete:
+                    if published.complete:
                         self._finish(table)
+                    elif current is not None and published.next_chunk > current:
+                        self._chunk_published(table, published.next_chunk)
                 elif isinstance(message, ChunkFailed):
                     worker.chunk = None
                     name = message.chunk.table
@@ -539,11 +585,11 @@ class SnapshotRun:
                 else:
                     raise unexpected_message(message)
 
-    def _begin(self, table: _Table, point: SnapshotPoint) -> None:
+    def _begin(self, table: _Table) -> None:
         """Before the table's first row: a TRUNCATE when it may hold rows already."""
         if table.name not in self._truncate:
             return
-        codec = table.codec
+        codec, point = table.codec, table.point
         change = Change(
             op=Operation.TRUNCATE,
             commit_lsn=point.lsn,
@@ -570,6 +616,11 @@ class SnapshotRun:
         self._put(SnapshotRecords(name, table.schemas, records))
         table.rows += len(records)
         table.progress.rows(table.rows)
+
+    def _chunk_published(self, table: _Table, next_chunk: int) -> None:
+        """Every chunk of ``table`` before ``next_chunk`` was handed to the loop."""
+        chunk = table.chunks[next_chunk - table.chunks[0].index]
+        self._put(ChunkPublished(table.name, SnapshotResume(next_chunk, chunk.first_block)))
 
     def _finish(self, table: _Table) -> None:
         table.progress.rows(table.rows)

@@ -15,6 +15,10 @@ Invariants:
   grew after its size was read) is still read. A table that fits in one chunk, and every
   table on a server without TID Range Scans (PostgreSQL < 14), is one chunk read without
   a ``ctid`` condition.
+- A resumed plan (:class:`~schemas.control.SnapshotResume`: chunk ``k`` at block ``b``)
+  covers blocks ``b`` on, numbered from ``k + 1``: chunk ``k`` may be published in part,
+  with ordinals the new reading must stay above (docs/capture.md, "Resuming a
+  snapshot").
 - Row ``i`` (from 1) of chunk ``k`` has ordinal ``k * 2**32 + i``; a leading TRUNCATE
   has ordinal 0. Ordinals of a snapshot are therefore unique and increase in
   (chunk, row) order, not consecutively, and a chunk read again in the same snapshot
@@ -32,6 +36,8 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
+
+from schemas.control import SnapshotResume
 
 CHUNK_ORDINALS = 2**32
 """Ordinals reserved for each chunk; chunk ``k``'s rows are ``k * CHUNK_ORDINALS + 1..``."""
@@ -74,7 +80,8 @@ class Chunk:
     table: str
     index: int
     count: int
-    """How many chunks the table has."""
+    """One past the index of the table's last chunk (its number of chunks, unless the
+    plan resumes)."""
     first_block: int
     end_block: int | None
 
@@ -97,20 +104,33 @@ def blocks_per_chunk(size: TableSize, chunk_rows: int) -> int:
 
 
 def plan_chunks(
-    table: str, size: TableSize, chunk_rows: int, *, tid_range_scans: bool
+    table: str,
+    size: TableSize,
+    chunk_rows: int,
+    *,
+    tid_range_scans: bool,
+    resume: SnapshotResume | None = None,
 ) -> tuple[Chunk, ...]:
-    """``table``'s chunks in block order; see the module invariants."""
+    """``table``'s chunks in block order, all of them or those from ``resume`` on; see
+    the module invariants."""
     per_chunk = blocks_per_chunk(size, chunk_rows)
-    if not tid_range_scans or size.blocks <= per_chunk:
+    if resume is not None:
+        if not tid_range_scans:
+            raise ValueError(f"{table} resumes at block {resume.block} without TID Range Scans")
+        first_index, first_block = resume.chunk + 1, resume.block
+    elif not tid_range_scans or size.blocks <= per_chunk:
         return (Chunk(table, 0, 1, 0, None),)
-    count = math.ceil(size.blocks / per_chunk)
+    else:
+        first_index, first_block = 0, 0
+    count = max(1, math.ceil((size.blocks - first_block) / per_chunk))
+    end = first_index + count
     return tuple(
         Chunk(
             table,
-            k,
-            count,
-            k * per_chunk,
-            None if k == count - 1 else (k + 1) * per_chunk,
+            first_index + k,
+            end,
+            first_block + k * per_chunk,
+            None if k == count - 1 else first_block + (k + 1) * per_chunk,
         )
         for k in range(count)
     )
@@ -141,10 +161,23 @@ def dispatch_order(plans: Iterable[Sequence[Chunk]]) -> list[Chunk]:
 T = TypeVar("T")
 
 
+@dataclass(frozen=True, slots=True)
+class Published(Generic[T]):
+    """What a chunk read in full releases."""
+
+    batches: list[T]
+    """Held batches to publish now, in order."""
+    next_chunk: int
+    """The chunk being published now: every chunk before it is published in full."""
+    complete: bool
+    """Whether the table is published in full."""
+
+
 @dataclass(slots=True)
 class _TableChunks(Generic[T]):
-    count: int
-    current: int = 0
+    end: int
+    """One past the last chunk's index."""
+    current: int
     """The chunk being published: every chunk before it is published in full."""
     finished: set[int] = field(default_factory=set)
     held: dict[int, list[T]] = field(default_factory=dict)
@@ -161,9 +194,12 @@ class ChunkSequencer(Generic[T]):
     that many chunks' records.
     """
 
-    def __init__(self, chunks_per_table: Mapping[str, int]) -> None:
+    def __init__(self, plans: Mapping[str, Sequence[Chunk]]) -> None:
+        """``plans``: each table's chunks, in block order."""
         self._tables: dict[str, _TableChunks[T]] = {
-            table: _TableChunks(count) for table, count in chunks_per_table.items()
+            table: _TableChunks(end=chunks[-1].count, current=chunks[0].index)
+            for table, chunks in plans.items()
+            if chunks
         }
         self._in_flight = 0
 
@@ -174,6 +210,11 @@ class ChunkSequencer(Generic[T]):
     def held_batches(self) -> int:
         """Batches held back, of every table."""
         return sum(len(b) for t in self._tables.values() for b in t.held.values())
+
+    def current(self, table: str) -> int | None:
+        """The chunk of ``table`` being published; None once it is dropped."""
+        state = self._tables.get(table)
+        return None if state is None else state.current
 
     def start(self, chunk: Chunk) -> None:
         state = self._tables.get(chunk.table)
@@ -196,19 +237,18 @@ class ChunkSequencer(Generic[T]):
         state.held.setdefault(chunk.index, []).append(batch)
         return []
 
-    def done(self, chunk: Chunk) -> tuple[list[T], bool]:
-        """``chunk`` is read in full: the held batches it releases, in order, and whether
-        its table is now published in full."""
+    def done(self, chunk: Chunk) -> Published[T]:
+        """``chunk`` is read in full: what it releases."""
         state = self._tables.get(chunk.table)
         if state is None:
-            return [], False
+            return Published([], chunk.index, complete=False)
         state.finished.add(chunk.index)
         released: list[T] = []
         while state.current in state.finished:
             state.current += 1
             self._in_flight -= 1
             released.extend(state.held.pop(state.current, ()))
-        return released, state.current == state.count
+        return Published(released, state.current, complete=state.current == state.end)
 
     def drop(self, table: str) -> None:
         """Forget ``table`` (it failed): its held batches go, later calls about it do nothing."""

@@ -89,6 +89,9 @@ class TableJob:
     topic_prefix: str
     framing: RecordFraming
     value_fingerprint: Fingerprint
+    point: SnapshotPoint
+    """Where the table's records sit: the run's point, or, for a resumed snapshot, the
+    position its first chunks were published at."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,7 +272,6 @@ class WorkerSetup:
     dsn: str
     password: str | None
     snapshot_name: str
-    point: SnapshotPoint
     describe: DescribeWith
 
 
@@ -282,7 +284,7 @@ def worker_main(pipe: multiprocessing.connection.Connection, setup: WorkerSetup)
             with connect(setup.dsn, setup.password) as conn:
                 import_snapshot(conn, setup.snapshot_name)
                 pipe.send(WorkerReady())
-                _serve(pipe, conn, setup.point, setup.describe)
+                _serve(pipe, conn, setup.describe)
         except ConfigError as exc:
             pipe.send(WorkerFailed(str(exc), config=True))
         except PipelineError as exc:
@@ -296,7 +298,6 @@ def worker_main(pipe: multiprocessing.connection.Connection, setup: WorkerSetup)
 def _serve(
     pipe: multiprocessing.connection.Connection,
     conn: Connection,
-    point: SnapshotPoint,
     describe: DescribeWith,
 ) -> None:
     codecs: dict[str, TableCodec] = {}
@@ -313,7 +314,7 @@ def _serve(
             codec = codecs.get(chunk.table)
             if codec is None:
                 codec = codecs[chunk.table] = _codec(conn, task.job, describe)
-            rows = read_chunk(conn, codec, chunk, point, emit=emit)
+            rows = read_chunk(conn, codec, chunk, task.job.point, emit=emit)
         except ChangeEncodingError as exc:
             pipe.send(ChunkFailed(chunk, str(exc)))
         except TableError as exc:

@@ -29,8 +29,9 @@ from capture.held_changes import HeldChanges, HeldFailure
 from capture.progress import ProgressBook
 from capture.publisher import ChangePublisher
 from capture.snapshot import (
+    ChunkPublished,
     RunFailed,
-    RunFinished,
+    SnapshotItem,
     SnapshotRecords,
     SnapshotRun,
     SnapshotTaken,
@@ -38,13 +39,14 @@ from capture.snapshot import (
     TableFailed,
 )
 from capture.table_states import Route, TableStates
-from schemas.control import TableState, TableStatus
+from schemas.control import SnapshotResume, TableState, TableStatus
 from schemas.lsn import Lsn
 
 log = logging.getLogger(__name__)
 
-StartRun = Callable[[list[str], list[str]], SnapshotRun]
-"""Starts a snapshot run over the tables, truncating the second list's first."""
+StartRun = Callable[[list[str], list[str], dict[str, tuple[Lsn, SnapshotResume]]], SnapshotRun]
+"""Starts a snapshot run over the tables, truncating the second list's first and resuming
+the third's (:meth:`TableStates.resume_point`)."""
 _ITEMS_PER_STEP = 8
 _RELEASE_PER_STEP = 2000
 
@@ -158,7 +160,10 @@ class TableFlow:
             pending = self._states.in_state(TableState.PENDING)
             if pending:
                 truncate = [t for t in pending if self._states.needs_truncate(t)]
-                self._run = self._start_run(pending, truncate)
+                resume = {
+                    t: point for t in pending if (point := self._states.resume_point(t)) is not None
+                }
+                self._run = self._start_run(pending, truncate, resume)
         if self._run is not None:
             for _ in range(_ITEMS_PER_STEP):
                 try:
@@ -198,10 +203,7 @@ class TableFlow:
 
     # -- internals -------------------------------------------------------------------------
 
-    def _handle(
-        self,
-        item: SnapshotTaken | SnapshotRecords | TableCopied | TableFailed | RunFailed | RunFinished,
-    ) -> None:
+    def _handle(self, item: SnapshotItem) -> None:
         states = self._states
         if isinstance(item, SnapshotRecords):
             if states.state(item.table) is not TableState.SNAPSHOT:
@@ -223,6 +225,11 @@ class TableFlow:
             # Durable before the first snapshot record: a table with no status never had
             # one produced, which is what lets its first snapshot skip the TRUNCATE.
             self._publisher.flush()
+        elif isinstance(item, ChunkPublished):
+            if states.state(item.table) is TableState.SNAPSHOT:
+                # Durable only after the chunks' records: a restart skips what it names.
+                self._publisher.flush()
+                self._publish_status(states.chunk_published(item.table, item.resume))
         elif isinstance(item, TableCopied):
             if states.state(item.table) is TableState.SNAPSHOT:
                 # Catch-up may only be persisted once every snapshot row is in Kafka:

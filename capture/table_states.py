@@ -5,10 +5,13 @@ States (:class:`~schemas.control.TableState`) and what moves a table between the
 - ``pending``: known, not snapshotted. New tables start here (``snapshot_mode=initial``),
   ``python -m capture resync`` puts a table back here, and so does a schema change that
   filled existing rows without a logical change (:meth:`TableStates.resync`, online). A
-  table found pending or mid-snapshot at start is snapshotted again from scratch.
+  table found pending at start, or mid-snapshot before its first chunk was in Kafka, is
+  snapshotted again from scratch.
 - ``snapshot``: a snapshot run copies the table at a consistent point ``C`` of a fresh
   exported snapshot (:mod:`capture.snapshot`); its rows are published at position
-  ``snapshot_lsn = C - 1``.
+  ``snapshot_lsn = C - 1``. Each chunk published in full moves its ``resume`` point
+  (:meth:`TableStates.chunk_published`); a table found mid-snapshot at start with one
+  is pending again but **resumes** there: see below.
 - ``catch_up``: every snapshot row is delivered to Kafka; the changes held back during
   the snapshot are being published, oldest first.
 - ``streaming``: every change is published as it is decoded.
@@ -28,6 +31,17 @@ Why ``C - 1``: a transaction whose commit record starts exactly at ``C`` is not 
 snapshot, so its changes (positions ``(C, ordinal)``) must sort after every snapshot row,
 and nothing at or below ``C - 1`` is left to stream once the snapshot is taken.
 
+Resuming: the exported snapshot of ``C`` died with the capture, so the chunks left are
+read at a new run's point ``C2 > C``, but published at the old position ``C - 1``
+(ordinals after those already published), and the held changes are released from
+``C - 1`` on as if the snapshot had been at ``C``. A key then gets, in position order:
+its row as of ``C`` or ``C2`` (or both, for the chunk cut short), and every change
+committed after ``C``. The changes between ``C`` and ``C2`` are already in a row read
+at ``C2``; each is a whole row image or a delete (an unchanged TOASTed column keeps
+what the row holds, which is newer), so replaying them over it passes through older
+states and ends where the source is. The lake is exact once the table streams, as after
+any snapshot (docs/capture.md, "Resuming a snapshot").
+
 Statuses are persisted on the control topic (:class:`~schemas.control.TableStatus`) by
 the service; this module only decides and returns them.
 """
@@ -36,9 +50,9 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from schemas.control import TableState, TableStatus
+from schemas.control import SnapshotResume, TableState, TableStatus
 from schemas.lsn import Lsn
 
 
@@ -60,6 +74,9 @@ class _Table:
     message: str | None = None
     fresh: bool = False
     """Never snapshotted under this slot: no record of it can be in Kafka yet."""
+    resume: SnapshotResume | None = None
+    """Pending or in ``snapshot``: where its snapshot goes on (``snapshot_lsn`` is then
+    the position its rows keep)."""
 
 
 class TableStates:
@@ -89,8 +106,17 @@ class TableStates:
                 self._tables[table] = _Table(TableState.STREAMING, status.snapshot_lsn)
             elif status.state is TableState.ERRORED:
                 self._tables[table] = _Table(TableState.ERRORED, None, status.message)
+            elif (
+                status.state is TableState.SNAPSHOT
+                and status.resume is not None
+                and status.snapshot_lsn is not None
+            ):
+                # Chunks of it are in Kafka: the next run reads the rest.
+                self._tables[table] = _Table(
+                    TableState.PENDING, status.snapshot_lsn, status.message, resume=status.resume
+                )
             else:
-                # A snapshot cut short is taken again from scratch.
+                # A snapshot cut short before its first chunk is taken again from scratch.
                 self._tables[table] = _Table(TableState.PENDING)
 
     # -- membership ----------------------------------------------------------------------
@@ -110,8 +136,16 @@ class TableStates:
     # -- transitions ---------------------------------------------------------------------
 
     def snapshot_started(self, table: str, snapshot_lsn: Lsn) -> TableStatus:
+        """The run's position is ``snapshot_lsn``; a resumed table keeps its own."""
         current = self._expect(table, TableState.PENDING)
+        if current.resume is not None:
+            return self._set(table, replace(current, state=TableState.SNAPSHOT))
         return self._set(table, _Table(TableState.SNAPSHOT, snapshot_lsn, current.message))
+
+    def chunk_published(self, table: str, resume: SnapshotResume) -> TableStatus:
+        """Every chunk before ``resume.chunk`` is in Kafka."""
+        current = self._expect(table, TableState.SNAPSHOT)
+        return self._set(table, replace(current, resume=resume))
 
     def snapshot_done(self, table: str) -> TableStatus:
         current = self._expect(table, TableState.SNAPSHOT)
@@ -158,8 +192,18 @@ class TableStates:
 
     def needs_truncate(self, table: str) -> bool:
         """Whether the table's snapshot must start with a TRUNCATE: records of an earlier
-        snapshot or stream may be in Kafka (a resync, or a snapshot cut short)."""
-        return not self._tables[table].fresh
+        snapshot or stream may be in Kafka (a resync, or a snapshot cut short before its
+        first chunk was). A resumed snapshot goes on after its TRUNCATE, if it had one."""
+        current = self._tables[table]
+        return not current.fresh and current.resume is None
+
+    def resume_point(self, table: str) -> tuple[Lsn, SnapshotResume] | None:
+        """A pending table's snapshot position and where its snapshot goes on, if it
+        resumes."""
+        current = self._tables[table]
+        if current.resume is None or current.snapshot_lsn is None:
+            return None
+        return current.snapshot_lsn, current.resume
 
     def in_state(self, state: TableState) -> list[str]:
         return sorted(t for t, s in self._tables.items() if s.state is state)
@@ -191,4 +235,5 @@ class TableStates:
             snapshot_lsn=value.snapshot_lsn,
             message=value.message,
             updated_at=self._clock(),
+            resume=value.resume if value.state is TableState.SNAPSHOT else None,
         )

@@ -39,7 +39,11 @@ transition and by ``python -m capture resync`` (which sets ``pending``):
 - value: ``{"state": ..., "snapshot_lsn": "X/X" or null, "message": str or null,
   "updated_at": micros}``. ``state`` is one of :class:`TableState`; ``snapshot_lsn`` is
   the position of the table's snapshot rows (streamed changes at or below it are in the
-  snapshot and never published); ``message`` says why a table is errored.
+  snapshot and never published); ``message`` says why a table is errored. A table in
+  ``snapshot`` whose chunks are partly published also has ``"resume": {"chunk": k,
+  "block": b}``: every chunk before chunk ``k``, i.e. every heap block before ``b``, is
+  in Kafka, so a capture that restarts reads from block ``b`` on instead of from scratch
+  (docs/capture.md, "Resuming a snapshot"). Absent, or null, otherwise.
 
 A fourth kind holds apply's view of each table: whether it is errored and how many of
 its records wait in the dead-letter table (docs/apply.md, errored tables). apply writes
@@ -136,6 +140,20 @@ class TableState(enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
+class SnapshotResume:
+    """Where a snapshot cut short goes on: chunk ``chunk`` (which may be published in
+    part) and every later one are read again, starting at heap block ``block``; every
+    earlier chunk is in Kafka."""
+
+    chunk: int
+    block: int
+
+    def __post_init__(self) -> None:
+        if self.chunk < 1 or self.block < 1:
+            raise ValueError(f"a snapshot resumes after its first chunk, not at {self}")
+
+
+@dataclass(frozen=True, slots=True)
 class TableStatus:
     slot: str
     table: str
@@ -144,6 +162,8 @@ class TableStatus:
     message: str | None
     updated_at: int
     """Microseconds since 1970-01-01 UTC."""
+    resume: SnapshotResume | None = None
+    """Set only in ``snapshot``, once its first chunk is in Kafka."""
 
     def key(self) -> bytes:
         return f"{TABLE_KEY_PREFIX}{self.slot}:{self.table}".encode()
@@ -157,6 +177,11 @@ class TableStatus:
                 ),
                 "message": self.message,
                 "updated_at": self.updated_at,
+                **(
+                    {}
+                    if self.resume is None
+                    else {"resume": {"chunk": self.resume.chunk, "block": self.resume.block}}
+                ),
             },
             separators=(",", ":"),
         ).encode()
@@ -270,11 +295,23 @@ def _decode_table_status(key: bytes, value: bytes) -> TableStatus:
             snapshot_lsn=None if snapshot_lsn is None else parse_lsn(snapshot_lsn),
             message=None if message is None else str(message),
             updated_at=int(fields["updated_at"]),
+            resume=_resume(fields.get("resume")),
         )
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
         raise ControlMessageError(
             f"table status {key!r} is not in the documented format (schemas/control.py): {exc}"
         ) from exc
+
+
+def _resume(field: object) -> SnapshotResume | None:
+    if field is None:
+        return None
+    if not isinstance(field, dict):
+        raise TypeError(f"resume is {type(field).__name__}, not an object")
+    chunk, block = field["chunk"], field["block"]
+    if not isinstance(chunk, int) or not isinstance(block, int):
+        raise TypeError(f"resume's chunk and block are not integers: {field}")
+    return SnapshotResume(chunk, block)
 
 
 def _decode_apply_status(key: bytes, value: bytes) -> ApplyTableStatus:

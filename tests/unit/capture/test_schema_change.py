@@ -154,7 +154,7 @@ def _flow() -> tuple[TableFlow, _Publisher, list[_Run]]:
     publisher = _Publisher()
     runs: list[_Run] = []
 
-    def start_run(tables: list[str], truncate: list[str]) -> Any:
+    def start_run(tables: list[str], truncate: list[str], resume: dict[str, Any]) -> Any:
         runs.append(_Run(tables))
         return runs[-1]
 

@@ -16,6 +16,7 @@ from capture.snapshot_chunks import (
     UNANALYZED_ROWS_PER_BLOCK,
     Chunk,
     ChunkSequencer,
+    Published,
     TableSize,
     blocks_per_chunk,
     chunk_ordinal,
@@ -23,6 +24,7 @@ from capture.snapshot_chunks import (
     plan_chunks,
 )
 from capture.snapshot_worker import chunk_query
+from schemas.control import SnapshotResume
 
 
 def _covered(chunks: tuple[Chunk, ...], blocks: int) -> list[int]:
@@ -137,7 +139,7 @@ def _chunks(table: str, count: int) -> list[Chunk]:
 
 def test_records_of_a_later_chunk_wait_for_the_chunks_before_it() -> None:
     c0, c1, c2 = _chunks("s.t", 3)
-    seq: ChunkSequencer[str] = ChunkSequencer({"s.t": 3})
+    seq: ChunkSequencer[str] = ChunkSequencer({"s.t": [c0, c1, c2]})
     for c in (c0, c1, c2):
         seq.start(c)
     assert seq.in_flight == 3
@@ -145,15 +147,16 @@ def test_records_of_a_later_chunk_wait_for_the_chunks_before_it() -> None:
     assert seq.add(c2, "2a") == []
     assert seq.add(c0, "0a") == ["0a"], "the current chunk streams through"
     assert seq.add(c1, "1b") == []
-    assert seq.done(c1) == ([], False), "done out of turn: still held"
+    assert seq.done(c1) == Published([], 0, complete=False), "done out of turn: still held"
     assert seq.held_batches() == 3
     assert seq.add(c0, "0b") == ["0b"]
-    released, complete = seq.done(c0)
-    assert released == ["1a", "1b", "2a"], "chunk 1 in full, then what chunk 2 sent so far"
-    assert not complete
+    published = seq.done(c0)
+    assert published.batches == ["1a", "1b", "2a"], "chunk 1 in full, then chunk 2's so far"
+    assert published.next_chunk == 2, "chunks 0 and 1 are published in full"
+    assert not published.complete
     assert seq.in_flight == 1
     assert seq.add(c2, "2b") == ["2b"], "chunk 2 is current now: streams"
-    assert seq.done(c2) == ([], True)
+    assert seq.done(c2) == Published([], 3, complete=True)
     assert seq.in_flight == 0
     assert seq.held_batches() == 0
 
@@ -161,20 +164,20 @@ def test_records_of_a_later_chunk_wait_for_the_chunks_before_it() -> None:
 def test_each_table_is_published_in_its_own_chunk_order() -> None:
     a0, a1 = _chunks("s.a", 2)
     (b0,) = _chunks("s.b", 1)
-    seq: ChunkSequencer[str] = ChunkSequencer({"s.a": 2, "s.b": 1})
+    seq: ChunkSequencer[str] = ChunkSequencer({"s.a": [a0, a1], "s.b": [b0]})
     seq.start(a1)
     seq.start(b0)
     assert seq.add(a1, "a1") == []
     assert seq.add(b0, "b0") == ["b0"], "another table's chunk is not held behind s.a"
-    assert seq.done(b0) == ([], True)
+    assert seq.done(b0) == Published([], 1, complete=True)
     seq.start(a0)
-    assert seq.done(a0) == (["a1"], False), "chunk 1 is current now, not done yet"
-    assert seq.done(a1) == ([], True)
+    assert seq.done(a0) == Published(["a1"], 1, complete=False), "chunk 1 is current now"
+    assert seq.done(a1) == Published([], 2, complete=True)
 
 
 def test_a_dropped_table_releases_nothing_and_frees_its_chunks() -> None:
     c0, c1 = _chunks("s.t", 2)
-    seq: ChunkSequencer[str] = ChunkSequencer({"s.t": 2})
+    seq: ChunkSequencer[str] = ChunkSequencer({"s.t": [c0, c1]})
     seq.start(c0)
     seq.start(c1)
     seq.add(c1, "held")
@@ -182,12 +185,12 @@ def test_a_dropped_table_releases_nothing_and_frees_its_chunks() -> None:
     assert seq.in_flight == 0
     assert seq.held_batches() == 0
     assert seq.add(c0, "late") == []
-    assert seq.done(c0) == ([], False)
+    assert not seq.done(c0).complete
 
 
 def test_rows_after_a_chunk_is_done_are_refused() -> None:
     c0, c1 = _chunks("s.t", 2)
-    seq: ChunkSequencer[str] = ChunkSequencer({"s.t": 2})
+    seq: ChunkSequencer[str] = ChunkSequencer({"s.t": [c0, c1]})
     seq.start(c0)
     seq.start(c1)
     seq.done(c1)
@@ -195,6 +198,57 @@ def test_rows_after_a_chunk_is_done_are_refused() -> None:
         seq.add(c1, "late")
     with pytest.raises(ValueError, match="started already"):
         seq.start(c1)
+
+
+def test_a_resumed_plan_reads_from_its_block_on_numbered_after_the_cut_chunk() -> None:
+    size = TableSize(blocks=100, pages=100, tuples=5000.0)  # 50 rows a block
+    whole = plan_chunks("s.t", size, 500, tid_range_scans=True)  # 10 blocks a chunk
+    resumed = plan_chunks(
+        "s.t", size, 500, tid_range_scans=True, resume=SnapshotResume(chunk=4, block=40)
+    )
+    # Chunk 4 may be published in part: the rows read again get ordinals above it.
+    assert [c.index for c in resumed] == list(range(5, 11))
+    assert resumed[0].first_block == 40
+    assert resumed[-1].end_block is None, "the last chunk stays open-ended"
+    assert all(c.count == 11 and not c.whole_table for c in resumed)
+    assert resumed[-1].last
+    assert not resumed[0].last
+    covered = _covered(resumed, 100)
+    assert covered == list(range(40, 110)), "blocks from 40 on, each once"
+    assert set(_covered(whole[:4], 100)).isdisjoint(covered), "what chunks 0..3 read"
+    assert str(chunk_query(_relation(), resumed[0])).count("ctid") == 2
+
+
+def test_a_resumed_plan_of_a_table_that_shrank_is_one_open_chunk() -> None:
+    (chunk,) = plan_chunks(
+        "s.t",
+        TableSize(blocks=30, pages=30, tuples=1500.0),
+        500,
+        tid_range_scans=True,
+        resume=SnapshotResume(chunk=4, block=40),
+    )
+    assert (chunk.index, chunk.first_block, chunk.end_block) == (5, 40, None)
+    assert not chunk.whole_table, "a ctid condition still skips the published blocks"
+
+
+def test_a_resumed_table_is_sequenced_from_its_first_chunk() -> None:
+    size = TableSize(blocks=30, pages=30, tuples=1500.0)
+    plan = plan_chunks(
+        "s.t", size, 500, tid_range_scans=True, resume=SnapshotResume(chunk=1, block=10)
+    )
+    first, second = plan
+    seq: ChunkSequencer[str] = ChunkSequencer({"s.t": plan})
+    seq.start(first)
+    seq.start(second)
+    assert seq.add(second, "b") == []
+    assert seq.add(first, "a") == ["a"], "the resumed plan's first chunk is current"
+    assert seq.done(first) == Published(["b"], second.index, complete=False)
+    assert seq.done(second) == Published([], second.index + 1, complete=True)
+
+
+def test_a_resume_point_is_after_the_first_chunk() -> None:
+    with pytest.raises(ValueError, match="after its first chunk"):
+        SnapshotResume(chunk=0, block=0)
 
 
 def _relation() -> Relation:

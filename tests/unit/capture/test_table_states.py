@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from capture.table_states import Route, TableStates
-from schemas.control import TableState, TableStatus
+from schemas.control import SnapshotResume, TableState, TableStatus
 from schemas.lsn import Lsn
 
 SLOT = "cdc_slot"
@@ -63,6 +63,59 @@ def test_restart_redoes_cut_short_snapshots_and_keeps_the_rest() -> None:
     assert states.route("public.c", Lsn(30)) is Route.DROP
     assert states.route("public.d", Lsn(99)) is Route.SKIP
     assert states.errors() == {"public.d": "bad"}
+
+
+def test_a_snapshot_cut_short_after_a_chunk_resumes_at_its_old_position() -> None:
+    resume = SnapshotResume(chunk=4, block=400)
+    cut = TableStatus(SLOT, "public.a", TableState.SNAPSHOT, Lsn(40), "resynced", 1, resume)
+    states = _states({"public.a": cut})
+    assert states.in_state(TableState.PENDING) == ["public.a"]
+    assert states.resume_point("public.a") == (Lsn(40), resume)
+    assert not states.needs_truncate("public.a"), "a TRUNCATE would drop chunks 0..3"
+    assert states.route("public.a", Lsn(40)) is Route.DROP, "chunks 0..3 hold its effect"
+    assert states.route("public.a", Lsn(41)) is Route.HOLD
+    # The new run's point is later; the table's rows keep the old position.
+    started = states.snapshot_started("public.a", Lsn(90))
+    assert (started.state, started.snapshot_lsn, started.resume) == (
+        TableState.SNAPSHOT,
+        Lsn(40),
+        resume,
+    )
+    assert states.route("public.a", Lsn(60)) is Route.HOLD, "released over the rows read at 90"
+    further = states.chunk_published("public.a", SnapshotResume(chunk=7, block=700))
+    assert further.resume == SnapshotResume(7, 700)
+    assert further.message == "resynced"
+    done = states.snapshot_done("public.a")
+    assert (done.state, done.snapshot_lsn, done.resume) == (TableState.CATCH_UP, Lsn(40), None)
+
+
+def test_a_resync_or_an_error_forgets_where_a_snapshot_would_resume() -> None:
+    states = _states()
+    states.add(["public.a", "public.b"])
+    for table in ("public.a", "public.b"):
+        states.snapshot_started(table, Lsn(10))
+        assert states.chunk_published(table, SnapshotResume(2, 20)).resume is not None
+    assert states.resync("public.a", "a default was added").resume is None
+    assert states.resume_point("public.a") is None
+    assert states.needs_truncate("public.a")
+    assert states.errored("public.b", "bad").resume is None
+    with pytest.raises(ValueError, match="not snapshot"):
+        states.chunk_published("public.b", SnapshotResume(3, 30))
+
+
+def test_a_first_snapshot_records_where_it_would_resume() -> None:
+    states = _states()
+    states.add(["public.t"])
+    states.snapshot_started("public.t", Lsn(10))
+    status = states.chunk_published("public.t", SnapshotResume(1, 25))
+    assert (status.state, status.snapshot_lsn, status.resume) == (
+        TableState.SNAPSHOT,
+        Lsn(10),
+        SnapshotResume(1, 25),
+    )
+    restarted = _states({"public.t": status})
+    assert restarted.resume_point("public.t") == (Lsn(10), SnapshotResume(1, 25))
+    assert not restarted.needs_truncate("public.t")
 
 
 def test_a_table_met_first_needs_no_truncate() -> None:

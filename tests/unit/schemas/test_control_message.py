@@ -9,6 +9,7 @@ from schemas.control import (
     ApplyTableStatus,
     ControlMessageError,
     SlotCheckpoint,
+    SnapshotResume,
     TableState,
     TableStatus,
     decode_control,
@@ -88,6 +89,37 @@ def test_table_status_round_trip() -> None:
     assert b'"state":"snapshot"' in status.value()
     assert b'"snapshot_lsn":"0/16B3747"' in status.value()
     assert decode_control(status.key(), status.value()) == status
+
+
+def test_a_resumable_snapshot_status_round_trips_and_older_ones_have_no_resume() -> None:
+    status = TableStatus(
+        slot="cdc_slot",
+        table="public.orders",
+        state=TableState.SNAPSHOT,
+        snapshot_lsn=Lsn(0x16B3747),
+        message=None,
+        updated_at=1,
+        resume=SnapshotResume(chunk=3, block=1200),
+    )
+    assert b'"resume":{"chunk":3,"block":1200}' in status.value()
+    assert decode_control(status.key(), status.value()) == status
+    older = b'{"state":"snapshot","snapshot_lsn":"0/10","message":null,"updated_at":1}'
+    decoded = decode_control(b"table:cdc_slot:public.orders", older)
+    assert isinstance(decoded, TableStatus)
+    assert decoded.resume is None
+
+
+@pytest.mark.parametrize(
+    "resume",
+    ['"3"', '{"chunk": 3}', '{"chunk": "3", "block": 1}', '{"chunk": 0, "block": 0}'],
+)
+def test_a_resume_that_is_not_the_format_is_rejected(resume: str) -> None:
+    value = (
+        '{"state":"snapshot","snapshot_lsn":"0/10","message":null,"updated_at":1,'
+        f'"resume":{resume}}}'
+    ).encode()
+    with pytest.raises(ControlMessageError, match="documented format"):
+        decode_control(b"table:s:public.t", value)
 
 
 def test_table_status_that_is_not_the_format_is_rejected() -> None:
