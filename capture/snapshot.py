@@ -567,14 +567,16 @@ class SnapshotRun:
                 elif isinstance(message, ChunkRead):
                     worker.chunk = None
                     table = tables[message.chunk.table]
-                    current = sequencer.current(table.name)
                     published = sequencer.done(message.chunk)
-                    for keys, values in published.batches:
-                        self._publish(table, keys, values)
+                    for index, batches in published.chunks:
+                        for keys, values in batches:
+                            self._publish(table, keys, values)
+                        if index + 1 < message.chunk.count:
+                            self._chunk_published(table, index + 1)
                     if published.complete:
                         self._finish(table)
-                    elif current is not None and published.next_chunk > current:
-                        self._chunk_published(table, published.next_chunk)
+                    for keys, values in published.next_batches:
+                        self._publish(table, keys, values)
                 elif isinstance(message, ChunkFailed):
                     worker.chunk = None
                     name = message.chunk.table

@@ -165,12 +165,16 @@ T = TypeVar("T")
 class Published(Generic[T]):
     """What a chunk read in full releases."""
 
-    batches: list[T]
-    """Held batches to publish now, in order."""
+    chunks: list[tuple[int, list[T]]]
+    """Each chunk now read in full and next in turn, in order, with its held batches: to
+    publish now, each chunk's before anything that says it is published."""
     next_chunk: int
     """The chunk being published now: every chunk before it is published in full."""
     complete: bool
     """Whether the table is published in full."""
+    next_batches: list[T] = field(default_factory=list)
+    """Held batches of ``next_chunk``, which is not read in full yet: published after
+    ``batches``, and after anything that says the chunks before it are published."""
 
 
 @dataclass(slots=True)
@@ -211,11 +215,6 @@ class ChunkSequencer(Generic[T]):
         """Batches held back, of every table."""
         return sum(len(b) for t in self._tables.values() for b in t.held.values())
 
-    def current(self, table: str) -> int | None:
-        """The chunk of ``table`` being published; None once it is dropped."""
-        state = self._tables.get(table)
-        return None if state is None else state.current
-
     def start(self, chunk: Chunk) -> None:
         state = self._tables.get(chunk.table)
         if state is None:
@@ -243,12 +242,17 @@ class ChunkSequencer(Generic[T]):
         if state is None:
             return Published([], chunk.index, complete=False)
         state.finished.add(chunk.index)
-        released: list[T] = []
+        released: list[tuple[int, list[T]]] = []
         while state.current in state.finished:
+            released.append((state.current, state.held.pop(state.current, [])))
             state.current += 1
             self._in_flight -= 1
-            released.extend(state.held.pop(state.current, ()))
-        return Published(released, state.current, complete=state.current == state.end)
+        return Published(
+            released,
+            state.current,
+            complete=state.current == state.end,
+            next_batches=state.held.pop(state.current, []),
+        )
 
     def drop(self, table: str) -> None:
         """Forget ``table`` (it failed): its held batches go, later calls about it do nothing."""

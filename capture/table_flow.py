@@ -230,6 +230,9 @@ class TableFlow:
                 # Durable only after the chunks' records: a restart skips what it names.
                 self._publisher.flush()
                 self._publish_status(states.chunk_published(item.table, item.resume))
+                # And before any record of a later chunk: then only the chunk it names
+                # can be in Kafka in part, and the resumed rows sort after all of it.
+                self._publisher.flush()
         elif isinstance(item, TableCopied):
             if states.state(item.table) is TableState.SNAPSHOT:
                 # Catch-up may only be persisted once every snapshot row is in Kafka:

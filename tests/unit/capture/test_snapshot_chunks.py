@@ -151,12 +151,13 @@ def test_records_of_a_later_chunk_wait_for_the_chunks_before_it() -> None:
     assert seq.held_batches() == 3
     assert seq.add(c0, "0b") == ["0b"]
     published = seq.done(c0)
-    assert published.batches == ["1a", "1b", "2a"], "chunk 1 in full, then chunk 2's so far"
+    assert published.chunks == [(0, []), (1, ["1a", "1b"])], "chunk 0 streamed; chunk 1 in full"
     assert published.next_chunk == 2, "chunks 0 and 1 are published in full"
+    assert published.next_batches == ["2a"], "then what chunk 2 sent so far, apart"
     assert not published.complete
     assert seq.in_flight == 1
     assert seq.add(c2, "2b") == ["2b"], "chunk 2 is current now: streams"
-    assert seq.done(c2) == Published([], 3, complete=True)
+    assert seq.done(c2) == Published([(2, [])], 3, complete=True)
     assert seq.in_flight == 0
     assert seq.held_batches() == 0
 
@@ -169,10 +170,12 @@ def test_each_table_is_published_in_its_own_chunk_order() -> None:
     seq.start(b0)
     assert seq.add(a1, "a1") == []
     assert seq.add(b0, "b0") == ["b0"], "another table's chunk is not held behind s.a"
-    assert seq.done(b0) == Published([], 1, complete=True)
+    assert seq.done(b0) == Published([(0, [])], 1, complete=True)
     seq.start(a0)
-    assert seq.done(a0) == Published(["a1"], 1, complete=False), "chunk 1 is current now"
-    assert seq.done(a1) == Published([], 2, complete=True)
+    assert seq.done(a0) == Published([(0, [])], 1, complete=False, next_batches=["a1"]), (
+        "chunk 1 is current now, not read in full"
+    )
+    assert seq.done(a1) == Published([(1, [])], 2, complete=True)
 
 
 def test_a_dropped_table_releases_nothing_and_frees_its_chunks() -> None:
@@ -242,8 +245,10 @@ def test_a_resumed_table_is_sequenced_from_its_first_chunk() -> None:
     seq.start(second)
     assert seq.add(second, "b") == []
     assert seq.add(first, "a") == ["a"], "the resumed plan's first chunk is current"
-    assert seq.done(first) == Published(["b"], second.index, complete=False)
-    assert seq.done(second) == Published([], second.index + 1, complete=True)
+    assert seq.done(first) == Published(
+        [(first.index, [])], second.index, complete=False, next_batches=["b"]
+    )
+    assert seq.done(second) == Published([(second.index, [])], second.index + 1, complete=True)
 
 
 def test_a_resume_point_is_after_the_first_chunk() -> None:
