@@ -27,6 +27,8 @@ from typing import Any
 import psycopg
 import pytest
 
+from capture import admin
+from capture.publisher import ControlTopicMissingError
 from deploy.local import stack
 from tests.plugins.pipeline import (
     PGBENCH_TABLES,
@@ -215,3 +217,62 @@ def test_postgres_restarted_mid_workload(
         pipeline.dsn, "-n", "-c", "2", "-j", "1", "-T", str(SECONDS // 3), "-R", RATE, log=log
     )
     _finish(spark, pipeline, second)
+
+
+def test_kill_9_of_capture_mid_snapshot_resumes_and_ends_equal(
+    spark: Any, own_stack: stack.StackState, unique_name: str, tmp_path: Path
+) -> None:
+    """A capture killed while its snapshot of ``pgbench_accounts`` (100,000 rows, 40 chunks)
+    is part-way through resumes after the recorded chunks, under the workload, and
+    ``verify`` finds the lake equal to the source (docs/capture.md, "Resuming a
+    snapshot")."""
+    dsn = create_database(own_stack.postgres.dsn, unique_name)
+    pgbench(dsn, "-i", "-s", "1", "-q")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("ALTER TABLE public.pgbench_history REPLICA IDENTITY FULL")
+        conn.execute("ANALYZE")
+    pipeline = Pipeline(
+        name=unique_name,
+        dsn=dsn,
+        bootstrap=own_stack.kafka.bootstrap_servers,
+        tables=tuple(f"public.{t}" for t in PGBENCH_TABLES),
+        workdir=tmp_path,
+        capture_overrides={
+            "CAPTURE_SNAPSHOT_WORKERS": "2",
+            "CAPTURE_SNAPSHOT_CHUNK_ROWS": "2500",
+            # The snapshot goes at apply's pace (four chunks ahead of it at most), so it
+            # is still part-way through when the test sees five chunks recorded.
+            "CAPTURE_MAX_IN_FLIGHT_RECORDS": "10000",
+        },
+    )
+    try:
+        bench = _workload(pipeline, SECONDS)
+        pipeline.capture.start()
+        pipeline.apply.start()
+        capture_settings, _ = pipeline.settings()
+
+        def resume_recorded() -> int | None:
+            try:
+                statuses = admin.table_statuses(capture_settings)
+            except ControlTopicMissingError:
+                return None
+            accounts = [s for s in statuses if s.table == "public.pgbench_accounts"]
+            if not accounts or accounts[0].resume is None:
+                return None
+            return accounts[0].resume.chunk
+
+        wait_for(
+            lambda: (resume_recorded() or 0) >= 5,
+            f"no chunk of pgbench_accounts was recorded\n{pipeline.logs()}",
+            300,
+        )
+        pipeline.capture.kill()
+        cut = resume_recorded()
+        assert cut is not None, "the kill came after the snapshot"
+        pipeline.capture.start()
+        _finish(spark, pipeline, bench)
+        resumed = pipeline.capture.log.read_text(errors="replace").rsplit("==== start", 1)[-1]
+        assert "snapshot of public.pgbench_accounts resumes at block" in resumed, resumed[-4000:]
+        assert pipeline.capture.kills == 1
+    finally:
+        pipeline.stop()
