@@ -7,8 +7,11 @@ starts a stack of its own with pgbench's tables (:mod:`bench.pipeline_run`) and:
 2. starts capture and apply, waits for the initial snapshot to be applied, and runs the
    same unthrottled pgbench again: ``tps1``. The OLTP slowdown the pipeline causes is
    ``1 - tps1 / tps0`` (target <= 25%); then it waits for the pipeline to catch up;
-3. searches the sustainable rate by bisection between 0 and ``tps0``, starting at
-   ``--start`` x ``tps0``: each step runs ``pgbench -R <rate>`` for ``--hold-s`` while
+3. searches the sustainable rate from ``--start`` x ``tps0``: doubling the rate while
+   steps keep up, then bisecting between the best that kept up and the lowest that fell
+   behind (:func:`next_rate`). A pipeline whose rate is a small share of ``tps0`` is thus
+   found in a few steps, without first running at half of ``tps0`` and waiting for that
+   backlog to drain. Each step runs ``pgbench -R <rate>`` for ``--hold-s`` while
    the slot lag (WAL bytes between ``pg_current_wal_lsn()`` and the slot's confirmed
    position, which follows the lake) is sampled every second. A step **keeps up** when
    the mean lag of its last 30 s is at most ``max(1.5 x the mean lag of its first
@@ -67,6 +70,18 @@ def keeps_up(at: list[float], lag_bytes: list[int]) -> bool:
     return statistics.fmean(last) <= max(1.5 * statistics.fmean(first), _FLAT_FLOOR)
 
 
+def next_rate(rate: float, kept_up: bool, low: float, high: float) -> tuple[float, float, float]:
+    """After a step at ``rate``: the next rate and the new bounds ``(low, high)``, where
+    ``low`` is the best rate that kept up and ``high`` the lowest that fell behind (or the
+    unthrottled rate while none has)."""
+    if kept_up:
+        low = rate
+        bisect = (low + high) / 2
+        return min(2 * rate, bisect), low, high
+    high = rate
+    return (low + high) / 2, low, high
+
+
 def _unthrottled(run: PipelineRun, seconds: int, name: str) -> float:
     log = run.root / f"{name}.log"
     run.wait_while_running(pgbench(run, seconds=seconds, rate=None, log=log))
@@ -119,11 +134,7 @@ def main(argv: list[str] | None = None) -> int:
             loads.append(load_average())
             steps.append(step)
             say(f"step {index + 1}: {'kept up' if step.kept_up else 'fell behind'}")
-            if step.kept_up:
-                low = rate
-            else:
-                high = rate
-            rate = (low + high) / 2
+            rate, low, high = next_rate(rate, step.kept_up, low, high)
     best = max((s.rate for s in steps if s.kept_up), default=0.0)
     lines = [
         f"machine: {machine()}; load average (1 min) at the samples: "

@@ -18,7 +18,7 @@ from bench.freshness import (
     percentile,
     visible_latencies_ms,
 )
-from bench.sustainable_rate import keeps_up
+from bench.sustainable_rate import keeps_up, next_rate
 from schemas.lsn import Lsn
 
 TOPIC = "bench.public.pgbench_accounts"
@@ -103,3 +103,14 @@ def test_a_lag_that_breathes_keeps_up_and_a_growing_one_does_not() -> None:
     assert not keeps_up(at, growing)
     assert keeps_up(at, [1024] * 300), "a small lag below the floor always keeps up"
     assert not keeps_up([], [])
+
+
+def test_the_rate_doubles_while_it_keeps_up_then_bisects() -> None:
+    tps0 = 1000.0
+    rate, low, high = next_rate(50.0, True, 0.0, tps0)
+    assert (rate, low, high) == (100.0, 50.0, tps0), "kept up, none fell behind: doubled"
+    rate, low, high = next_rate(rate, False, low, high)
+    assert (rate, low, high) == (75.0, 50.0, 100.0), "fell behind: halfway back"
+    rate, low, high = next_rate(rate, True, low, high)
+    assert (rate, low, high) == (87.5, 75.0, 100.0), "doubling would pass what fell behind"
+    assert next_rate(600.0, True, 0.0, tps0) == (800.0, 600.0, tps0), "never past tps0"
