@@ -192,11 +192,14 @@ def _delta_commits(table_dir: Path) -> Iterable[tuple[float, dict[str, Any]]]:
         yield path.stat().st_mtime_ns / 1000, info
 
 
-def apply_visibility(lake: Path) -> dict[tuple[str, int], tuple[list[int], list[float]]]:
+def apply_visibility(
+    lake: Path, tables: Iterable[str] = TABLES
+) -> dict[tuple[str, int], tuple[list[int], list[float]]]:
     """Per (topic, partition): the next offsets applied and when each became visible,
-    in commit order, from the apply state every commit carries."""
+    in commit order, from the apply state every commit carries (``tables``: of schema
+    public)."""
     seen: dict[tuple[str, int], tuple[list[int], list[float]]] = {}
-    for table in TABLES:
+    for table in tables:
         for visible_us, info in _delta_commits(lake / "public" / table):
             state = decode_state(info.get("userMetadata"))
             if state is None:
