@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from schemas.control import TableState
+from schemas.control import SnapshotResume, TableState
 from schemas.lsn import Lsn
 
 LOST = "lost"
@@ -62,6 +62,9 @@ class TableView:
     parked: int
     """Records in the dead-letter table, neither re-applied nor discarded."""
     apply_error: str | None
+    snapshot_resume: SnapshotResume | None = None
+    """In ``snapshot``: the chunk and heap block a restarted capture would go on from
+    (every block before it is in Kafka)."""
 
     @property
     def errored(self) -> bool:

@@ -186,6 +186,7 @@ def _view(
         apply_errored=apply_errored,
         parked=0 if apply is None else apply.parked,
         apply_error=None if apply is None else apply.error,
+        snapshot_resume=None if capture is None else capture.resume,
     )
 
 

@@ -73,6 +73,11 @@ def _slot_line(slot: SlotView) -> str:
 
 def _message(table: TableView) -> str:
     parts = []
+    if table.snapshot_resume is not None:
+        parts.append(
+            f"snapshot: blocks before {table.snapshot_resume.block} in Kafka "
+            f"(a restart goes on from chunk {table.snapshot_resume.chunk})"
+        )
     if table.apply_error:
         parts.append(f"apply: {table.apply_error}")
     if table.capture_message:
@@ -155,6 +160,9 @@ def _table_json(t: TableView) -> dict[str, Any]:
         "parked": t.parked,
         "apply_error": t.apply_error,
         "errored": t.errored,
+        "snapshot_resume": None
+        if t.snapshot_resume is None
+        else {"chunk": t.snapshot_resume.chunk, "block": t.snapshot_resume.block},
     }
 
 

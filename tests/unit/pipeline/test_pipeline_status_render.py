@@ -9,7 +9,7 @@ import pytest
 
 from pipeline.status.model import PipelineStatus, SlotView, TableView
 from pipeline.status.render import duration, render_json, render_text, size
-from schemas.control import TableState
+from schemas.control import SnapshotResume, TableState
 from schemas.lsn import Lsn
 
 SLOT = SlotView(
@@ -158,6 +158,7 @@ def test_json_has_lsns_as_text_sizes_in_bytes_and_nulls_where_unknown() -> None:
         "parked": 0,
         "apply_error": None,
         "errored": False,
+        "snapshot_resume": None,
     }
     assert (items["applied_lsn"], items["lag_s"], items["parked"], items["errored"]) == (
         None,
@@ -165,3 +166,15 @@ def test_json_has_lsns_as_text_sizes_in_bytes_and_nulls_where_unknown() -> None:
         3,
         True,
     )
+
+
+def test_a_snapshot_in_progress_says_where_a_restart_would_go_on() -> None:
+    snapshotting = replace(
+        ORDERS, capture_state=TableState.SNAPSHOT, snapshot_resume=SnapshotResume(4, 920)
+    )
+    text = render_text(status(snapshotting))
+    assert "snapshot: blocks before 920 in Kafka (a restart goes on from chunk 4)" in text
+    (table,) = json.loads(render_json(status(snapshotting)))["tables"]
+    assert table["snapshot_resume"] == {"chunk": 4, "block": 920}
+    (plain,) = json.loads(render_json(status(ORDERS)))["tables"]
+    assert plain["snapshot_resume"] is None
