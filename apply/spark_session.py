@@ -38,7 +38,9 @@ The defaults suit one small machine and every setting can be overridden through
   side by side, each submitting its jobs to a scheduler pool named after it
   (:mod:`apply.table_pool`), and FAIR mode shares the executor cores between those
   pools, where Spark's default FIFO mode gives them all to the job submitted first, so
-  one big table's MERGE would hold every other table of the batch behind it;
+  one big table's MERGE would hold every other table of the batch behind it. It cannot
+  shorten the batch itself, which ends with its slowest table: measured, small tables
+  still wait for a big one's batch (docs/apply.md, "What FAIR does not fix");
 - the change data feed on new tables when ``APPLY_LAKE__CHANGE_DATA_FEED`` asks
   (``properties.defaults.enableChangeDataFeed``).
 
