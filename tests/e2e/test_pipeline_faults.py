@@ -27,9 +27,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from capture import admin
-from capture.publisher import ControlTopicMissingError
 from deploy.local import stack
+from tests.plugins.capture import table_status
 from tests.plugins.pipeline import (
     PGBENCH_TABLES,
     Pipeline,
@@ -252,14 +251,8 @@ def test_kill_9_of_capture_mid_snapshot_resumes_and_ends_equal(
         capture_settings, _ = pipeline.settings()
 
         def resume_recorded() -> int | None:
-            try:
-                statuses = admin.table_statuses(capture_settings)
-            except ControlTopicMissingError:
-                return None
-            accounts = [s for s in statuses if s.table == "public.pgbench_accounts"]
-            if not accounts or accounts[0].resume is None:
-                return None
-            return accounts[0].resume.chunk
+            accounts = table_status(capture_settings, "public.pgbench_accounts")
+            return None if accounts is None or accounts.resume is None else accounts.resume.chunk
 
         wait_for(
             lambda: (resume_recorded() or 0) >= 5,

@@ -57,6 +57,7 @@ from schemas.reader import ContractReader
 from tests.plugins.capture import CaptureThread, capture_settings, slot_active
 from tests.plugins.services import Services
 from tests.plugins.topics import (
+    assert_positions_increase,
     end_offsets,
     read_to_end,
     replay,
@@ -109,20 +110,6 @@ def _lake(reader: ContractReader, messages: list[Any], topic: str, table: str) -
     columns = [c.strip() for c in TABLES[table][0].split(",")]
     rows = replay(reader, messages).get(topic, {})
     return {_as_text(r[c] for c in columns) for r in rows.values()}
-
-
-def _assert_positions_increase(reader: ContractReader, messages: list[Any]) -> None:
-    last: dict[int, tuple[int, int]] = {}
-    for m in messages:
-        if m.value() is None:
-            continue
-        value = reader.decode_value(m.value())
-        position = (value["commit_lsn"], value["ordinal"])
-        before = last.get(m.partition())
-        assert before is None or before < position, (
-            f"partition {m.partition()}: {value['op']} at {position} after {before}"
-        )
-        last[m.partition()] = position
 
 
 def _load(pg: Connection, name: str) -> None:
@@ -219,7 +206,7 @@ def test_chunked_parallel_snapshot_of_many_key_kinds_equals_the_source(
             if table == "empty":
                 continue
             messages = read_to_end(bootstrap, topics[table])
-            _assert_positions_increase(reader, messages)
+            assert_positions_increase(reader, messages)
             values = [reader.decode_value(m.value()) for m in messages]
             reads = [v for v in values if v["op"] == "READ"]
             assert not [v for v in values if v["op"] == "TRUNCATE"], "a first snapshot"

@@ -35,15 +35,20 @@ import psycopg
 from confluent_kafka import Consumer
 from psycopg import sql
 
-from capture import admin
-from capture.publisher import ControlTopicMissingError
 from capture.settings import CaptureSettings
 from capture.snapshot_chunks import CHUNK_ORDINALS
-from schemas.control import TableState, TableStatus
-from tests.integration.test_capture_snapshot_chunks import _assert_positions_increase, _wait
-from tests.plugins.capture import capture_settings, slot_active
+from schemas.control import TableState
+from tests.plugins.capture import capture_settings, slot_active, table_status
+from tests.plugins.pipeline import wait_for
 from tests.plugins.services import Services
-from tests.plugins.topics import end_offsets, read_to_end, replay, report_applied, schema_reader
+from tests.plugins.topics import (
+    assert_positions_increase,
+    end_offsets,
+    read_to_end,
+    replay,
+    report_applied,
+    schema_reader,
+)
 
 Connection = psycopg.Connection[tuple[object, ...]]
 REPO = Path(__file__).resolve().parents[2]
@@ -59,15 +64,6 @@ from capture.settings import CaptureSettings
 logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
 CaptureService(CaptureSettings.model_validate_json(sys.argv[1]), threading.Event()).run()
 """
-
-
-def _status(settings: CaptureSettings, table: str) -> TableStatus | None:
-    """The table's last status; None before capture made the control topic or wrote one."""
-    try:
-        statuses = admin.table_statuses(settings)
-    except ControlTopicMissingError:
-        return None
-    return next((s for s in statuses if s.table == table), None)
 
 
 def _start(settings: CaptureSettings, log: Path) -> subprocess.Popen[bytes]:
@@ -167,10 +163,10 @@ def test_a_snapshot_killed_midway_resumes_after_its_published_chunks(
         # Apply what arrives until a third of the chunks are recorded as in Kafka.
         def a_third_recorded() -> bool:
             _apply_all(settings, topic)
-            status = _status(settings, qualified)
+            status = table_status(settings, qualified)
             return status is not None and status.resume is not None and status.resume.chunk >= 10
 
-        _wait(a_third_recorded, f"no chunk was recorded as published; {log.read_text()}", 180)
+        wait_for(a_third_recorded, f"no chunk was recorded as published; {log.read_text()}", 180)
         # Nothing is applied any more: capture stalls at its in-flight bound, mid-chunk.
         stalled_at = -1
 
@@ -180,25 +176,25 @@ def test_a_snapshot_killed_midway_resumes_after_its_published_chunks(
             still, stalled_at = count == stalled_at, count
             return still
 
-        _wait(stalled, "capture kept publishing without anything applied", 60)
+        wait_for(stalled, "capture kept publishing without anything applied", 60)
         capture.send_signal(signal.SIGKILL)
         capture.wait(30)
         before_kill = read_to_end(bootstrap, topic)
-        cut = _status(settings, qualified)
+        cut = table_status(settings, qualified)
         assert cut is not None
         assert cut.state is TableState.SNAPSHOT
         assert cut.resume is not None
         assert cut.snapshot_lsn is not None
-        _wait(lambda: not slot_active(pg, name), "the killed capture's slot stayed active", 60)
+        wait_for(lambda: not slot_active(pg, name), "the killed capture's slot stayed active", 60)
 
         second = _start(settings, log)
 
         def streaming() -> bool:
             _apply_all(settings, topic)
-            status = _status(settings, qualified)
+            status = table_status(settings, qualified)
             return status is not None and status.state is TableState.STREAMING
 
-        _wait(streaming, f"the resumed snapshot never finished; {log.read_text()}", 300)
+        wait_for(streaming, f"the resumed snapshot never finished; {log.read_text()}", 300)
         stop_writing.set()
         writer.join(30)
         reader = schema_reader(bootstrap, settings.kafka.schema_topic, 1)
@@ -207,7 +203,7 @@ def test_a_snapshot_killed_midway_resumes_after_its_published_chunks(
             messages = _apply_all(settings, topic)
             return _lake(messages, reader, topic) == _source(pg, table)
 
-        _wait(equal, "the topic never replayed to the source table", 120)
+        wait_for(equal, "the topic never replayed to the source table", 120)
         assert second.poll() is None, log.read_text()
     finally:
         stop_writing.set()
@@ -215,7 +211,7 @@ def test_a_snapshot_killed_midway_resumes_after_its_published_chunks(
             if process is not None and process.poll() is None:
                 process.kill()
                 process.wait(30)
-        _wait(lambda: not slot_active(pg, name), "the slot stayed active", 60)
+        wait_for(lambda: not slot_active(pg, name), "the slot stayed active", 60)
         pg.execute(
             "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
             "WHERE slot_name = %s",
@@ -224,7 +220,7 @@ def test_a_snapshot_killed_midway_resumes_after_its_published_chunks(
 
     messages = read_to_end(bootstrap, topic)
     print(f"cut short at {cut}; the log:\n{log.read_text()}")
-    _assert_positions_increase(reader, messages)
+    assert_positions_increase(reader, messages)
     values = [(m, reader.decode_value(m.value())) for m in messages if m.value() is not None]
     assert not [v for _, v in values if v["op"] == "TRUNCATE"], "nothing published is undone"
     first_offsets = {(m.partition(), m.offset()) for m in before_kill}

@@ -15,8 +15,11 @@ from typing import Literal
 
 import psycopg
 
+from capture import admin
+from capture.publisher import ControlTopicMissingError
 from capture.service import CaptureService
 from capture.settings import CaptureSettings, KafkaSettings, PostgresSettings
+from schemas.control import TableStatus
 from schemas.lsn import Lsn, parse_lsn
 from tests.plugins.services import Services
 
@@ -49,6 +52,16 @@ def capture_settings(
         status_interval_s=status_interval_s,
         snapshot_mode=snapshot_mode,
     )
+
+
+def table_status(settings: CaptureSettings, table: str) -> TableStatus | None:
+    """The table's last status on the control topic; None before capture made the topic
+    or wrote one for it."""
+    try:
+        statuses = admin.table_statuses(settings)
+    except ControlTopicMissingError:
+        return None
+    return next((s for s in statuses if s.table == table), None)
 
 
 def confirmed_lsn(pg: Connection, slot: str) -> Lsn:

@@ -122,6 +122,22 @@ def replay(reader: ContractReader, messages: list[Any]) -> Tables:
     return tables
 
 
+def assert_positions_increase(reader: ContractReader, messages: list[Any]) -> None:
+    """Every partition's records (tombstones aside) in strictly increasing position order,
+    as the wire contract promises."""
+    last: dict[int, tuple[int, int]] = {}
+    for m in messages:
+        if m.value() is None:
+            continue
+        value = reader.decode_value(m.value())
+        position = (value["commit_lsn"], value["ordinal"])
+        before = last.get(m.partition())
+        assert before is None or before < position, (
+            f"partition {m.partition()}: {value['op']} at {position} after {before}"
+        )
+        last[m.partition()] = position
+
+
 def report_applied(bootstrap: str, control_topic: str, messages: Iterable[Any]) -> None:
     """Tell capture, as the apply job would, that every one of ``messages`` is applied."""
     ends: dict[tuple[str, int], int] = {}
