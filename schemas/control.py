@@ -309,7 +309,8 @@ def _resume(field: object) -> SnapshotResume | None:
     if not isinstance(field, dict):
         raise TypeError(f"resume is {type(field).__name__}, not an object")
     chunk, block = field["chunk"], field["block"]
-    if not isinstance(chunk, int) or not isinstance(block, int):
+    # bool is an int subclass: JSON's true must not read as chunk 1.
+    if type(chunk) is not int or type(block) is not int:
         raise TypeError(f"resume's chunk and block are not integers: {field}")
     return SnapshotResume(chunk, block)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from schemas.control import (
@@ -76,15 +78,18 @@ def test_malformed_slot_checkpoint_raises() -> None:
         decode_control(b"slot:x", b'{"confirmed_lsn": "nope"}')
 
 
+SNAPSHOTTING = TableStatus(
+    slot="cdc_slot",
+    table="public.orders",
+    state=TableState.SNAPSHOT,
+    snapshot_lsn=Lsn(0x16B3747),
+    message=None,
+    updated_at=1_700_000_000_000_000,
+)
+
+
 def test_table_status_round_trip() -> None:
-    status = TableStatus(
-        slot="cdc_slot",
-        table="public.orders",
-        state=TableState.SNAPSHOT,
-        snapshot_lsn=Lsn(0x16B3747),
-        message=None,
-        updated_at=1_700_000_000_000_000,
-    )
+    status = SNAPSHOTTING
     assert status.key() == b"table:cdc_slot:public.orders"
     assert b'"state":"snapshot"' in status.value()
     assert b'"snapshot_lsn":"0/16B3747"' in status.value()
@@ -92,15 +97,7 @@ def test_table_status_round_trip() -> None:
 
 
 def test_a_resumable_snapshot_status_round_trips_and_older_ones_have_no_resume() -> None:
-    status = TableStatus(
-        slot="cdc_slot",
-        table="public.orders",
-        state=TableState.SNAPSHOT,
-        snapshot_lsn=Lsn(0x16B3747),
-        message=None,
-        updated_at=1,
-        resume=SnapshotResume(chunk=3, block=1200),
-    )
+    status = replace(SNAPSHOTTING, resume=SnapshotResume(chunk=3, block=1200))
     assert b'"resume":{"chunk":3,"block":1200}' in status.value()
     assert decode_control(status.key(), status.value()) == status
     older = b'{"state":"snapshot","snapshot_lsn":"0/10","message":null,"updated_at":1}'
@@ -111,7 +108,13 @@ def test_a_resumable_snapshot_status_round_trips_and_older_ones_have_no_resume()
 
 @pytest.mark.parametrize(
     "resume",
-    ['"3"', '{"chunk": 3}', '{"chunk": "3", "block": 1}', '{"chunk": 0, "block": 0}'],
+    [
+        '"3"',
+        '{"chunk": 3}',
+        '{"chunk": "3", "block": 1}',
+        '{"chunk": true, "block": 1}',
+        '{"chunk": 0, "block": 0}',
+    ],
 )
 def test_a_resume_that_is_not_the_format_is_rejected(resume: str) -> None:
     value = (
