@@ -78,6 +78,9 @@ def served(services: Services, pg: Connection, unique_name: str) -> Iterator[Ser
         assert status(server.url, "/readyz") == 503, "ready before connecting"
         thread.start()
         wait_for(lambda: slot_active(pg, unique_name) or bool(errors), "the slot to stream")
+        # The walsender marks the slot active before START_REPLICATION returns, so the
+        # service says it is connected a moment after the slot turns active.
+        wait_for(lambda: status(server.url, "/readyz") == 200 or bool(errors), "capture ready")
         assert not errors, errors
         yield Served(settings, table, server.url, errors)
     finally:
