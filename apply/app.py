@@ -1,10 +1,13 @@
-"""The apply job as a Structured Streaming query: wiring, not logic.
+"""The apply job as Structured Streaming queries: wiring, not logic.
 
-One query reads every change topic of the prefix (a pattern, so tables added later are
-picked up without a restart) and hands each micro-batch to
+One query per lane (:mod:`apply.lanes`; without ``APPLY_LANES`` just the default lane,
+which reads every change topic of the prefix through a pattern, so tables added later
+are picked up without a restart) hands each micro-batch to
 :func:`apply.batch.apply_batch`; after the Delta commits, the applied progress goes to
-the control topic. The checkpoint lives at ``<checkpoint_root>/apply``; Delta's
-``txnAppId`` is derived from that location, so a replayed batch is skipped by Delta.
+the control topic. The default lane's checkpoint lives at ``<checkpoint_root>/apply``;
+each query's Delta ``txnAppId`` is derived from its checkpoint location, so a replayed
+batch is skipped by Delta. The queries' ``foreachBatch`` calls run on their own driver
+threads, so the schema catalog and the control-topic producer are shared under locks.
 
 At start the job re-publishes the progress recorded in every Delta table it finds under
 the lake root, and the offsets of the records parked in the dead-letter table: if it
@@ -14,11 +17,12 @@ transaction ids make the replay harmless.
 
 A batch that fails with a :class:`~apply.errors.TransientError` is retried in place a
 few times with backoff (a retried batch is idempotent, :mod:`apply.batch`); after that
-the query fails and the process exits, for its supervisor to restart it.
+the query fails, the job stops the other lanes' queries and the process exits, for its
+supervisor to restart it.
 
 Metrics (:mod:`apply.metrics`) are counted from each batch's result after its progress
-is published; health (:mod:`runtime.telemetry`): alive while the streaming query is
-active, ready once it runs and while no batch has been failing transiently for longer
+is published; health (:mod:`runtime.telemetry`): alive while every lane's query is
+active, ready once they run and while no batch has been failing transiently for longer
 than ``not_ready_after_s``.
 
 :meth:`ApplyJob.reapply` wires ``python -m apply reapply`` (:mod:`apply.reapply`), and
@@ -33,13 +37,13 @@ for every table with rows in the dead-letter table.
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import time
 from collections.abc import Iterable
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming.query import StreamingQuery
 
 from apply.batch import ApplyContext, apply_batch
 from apply.dead_letter import ErroredTable, discard, errored_tables, parked_offsets
@@ -47,6 +51,7 @@ from apply.errors import TableError, UnknownSchemaError
 from apply.feedback import ProgressPublisher, SchemaCatalog
 from apply.history import recover_state
 from apply.kafka_clients import spark_source_options
+from apply.lanes import DEFAULT_LANE, Lane, checkpoint_of, default_topic_pattern, plan_lanes
 from apply.merge import transaction_app_id
 from apply.metrics import ApplyMetrics
 from apply.progress import BatchResult, ParkedTable, TableResult, batch_progress, recovered_progress
@@ -57,6 +62,7 @@ from apply.tables import table_of_topic
 from runtime.errors import TransientError
 from runtime.retry import Backoff, call_with_retry
 from runtime.telemetry import Health
+from schemas.control import AppliedProgress, ApplyTableStatus
 from schemas.lsn import format_lsn
 
 _TRANSIENT_ATTEMPTS = 3
@@ -66,15 +72,24 @@ log = logging.getLogger(__name__)
 
 
 def change_topic_pattern(kafka: KafkaSettings) -> str:
-    """Java regex of the change topics: ``<prefix>.<schema>.<table>``, never the control or
-    schema topic even when they share the prefix."""
-    segment = r"[A-Za-z0-9_\-]+"
-    excluded = "|".join(re.escape(t) for t in (kafka.control_topic, kafka.schema_topic))
-    return rf"^(?!(?:{excluded})$){re.escape(kafka.topic_prefix)}\.{segment}\.{segment}$"
+    """Java regex of every change topic: ``<prefix>.<schema>.<table>``, never the control
+    or schema topic even when they share the prefix (the default lane's without lanes)."""
+    return default_topic_pattern(kafka.topic_prefix, kafka.control_topic, kafka.schema_topic)
 
 
 def checkpoint_location(settings: ApplySettings) -> str:
-    return settings.lake.checkpoint_root.rstrip("/") + "/apply"
+    """The default lane's checkpoint."""
+    return checkpoint_of(settings.lake.checkpoint_root, DEFAULT_LANE)
+
+
+def lanes_of(settings: ApplySettings) -> tuple[Lane, ...]:
+    return plan_lanes(
+        settings.lanes,
+        topic_prefix=settings.kafka.topic_prefix,
+        control_topic=settings.kafka.control_topic,
+        schema_topic=settings.kafka.schema_topic,
+        checkpoint_root=settings.lake.checkpoint_root,
+    )
 
 
 def replication_lag_s(result: TableResult, now_unix_s: float) -> float | None:
@@ -127,6 +142,15 @@ def log_results(
         )
 
 
+def _ended(queries: list[StreamingQuery], each_ends: bool) -> bool:
+    """Whether the job is over: a query failed, every query ended, or (unless each query
+    ends by itself, ``each_ends``) any query ended."""
+    ended = [query for query in queries if not query.isActive]
+    if any(query.exception() is not None for query in ended):
+        return True
+    return len(ended) == len(queries) or (bool(ended) and not each_ends)
+
+
 class ApplyJob:
     def __init__(
         self,
@@ -142,29 +166,48 @@ class ApplyJob:
         self._spark = spark
         self.metrics = metrics or ApplyMetrics()
         self.health = health or Health(settings.metrics.not_ready_after_s)
+        self.lanes = lanes_of(settings)
         self._catalog = SchemaCatalog(settings.kafka)
+        self._catalog_lock = threading.Lock()
         self._publisher = ProgressPublisher(settings.kafka)
+        self._publish_lock = threading.Lock()
         self._context_id = transaction_app_id(checkpoint_location(settings))
+        self._app_ids = {lane.name: transaction_app_id(lane.checkpoint) for lane in self.lanes}
 
     def _context(self, app_id: str) -> ApplyContext:
+        with self._catalog_lock:
+            schemas = dict(self._catalog.schemas)
         return ApplyContext(
             self._settings.lake.root,
             app_id,
-            dict(self._catalog.schemas),
+            schemas,
             parallelism=self._settings.table_parallelism,
             schema_topic=self._settings.kafka.schema_topic,
+            default_txn_app_id=self._context_id,
         )
+
+    def _refresh_schemas(self) -> None:
+        with self._catalog_lock:
+            self._catalog.refresh()
+
+    def _publish(self, messages: Iterable[AppliedProgress | ApplyTableStatus]) -> None:
+        # One producer for every lane: its flush waits for all queued messages, so
+        # lanes publish one at a time rather than wait on each other's deliveries.
+        with self._publish_lock:
+            self._publisher.publish(messages)
 
     def on_batch(self, batch: DataFrame, batch_id: int) -> None:
         self.apply(batch, batch_id)
 
-    def apply(self, batch: DataFrame, batch_id: int) -> BatchResult:
-        """The ``foreachBatch`` body: apply, then publish what was applied or parked."""
+    def apply(self, batch: DataFrame, batch_id: int, lane: str = DEFAULT_LANE) -> BatchResult:
+        """The ``foreachBatch`` body of ``lane``'s query: apply, then publish what was
+        applied or parked."""
         started = time.monotonic()
+        app_id = self._app_ids[lane]
 
         def attempt() -> BatchResult:
             try:
-                return self._apply_loading_schemas(batch, batch_id)
+                return self._apply_loading_schemas(batch, batch_id, app_id)
             except TransientError as exc:
                 self.metrics.batch_failures.inc()
                 self.health.transient_failure(str(exc))
@@ -172,27 +215,25 @@ class ApplyJob:
 
         result = call_with_retry(
             attempt,
-            what=f"batch {batch_id}",
+            what=f"batch {batch_id}" if lane == DEFAULT_LANE else f"lane {lane} batch {batch_id}",
             attempts=_TRANSIENT_ATTEMPTS,
             backoff=_BATCH_BACKOFF,
         )
-        self._publisher.publish(batch_progress(result))
+        self._publish(batch_progress(result))
         self.publish_table_statuses(p.table for p in result.parked if p.parked)
         log_results(batch_id, list(result.applied), started, result.parked)
         self.health.connected()
         self.metrics.batch(result, time.monotonic() - started, time.time())
         return result
 
-    def _apply_loading_schemas(self, batch: DataFrame, batch_id: int) -> BatchResult:
+    def _apply_loading_schemas(self, batch: DataFrame, batch_id: int, app_id: str) -> BatchResult:
         try:
-            return apply_batch(batch, batch_id, self._context(self._context_id))
+            return apply_batch(batch, batch_id, self._context(app_id))
         except UnknownSchemaError:
             # Capture flushes a schema before the first record using it: read again.
             # A table whose schema is still missing then is parked, alone.
-            self._catalog.refresh()
-            return apply_batch(
-                batch, batch_id, self._context(self._context_id), park_missing_schemas=True
-            )
+            self._refresh_schemas()
+            return apply_batch(batch, batch_id, self._context(app_id), park_missing_schemas=True)
 
     def publish_table_statuses(self, tables: Iterable[str]) -> None:
         """Publish the errored state and parked count of ``tables`` as the dead-letter
@@ -202,7 +243,7 @@ class ApplyJob:
         if not names:
             return
         errored = errored_tables(self._spark, self._context(self._context_id).dead_letter)
-        self._publisher.publish(table_statuses(names, errored, now_micros()))
+        self._publish(table_statuses(names, errored, now_micros()))
         waiting = {table for table, found in errored.items() if found.records > 0}
         self.metrics.errored({*names, *errored}, waiting)
 
@@ -230,7 +271,7 @@ class ApplyJob:
                 states.append(state)
         parked = parked_offsets(self._spark, self._context(self._context_id).dead_letter)
         messages = recovered_progress(states, parked)
-        self._publisher.publish(messages)
+        self._publish(messages)
         # Every table that ever parked a record: errored ones and released ones alike,
         # so a status lost between a commit and its publish is put right.
         self.publish_table_statuses(parked)
@@ -260,7 +301,7 @@ class ApplyJob:
     def reapply(self, table: str) -> ReapplyOutcome:
         """Re-apply the parked records of ``table`` (``schema.table``) and publish the
         progress of its partitions (:mod:`apply.reapply`)."""
-        self._catalog.refresh()
+        self._refresh_schemas()
         context = self._context(reapply_app_id(self._context_id))
         try:
             outcome = reapply_table(self._spark, table, context)
@@ -271,50 +312,78 @@ class ApplyJob:
         states = {r.topic: r.state for p in outcome.passes for r in p.results}
         if states:
             parked = parked_offsets(self._spark, context.dead_letter)
-            self._publisher.publish(
-                recovered_progress(list(states.values()), {table: parked.get(table, {})})
-            )
+            self._publish(recovered_progress(list(states.values()), {table: parked.get(table, {})}))
         return outcome
 
     def run(self, stop: threading.Event) -> None:
-        settings = self._settings
-        self._catalog.refresh()
+        """Start every lane's query and wait until ``stop`` is set or a query ends; the
+        first query that fails stops the others and its error is raised."""
+        self._refresh_schemas()
         republished = self.republish_recorded_progress()
         log.info("re-published %d applied-progress messages from Delta", republished)
+        queries: list[tuple[Lane, StreamingQuery]] = []
+        try:
+            for lane in self.lanes:
+                queries.append((lane, self._start(lane)))
+                if not lane.is_default:
+                    log.info(
+                        "lane %s: its own query for %s (checkpoint %s)",
+                        lane.name,
+                        ", ".join(str(s) for s in lane.selectors),
+                        lane.checkpoint,
+                    )
+            # available_now: each query ends once it has read what was there; otherwise a
+            # query that ends has failed or been stopped, and the job ends with it.
+            each_ends = self._settings.trigger.mode == "available_now"
+            self.health.watch(lambda: not _ended([q for _, q in queries], each_ends))
+            self.health.connected()
+            while not stop.is_set() and not _ended([q for _, q in queries], each_ends):
+                next(q for _, q in queries if q.isActive).awaitTermination(1)
+        finally:
+            for _, query in queries:
+                if query.isActive:
+                    query.stop()
+            self.health.stopped("an apply streaming query has stopped")
+        for lane, query in queries:
+            error = query.exception()
+            if error is not None:
+                where = "" if lane.is_default else f" of lane {lane.name}"
+                raise RuntimeError(f"the apply query{where} failed: {error}")
+
+    def _start(self, lane: Lane) -> StreamingQuery:
+        settings = self._settings
         reader = (
             self._spark.readStream.format("kafka")
             # bootstrap servers and the client properties' Java form (docs/security.md)
             .options(**spark_source_options(settings.kafka))
-            .option("subscribePattern", change_topic_pattern(settings.kafka))
+            .option("subscribePattern", lane.topic_pattern)
             .option("startingOffsets", "earliest")
             # Kept with parked records, for tools that read the dead-letter table.
             .option("includeHeaders", "true")
         )
         if settings.kafka.max_offsets_per_trigger is not None:
             reader = reader.option("maxOffsetsPerTrigger", settings.kafka.max_offsets_per_trigger)
+
+        def on_batch(batch: DataFrame, batch_id: int) -> None:
+            self.apply(batch, batch_id, lane.name)
+
         writer = (
             reader.load()
-            .writeStream.foreachBatch(self.on_batch)
-            .option("checkpointLocation", checkpoint_location(settings))
-            .queryName("pgdelta-apply")
+            .writeStream.foreachBatch(on_batch)
+            .option("checkpointLocation", lane.checkpoint)
+            .queryName(lane.query_name)
         )
         if settings.trigger.mode == "available_now":
             writer = writer.trigger(availableNow=True)
         else:
             writer = writer.trigger(processingTime=settings.trigger.interval)
-        query = writer.start()
-        self.health.watch(lambda: bool(query.isActive))
-        self.health.connected()
-        try:
-            while query.isActive and not stop.is_set():
-                query.awaitTermination(1)
-        finally:
-            if query.isActive:
-                query.stop()
-            self.health.stopped("the apply streaming query has stopped")
-        error = query.exception()
-        if error is not None:
-            raise RuntimeError(f"the apply query failed: {error}")
+        return writer.start()
 
 
-__all__ = ["ApplyJob", "change_topic_pattern", "checkpoint_location", "table_of_topic"]
+__all__ = [
+    "ApplyJob",
+    "change_topic_pattern",
+    "checkpoint_location",
+    "lanes_of",
+    "table_of_topic",
+]

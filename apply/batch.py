@@ -124,6 +124,16 @@ class ApplyContext:
     """Tables of one batch applied at the same time."""
     schema_topic: str = "the schema topic"
     """Where ``writer_schemas`` come from, named in errors."""
+    default_txn_app_id: str | None = None
+    """The default lane's ``txnAppId``: the writer of table states that name none (all
+    written before lanes existed, :mod:`apply.lanes`). None: such states are taken as
+    this query's."""
+
+    def wrote(self, state: TableState) -> bool:
+        """Whether ``state`` was committed by this query (so its batch ids compare with
+        this query's), rather than by another lane that held the table before."""
+        writer = state.txn_app_id or self.default_txn_app_id
+        return writer is None or writer == self.txn_app_id
 
     @property
     def dead_letter(self) -> str:
@@ -434,15 +444,22 @@ def _batch_ids_restarted(table: str, batch_id: int, recorded: TableState | None)
 
 
 def _covered_result(
-    topic_survey: TopicSurvey, batch_id: int, version: int, previous: TableState, path: str
+    topic_survey: TopicSurvey,
+    batch_id: int,
+    version: int,
+    previous: TableState,
+    *,
+    path: str,
+    context: ApplyContext,
 ) -> TableResult | None:
     """The result for a batch the table's state already covers, which commits nothing;
-    None when the batch holds records the table has not seen."""
+    None when the batch holds records the table has not seen. Batch ids compare only
+    within one query: a lane that just took the table over counts from 0."""
     topic = topic_survey.topic
     next_offsets = {(topic, p): seen.next_offset for p, seen in topic_survey.partitions.items()}
     if not covers(previous, next_offsets):
         return None
-    if batch_id < previous.batch_id:
+    if context.wrote(previous) and batch_id < previous.batch_id:
         raise _batch_ids_restarted(previous.table, batch_id, previous)
     result = TableResult(
         table=previous.table,
@@ -509,7 +526,9 @@ def apply_table(
     ]
     history = read_history(spark, path, name)
     if history is not None and history.state is not None:
-        covered = _covered_result(topic_survey, batch_id, history.version, history.state, path)
+        covered = _covered_result(
+            topic_survey, batch_id, history.version, history.state, path=path, context=context
+        )
         if covered is not None:
             return covered
     existing = read_existing_table(spark, path, table) if history is not None else None
@@ -602,7 +621,14 @@ def _apply_decoded(
                 "does not decode with the writer schema its header names",
             )
     truncate = measured.truncate
-    state = advance(previous, name, batch_id, _partition_batches(topic_survey, measured), truncate)
+    state = advance(
+        previous,
+        name,
+        batch_id,
+        _partition_batches(topic_survey, measured),
+        truncate,
+        txn_app_id=context.txn_app_id,
+    )
 
     columns = plan.columns
     if plan.replace:

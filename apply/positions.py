@@ -13,7 +13,7 @@ For every Delta table, apply keeps a :class:`TableState`:
   position** (the highest position of the partition's records applied so far);
 - the table's newest applied transaction: its commit LSN and commit time;
 - the position of the newest TRUNCATE applied, if any;
-- the micro-batch that wrote it.
+- the micro-batch that wrote it, and the ``txnAppId`` of its query (:mod:`apply.lanes`).
 
 Invariants that make a replay safe:
 
@@ -82,6 +82,9 @@ class TableState:
     """Position of the newest TRUNCATE applied."""
     batch_id: int
     """The micro-batch whose commit carries this state."""
+    txn_app_id: str | None = None
+    """The ``txnAppId`` of the query (lane, :mod:`apply.lanes`) whose batch ``batch_id``
+    is; None in commits written before lanes existed, all by the default lane."""
 
     def applied_position(self, topic: str, partition: int) -> Position | None:
         progress = self.partitions.get((topic, partition))
@@ -114,8 +117,11 @@ def advance(
     batch_id: int,
     partitions: Mapping[TopicPartition, PartitionBatch],
     truncate: Position | None,
+    *,
+    txn_app_id: str | None = None,
 ) -> TableState:
-    """The state after a batch: ``previous`` moved forward by what the batch held."""
+    """The state after a batch of the query ``txn_app_id``: ``previous`` moved forward by
+    what the batch held."""
     merged: dict[TopicPartition, PartitionProgress] = (
         dict(previous.partitions) if previous is not None else {}
     )
@@ -140,6 +146,7 @@ def advance(
         commit_ts=commit_ts,
         truncated_at=_later(None if previous is None else previous.truncated_at, truncate),
         batch_id=batch_id,
+        txn_app_id=txn_app_id,
     )
 
 
@@ -166,6 +173,7 @@ def encode_state(state: TableState) -> str:
             "commit_ts": state.commit_ts,
             "truncated_at": _position_json(state.truncated_at),
             "partitions": partitions,
+            **({} if state.txn_app_id is None else {"txn_app_id": state.txn_app_id}),
         },
         separators=(",", ":"),
     )
@@ -202,6 +210,10 @@ def _string(name: str, value: Any) -> str:
     return value
 
 
+def _optional_string(name: str, value: Any) -> str | None:
+    return None if value is None else _string(name, value)
+
+
 def decode_state(text: str | None) -> TableState | None:
     """The state in a commit's ``userMetadata``; None when the commit is not apply's.
 
@@ -236,6 +248,7 @@ def decode_state(text: str | None) -> TableState | None:
             commit_ts=_integer("commit_ts", fields["commit_ts"], optional=True),
             truncated_at=_position(fields["truncated_at"]),
             batch_id=_integer("batch_id", fields["batch_id"]),
+            txn_app_id=_optional_string("txn_app_id", fields.get("txn_app_id")),
         )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise StateFormatError(

@@ -127,6 +127,15 @@ class ApplySettings(BaseSettings):
     spark: SparkSettings = Field(default_factory=SparkSettings)
     metrics: MetricsSettings = Field(default_factory=lambda: MetricsSettings(port=9109))
     log: LogSettings = Field(default_factory=LogSettings)
+    lanes: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description=(
+            "independent streaming queries, by lane name, each for the tables it lists "
+            '(schema.table or schema.*), e.g. {"big": ["public.events"]}; every other '
+            "table goes to the default lane, so a big table in its own lane no longer holds "
+            "the small ones back (docs/apply.md, Lanes)"
+        ),
+    )
     table_parallelism: int = Field(
         4,
         ge=1,

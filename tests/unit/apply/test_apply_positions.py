@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,7 @@ STATE = TableState(
     commit_ts=1_715_941_815_200_000,
     truncated_at=pos(0x15_0000_0000, 0),
     batch_id=42,
+    txn_app_id="pgdelta-apply-bfbaa69b27b27c5c846a27f6",
 )
 
 
@@ -54,8 +56,16 @@ def test_state_json_is_compact_and_documented() -> None:
         '"table_lsn":"16/B374D848","commit_ts":1715941815200000,'
         '"truncated_at":{"commit_lsn":"15/0","ordinal":0},'
         '"partitions":{"cdc.public.orders/0":{"next_offset":7,"commit_lsn":null,"ordinal":null},'
-        '"cdc.public.orders/1":{"next_offset":12,"commit_lsn":"16/B374D848","ordinal":3}}}'
+        '"cdc.public.orders/1":{"next_offset":12,"commit_lsn":"16/B374D848","ordinal":3}},'
+        '"txn_app_id":"pgdelta-apply-bfbaa69b27b27c5c846a27f6"}'
     )
+
+
+def test_states_from_before_lanes_name_no_query() -> None:
+    fields = json.loads(encode_state(STATE))
+    del fields["txn_app_id"]
+    assert decode_state(json.dumps(fields)) == replace(STATE, txn_app_id=None)
+    assert "txn_app_id" not in encode_state(replace(STATE, txn_app_id=None))
 
 
 def test_state_json_round_trips() -> None:
@@ -80,6 +90,7 @@ def test_metadata_of_other_writers_is_not_a_state(foreign: str | None) -> None:
         {"commit_ts": True},
         {"batch_id": None},
         {"table": 5},
+        {"txn_app_id": 7},
     ],
 )
 def test_our_metadata_in_another_shape_is_an_error(change: dict[str, object]) -> None:

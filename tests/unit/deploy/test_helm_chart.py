@@ -695,6 +695,7 @@ TYPED: dict[str, tuple[str, ...]] = {
     "APPLY_SPARK__JARS_DIR": ("apply", "spark", "jarsDir"),
     "APPLY_SPARK__CONF": ("apply", "spark", "conf"),
     "APPLY_TABLE_PARALLELISM": ("apply", "tableParallelism"),
+    "APPLY_LANES": ("apply", "lanes"),
     "APPLY_METRICS__ENABLED": ("apply", "metrics", "enabled"),
     "APPLY_METRICS__PORT": ("apply", "metrics", "port"),
     "APPLY_METRICS__NOT_READY_AFTER_S": ("apply", "metrics", "notReadyAfterS"),
@@ -793,6 +794,7 @@ SAMPLES: dict[str, Any] = {
     # that changes the most around it (no volume, S3A settings in APPLY_SPARK__CONF).
     "APPLY_LAKE__ROOT": "s3a://sample-bucket/cdc/tables",
     "APPLY_LAKE__CHECKPOINT_ROOT": "s3a://sample-bucket/cdc/checkpoints",
+    "APPLY_LANES": {"events": ["public.events"], "audit": ["audit.*"]},
 }
 
 
