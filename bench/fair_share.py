@@ -1,5 +1,6 @@
 """One big table and several small ones: do the small tables' changes wait for the big
-table's MERGE? Spark's FIFO scheduler against the FAIR pools apply uses by default.
+table's MERGE? Spark's FIFO scheduler, the FAIR pools apply uses by default, and the big
+table in a lane of its own (:mod:`apply.lanes`).
 
 ``python -m bench.fair_share`` starts a stack of its own (:mod:`bench.pipeline_run`),
 creates ``public.big`` (``--big-rows`` rows) and ``--small`` tables ``public.small_<i>``
@@ -10,19 +11,24 @@ of ``big`` rewrites or marks many files) and ``--small-per-s`` rows of each smal
 (``APPLY_TABLE_PARALLELISM`` = the number of tables), so the scheduler decides who gets
 the two cores.
 
-Two phases on the same pipeline, same lake and same workload, ``--seconds`` each:
+Phases on the same pipeline, same lake and same workload, ``--seconds`` each, in the
+order ``--phases`` gives, apply restarted between them:
 
-1. apply with ``spark.scheduler.mode=FIFO``: jobs run in submission order, each taking
-   every core its tasks can use;
-2. apply restarted with FAIR scheduling and one pool per table (the default,
-   :mod:`apply.table_pool`).
+- ``FIFO``: ``spark.scheduler.mode=FIFO``, jobs run in submission order, each taking
+  every core its tasks can use;
+- ``FAIR``: FAIR scheduling and one pool per table (the default,
+  :mod:`apply.table_pool`), one streaming query for every table;
+- ``LANE``: as ``FAIR``, with ``big`` in a lane of its own (``APPLY_LANES``), so the
+  small tables are applied by a query of their own. Its first phase re-reads the topics
+  once into new checkpoints (a lane change); the measure starts after that.
 
 For every change record written during a phase it measures commit-to-Delta: from the
 source commit time to the modification time of the first Delta commit of its table
 whose apply state covers the record (:func:`bench.freshness.apply_visibility`). It
 prints p50 / p99 / max per phase for the small tables and for ``big``, and the ratio of
-the small tables' p50 (FIFO over FAIR; above 1: FAIR serves the small tables sooner).
-No target: the issue asks that one big table not starve the rest, which this measures.
+the small tables' p50 of each phase over the last phase's (above 1: the last phase
+serves the small tables sooner). No target: the issue asks that one big table not
+starve the rest, which this measures.
 """
 
 from __future__ import annotations
@@ -146,12 +152,29 @@ def _phase(run: PipelineRun, args: argparse.Namespace, mode: str) -> Phase:
     return Phase(mode, small, big, len(records), load)
 
 
+MODES = ("FIFO", "FAIR", "LANE")
+
+
 def _configure(run: PipelineRun, mode: str) -> None:
-    """Apply's Spark settings for ``mode`` scheduling, for the next start."""
+    """Apply's settings for ``mode`` (module docstring), for the next start."""
     conf = dict(SPARK_CONF)
     if mode == "FIFO":
         conf["spark.scheduler.mode"] = "FIFO"
     run.env_overrides["APPLY_SPARK__CONF"] = json.dumps(conf)
+    if mode == "LANE":
+        run.env_overrides["APPLY_LANES"] = json.dumps({"big": ["public.big"]})
+    else:
+        run.env_overrides.pop("APPLY_LANES", None)
+
+
+def _phases(text: str) -> list[str]:
+    phases = [p.strip().upper() for p in text.split(",") if p.strip()]
+    unknown = [p for p in phases if p not in MODES]
+    if len(phases) < 2 or unknown:  # a ratio needs two phases
+        raise argparse.ArgumentTypeError(
+            f"give two or more of {', '.join(MODES)}, comma-separated (not {text!r})"
+        )
+    return phases
 
 
 def _apply_with(run: PipelineRun, mode: str) -> None:
@@ -173,10 +196,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--small-per-s", type=int, default=5, help="rows of each small a s")
     parser.add_argument("--seconds", type=int, default=120, help="length of each phase")
     parser.add_argument(
-        "--first",
-        choices=("FIFO", "FAIR"),
-        default="FIFO",
-        help="the phase run first (the second runs on a table the first has updated)",
+        "--phases",
+        type=_phases,
+        default=["FIFO", "FAIR"],
+        help=(
+            "the phases in order, comma-separated, of FIFO, FAIR, LANE (later phases run "
+            "on a table the earlier ones have updated: run both orders)"
+        ),
     )
     add_run_arguments(parser)
     args = parser.parse_args(argv)
@@ -189,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
                 "APPLY_TABLE_PARALLELISM": str(len(tables)),
             }
         )
-        modes = [args.first, "FAIR" if args.first == "FIFO" else "FIFO"]
+        modes: list[str] = args.phases
         _configure(run, modes[0])
         run.start_pipeline()
         say("waiting for the initial snapshot to be applied")
@@ -198,16 +224,17 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(0.5)
         run.wait_caught_up(1800)
         phases = [_phase(run, args, modes[0])]
-        _apply_with(run, modes[1])
-        run.wait_caught_up(1800)
-        phases.append(_phase(run, args, modes[1]))
+        for mode in modes[1:]:
+            _apply_with(run, mode)
+            run.wait_caught_up(1800)
+            phases.append(_phase(run, args, mode))
     lines = [
         f"machine: {machine()}",
         f"big: {args.big_rows:,} rows, {args.big_per_s:,} updated a second; {args.small} small "
         f"tables of 1,000 rows, {args.small_per_s} updated a second each; {args.seconds} s a "
         f"phase; trigger {args.trigger}; Spark local[2]",
         "",
-        "| scheduler | changes | small tables p50 / p99 / max, ms | big p50 / p99 / max, ms "
+        "| phase | changes | small tables p50 / p99 / max, ms | big p50 / p99 / max, ms "
         "| load (1 min) |",
         "| --- | ---: | ---: | ---: | ---: |",
     ]
@@ -222,9 +249,11 @@ def main(argv: list[str] | None = None) -> int:
             f"| {phase.mode} | {phase.changes:,} | {spread(phase.small_ms)} | "
             f"{spread(phase.big_ms)} | {phase.load:.1f} |"
         )
-    fifo, fair = sorted(phases, key=lambda p: p.mode != "FIFO")
-    ratio = percentile(fifo.small_ms, 0.5) / max(percentile(fair.small_ms, 0.5), 1e-9)
-    lines += ["", f"small tables' p50, FIFO over FAIR: {ratio:.2f}x"]
+    last = phases[-1]
+    lines.append("")
+    for phase in phases[:-1]:
+        ratio = percentile(phase.small_ms, 0.5) / max(percentile(last.small_ms, 0.5), 1e-9)
+        lines.append(f"small tables' p50, {phase.mode} over {last.mode}: {ratio:.2f}x")
     print("\n".join(lines))
     return 0
 
