@@ -223,7 +223,7 @@ class ApplyJob:
         self.publish_table_statuses(p.table for p in result.parked if p.parked)
         log_results(batch_id, list(result.applied), started, result.parked)
         self.health.connected()
-        self.metrics.batch(result, time.monotonic() - started, time.time())
+        self.metrics.batch(result, time.monotonic() - started, time.time(), lane)
         return result
 
     def _apply_loading_schemas(self, batch: DataFrame, batch_id: int, app_id: str) -> BatchResult:

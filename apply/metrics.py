@@ -19,6 +19,7 @@ from collections.abc import Collection, Iterable
 
 from prometheus_client import CollectorRegistry
 
+from apply.lanes import DEFAULT_LANE
 from apply.progress import BatchResult, TableResult
 from runtime.telemetry import Health, MetricSet
 
@@ -42,8 +43,10 @@ class ApplyMetrics(MetricSet):
         super().__init__(PREFIX, registry, health=health)
         self.batch_duration = self.histogram(
             "batch_duration_seconds",
-            "time to apply one micro-batch: every table's MERGE and the progress publish",
+            "time to apply one micro-batch of a lane's query (apply.lanes): every table's "
+            "MERGE and the progress publish",
             buckets=_DURATION_BUCKETS,
+            labels=("lane",),
         )
         self.batch_failures = self.counter(
             "batch_failures",
@@ -95,9 +98,11 @@ class ApplyMetrics(MetricSet):
         )
         self._errored: set[str] = set()
 
-    def batch(self, result: BatchResult, duration_s: float, now_unix_s: float) -> None:
-        """One micro-batch applied (and its progress published)."""
-        self.batch_duration.observe(duration_s)
+    def batch(
+        self, result: BatchResult, duration_s: float, now_unix_s: float, lane: str = DEFAULT_LANE
+    ) -> None:
+        """One micro-batch of ``lane`` applied (and its progress published)."""
+        self.batch_duration.labels(lane).observe(duration_s)
         self.last_batch.set(now_unix_s)
         for r in result.applied:
             self.records.labels(r.table).inc(r.records)

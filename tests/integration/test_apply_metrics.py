@@ -90,7 +90,7 @@ def test_apply_metrics_move_and_liveness_follows_the_query(
         lag = value(samples, "cdc_apply_lag_seconds", table=table)
         assert lag is not None
         assert lag >= 0
-        batches = value(samples, "cdc_apply_batch_duration_seconds_count")
+        batches = value(samples, "cdc_apply_batch_duration_seconds_count", lane="default")
         assert batches is not None
         assert batches >= 3
         assert value(samples, "cdc_apply_errored_tables") == 0
