@@ -158,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     context = spark.sparkContext
     log.info("Spark master %s, application %s", context.master, context.appName)
     server = None
+    job: ApplyJob | None = None
     try:
         health = Health(settings.metrics.not_ready_after_s)
         metrics = ApplyMetrics(health=health)
@@ -180,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if server is not None:
             server.close()
+        if job is not None:
+            job.close()
         spark.stop()
     return 0
 

@@ -186,6 +186,18 @@ class ApplyJob:
             default_txn_app_id=self._context_id,
         )
 
+    def close(self) -> None:
+        """Close the job's Kafka producer; call it once the job is done with (after
+        :meth:`run`, ``reapply`` or ``discard``), or use the job as a context manager."""
+        with self._publish_lock:
+            self._publisher.close()
+
+    def __enter__(self) -> ApplyJob:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def _refresh_schemas(self) -> None:
         with self._catalog_lock:
             self._catalog.refresh()

@@ -206,6 +206,18 @@ class ProgressPublisher:
             raise self._missing_topic()
         self._topic_seen = found.error is None
 
+    def close(self) -> None:
+        """Flush and close the producer: librdkafka's threads otherwise live on, retrying
+        the broker, for as long as anything holds the publisher (Spark keeps the
+        ``foreachBatch`` function, and with it the job, until the JVM lets it go).
+
+        What is still undelivered after a few seconds is dropped rather than waited for
+        (up to ``message.timeout.ms`` with the broker away): every message here is
+        re-published from Delta when the job starts again (:mod:`apply.app`)."""
+        self._producer.flush(5)
+        self._producer.purge()
+        self._producer.close()
+
     def publish(self, messages: Iterable[AppliedProgress | ApplyTableStatus]) -> None:
         pending = list(messages)
         if not pending:

@@ -844,6 +844,7 @@ def main() -> None:
         progress = ProgressLog()
         spark.streams.addListener(progress.listener())
         job = ApplyJob(settings, spark)
+        cleanup.callback(job.close)
         clock = CpuClock(spark)
         lake_path = table_path(settings.lake.root, TableId(SCHEMA, TABLE))
 

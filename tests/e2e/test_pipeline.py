@@ -137,7 +137,8 @@ def test_source_tables_land_in_delta_and_the_slot_follows(
             lake=LakeSettings(root=str(tmp_path / "lake"), checkpoint_root=str(tmp_path / "cp")),
             trigger=TriggerSettings(mode="available_now"),
         )
-        ApplyJob(apply_settings, spark).run(threading.Event())
+        with ApplyJob(apply_settings, spark) as job:
+            job.run(threading.Event())
 
         orders = {
             r["id"]: (r["note"], r["amount"], r["body"])

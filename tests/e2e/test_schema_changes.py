@@ -87,7 +87,11 @@ def _apply_until_equal(
     """Run apply to the end of the topics until the lake equals the source: capture may
     still be publishing what the source holds when a run starts."""
     for _ in range(attempts):
-        ApplyJob(settings, spark).run(threading.Event())
+        job = ApplyJob(settings, spark)
+        try:
+            job.run(threading.Event())
+        finally:
+            job.close()
         if compare():
             return
     raise AssertionError("the lake never became equal to the source")
@@ -263,7 +267,8 @@ def test_a_retyped_column_is_parked_and_a_resync_brings_it_back(
 
         for table in ("kept", "deleted", "other"):
             _wait(lambda t=table: counted(t) >= 100, f"{table} was never snapshotted")  # type: ignore[misc]
-        ApplyJob(apply_settings, spark).run(threading.Event())
+        with ApplyJob(apply_settings, spark) as job:
+            job.run(threading.Event())
         assert _lake(spark, tmp_path, schema, "kept", "v") == _source(pg, schema, "kept", "v")
 
         for table in ("kept", "deleted"):
@@ -280,7 +285,8 @@ def test_a_retyped_column_is_parked_and_a_resync_brings_it_back(
         for table, records in (("kept", 100 + 10 + 20 + 1), ("deleted", 131), ("other", 130)):
             _wait(lambda t=table, n=records: counted(t) >= n, f"capture lagged on {table}")  # type: ignore[misc]
 
-        ApplyJob(apply_settings, spark).run(threading.Event())
+        with ApplyJob(apply_settings, spark) as job:
+            job.run(threading.Event())
 
         dead_letter = dead_letter_path(str(tmp_path / "lake"))
         errored = errored_tables(spark, dead_letter)

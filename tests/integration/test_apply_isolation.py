@@ -215,7 +215,11 @@ def test_errored_table_is_parked_while_the_others_apply_then_reapplied(
 
 
 def test_a_lost_writer_schema_parks_only_its_table_until_the_schema_is_back(
-    spark: Any, services: Services, unique_name: str, tmp_path: Path
+    spark: Any,
+    services: Services,
+    unique_name: str,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
 ) -> None:
     """Through :class:`ApplyJob`, as ``python -m apply`` runs it: the schema topic is read
     again once, then the table whose schema is still missing is parked alone; ``errored``
@@ -264,6 +268,7 @@ def test_a_lost_writer_schema_parks_only_its_table_until_the_schema_is_back(
     l_end, h_end = l_topic.mark(), h_topic.mark()
     batch = l_topic.batch(spark, l_start, l_end).unionByName(h_topic.batch(spark, h_start, h_end))
     job = ApplyJob(settings, spark)
+    request.addfinalizer(job.close)
     l_name, h_name = f"public.{lost}", f"public.{healthy}"
 
     result = job.apply(batch, 0)

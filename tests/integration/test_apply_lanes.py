@@ -66,6 +66,7 @@ def running(job: ApplyJob) -> Iterator[list[BaseException]]:
             job.release.set()
         stop.set()
         thread.join(120)
+        job.close()
     assert not thread.is_alive(), "the apply job did not stop"
     assert not errors, "\n".join(map(str, errors))
 

@@ -108,5 +108,6 @@ def test_apply_metrics_move_and_liveness_follows_the_query(
     finally:
         stop.set()
         thread.join(60)
+        job.close()
         server.close()
         runner.close(pg)

@@ -197,7 +197,8 @@ def test_status_follows_capture_and_apply_and_shows_an_errored_table(
         assert printed[4].split()[:3] == [items, "streaming", "ok"]
 
         # Apply catches up: nothing waits, no lag, however long the tables stay quiet.
-        ApplyJob(apply, spark).run(threading.Event())
+        with ApplyJob(apply, spark) as job:
+            job.run(threading.Event())
         applied = reader.read()
         for t in applied.tables:
             assert (t.waiting, t.lag_bytes, t.lag_s) == (0, 0, 0.0)
@@ -223,7 +224,8 @@ def test_status_follows_capture_and_apply_and_shows_an_errored_table(
         assert lagging_items.lag_s is not None
         assert lagging_items.lag_s > 0
 
-        ApplyJob(apply, spark).run(threading.Event())
+        with ApplyJob(apply, spark) as job:
+            job.run(threading.Event())
 
         # Seen by a process that never loads Spark, from the control topic alone.
         code, document = _status_in_a_process_without_spark(capture)

@@ -191,10 +191,13 @@ def test_a_switch_to_registry_mode_and_an_added_column_reach_the_lake(
         settings = apply_settings(services, unique_name, tmp_path, schema_registry_url)
 
         def run() -> None:
+            job = ApplyJob(settings, spark)
             try:
-                ApplyJob(settings, spark).run(stop)
+                job.run(stop)
             except BaseException as exc:  # surfaced by wait_applied and below
                 errors.append(exc)
+            finally:
+                job.close()
 
         thread = threading.Thread(target=run, daemon=True)
         thread.start()

@@ -167,7 +167,8 @@ def test_capture_and_apply_stream_through_sasl_ssl(
         assert records_in(secured_kafka, topic) == 5
 
         # apply: schema consumer, Spark's Kafka source (Java client), control producer.
-        ApplyJob(apply, spark).run(threading.Event())
+        with ApplyJob(apply, spark) as job:
+            job.run(threading.Event())
         lake = spark.read.format("delta").load(str(tmp_path / "lake" / "public" / unique_name))
         assert sorted((r["id"], r["v"]) for r in lake.collect()) == [(1, "uno"), (3, "three")]
 

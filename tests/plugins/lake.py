@@ -142,10 +142,13 @@ def apply_running(settings: ApplySettings, spark: Any) -> Iterator[list[BaseExce
     errors: list[BaseException] = []
 
     def run() -> None:
+        job = ApplyJob(settings, spark)
         try:
-            ApplyJob(settings, spark).run(stop)
+            job.run(stop)
         except BaseException as exc:  # surfaced below
             errors.append(exc)
+        finally:
+            job.close()
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
