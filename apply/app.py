@@ -350,7 +350,9 @@ class ApplyJob:
             self.health.watch(lambda: not _ended([q for _, q in queries], each_ends))
             self.health.connected()
             while not stop.is_set() and not _ended([q for _, q in queries], each_ends):
-                next(q for _, q in queries if q.isActive).awaitTermination(1)
+                active = next((q for _, q in queries if q.isActive), None)
+                if active is not None:  # else the last one ended just now: asked again
+                    active.awaitTermination(1)
         finally:
             for _, query in queries:
                 if query.isActive:
