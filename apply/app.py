@@ -39,7 +39,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
@@ -142,7 +142,7 @@ def log_results(
         )
 
 
-def _ended(queries: list[StreamingQuery], each_ends: bool) -> bool:
+def queries_ended(queries: Sequence[StreamingQuery], each_ends: bool) -> bool:
     """Whether the job is over: a query failed, every query ended, or (unless each query
     ends by itself, ``each_ends``) any query ended."""
     ended = [query for query in queries if not query.isActive]
@@ -347,9 +347,9 @@ class ApplyJob:
             # available_now: each query ends once it has read what was there; otherwise a
             # query that ends has failed or been stopped, and the job ends with it.
             each_ends = self._settings.trigger.mode == "available_now"
-            self.health.watch(lambda: not _ended([q for _, q in queries], each_ends))
+            self.health.watch(lambda: not queries_ended([q for _, q in queries], each_ends))
             self.health.connected()
-            while not stop.is_set() and not _ended([q for _, q in queries], each_ends):
+            while not stop.is_set() and not queries_ended([q for _, q in queries], each_ends):
                 active = next((q for _, q in queries if q.isActive), None)
                 if active is not None:  # else the last one ended just now: asked again
                     active.awaitTermination(1)
@@ -399,5 +399,6 @@ __all__ = [
     "change_topic_pattern",
     "checkpoint_location",
     "lanes_of",
+    "queries_ended",
     "table_of_topic",
 ]

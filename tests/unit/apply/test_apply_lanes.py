@@ -4,10 +4,11 @@ a table's recorded state is told to be another lane's."""
 from __future__ import annotations
 
 import re
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import pytest
 
+from apply.app import queries_ended
 from apply.batch import ApplyContext
 from apply.errors import ConfigError
 from apply.lanes import DEFAULT_LANE, Lane, plan_lanes
@@ -148,3 +149,28 @@ def test_batch_ids_compare_only_with_the_query_that_wrote_the_state() -> None:
     assert not in_default.wrote(by_lane), "the table came back from a lane"
     # Without a default lane's id (direct callers, reapply): taken as this query's.
     assert ApplyContext("/lake", lane_id, {}).wrote(before_lanes)
+
+
+@dataclass
+class _Query:
+    """What :func:`queries_ended` asks of a streaming query."""
+
+    isActive: bool  # StreamingQuery's name
+    error: str | None = None
+
+    def exception(self) -> str | None:
+        return self.error
+
+
+def _ended(each_ends: bool, *queries: _Query) -> bool:
+    return queries_ended(queries, each_ends)  # type: ignore[arg-type]
+
+
+def test_the_job_ends_when_a_lane_fails_or_when_every_lane_has_ended() -> None:
+    running, done, failed = _Query(True), _Query(False), _Query(False, "boom")
+    assert not _ended(False, running, running)
+    assert _ended(False, running, done), "a processing-time query only ends if stopped"
+    assert not _ended(True, running, done), "available_now: the others still read"
+    assert _ended(True, done, done)
+    assert _ended(True, running, failed), "a failed lane ends the job in any mode"
+    assert _ended(False, failed)
