@@ -1,6 +1,7 @@
 """Capture's initial snapshot of a big table against a plain COPY of the same table.
 
-Usage: ``.venv/bin/python -m bench.capture_snapshot [--rows N] [--workers N [N ...]]``
+Usage: ``.venv/bin/python -m bench.capture_snapshot [--rows N] [--workers N [N ...]]
+[--kill-at F]``
 
 On the local stack, in a fresh schema: a table shaped like pgbench's ``accounts`` (``aid
 int`` primary key, ``bid int``, ``abalance int``, ``filler char(84)``) filled with N
@@ -20,6 +21,13 @@ rows, and nothing else. Then, in the same run:
   control topic every second): snapshot rows count against the in-flight bound.
 
 The topic must hold exactly N records afterwards. Everything created is dropped.
+
+``--kill-at F`` adds a **resume** run, with the last ``--workers`` value, on a table of
+its own: the capture child is killed with SIGKILL once the change topic holds F x N
+records, then started again on the same slot and control topic, and runs to the end.
+Every row reaches the topic once, plus the rows of the chunks read again after the kill
+(docs/capture.md, "Resuming a snapshot"); so the rows read twice are the records in the
+topic minus N, compared with the issue's bound, workers x ``snapshot_chunk_rows``.
 """
 
 from __future__ import annotations
@@ -27,9 +35,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import signal
+import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import psycopg
@@ -39,6 +50,8 @@ from confluent_kafka.cimpl import NewTopic
 from psycopg import sql
 
 from bench.capture_drain import (
+    DRAIN_TIMEOUT_S,
+    PROJECT_ROOT,
     WORKLOAD_APP,
     AppliedFeeder,
     Names,
@@ -49,9 +62,11 @@ from bench.capture_drain import (
     _run_measured,
     _workload_dsn,
 )
+from capture.admin import table_statuses
 from capture.settings import CaptureSettings
 from deploy.local import stack
-from schemas.lsn import format_lsn, parse_lsn
+from schemas.control import SnapshotResume
+from schemas.lsn import Lsn, format_lsn, parse_lsn
 
 TABLE = "accounts"
 COLUMNS = ("aid", "bid", "abalance", "filler")
@@ -120,9 +135,16 @@ class Run:
     records: int
 
 
-def _measure(dsn: str, bootstrap: str, rows: int, workers: int) -> Run:
-    """One table loaded, read by the COPY baseline, then snapshotted by capture with
-    ``workers`` snapshot workers; everything created is dropped."""
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    names: Names
+    stop_at: Lsn
+
+
+@contextlib.contextmanager
+def _prepared(dsn: str, bootstrap: str, rows: int) -> Iterator[Prepared]:
+    """A loaded table, the control topic, the apply stand-in and the WAL ticker; all of it
+    dropped or stopped at the end."""
     names = Names.unique()
     print(f"schema {names.schema}: loading {rows} rows...")
     with (
@@ -140,10 +162,6 @@ def _measure(dsn: str, bootstrap: str, rows: int, workers: int) -> Run:
         row = admin.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
         assert row is not None
         stop_at = parse_lsn(str(row[0]))
-
-        print("baseline: COPY to nowhere...")
-        copy_s, copied = _copy_baseline(dsn, names)
-        print(f"capture: initial snapshot to Kafka, {workers} snapshot workers...")
         # On an idle database the server has nothing to report: WAL written while the
         # child runs moves its decoding position past stop_at, so the child can stop.
         # And an apply stand-in: snapshot rows count against the in-flight bound too, so
@@ -159,18 +177,75 @@ def _measure(dsn: str, bootstrap: str, rows: int, workers: int) -> Run:
         ticker = threading.Thread(target=_tick_wal, args=(dsn, ticking), daemon=True)
         ticker.start()
         cleanup.callback(ticking.set)
-        usage = _run_measured(
-            "capture",
-            [
-                sys.executable,
-                "-m",
-                "bench.capture_drain",
-                f"--capture-settings={_settings(dsn, bootstrap, names, workers).model_dump_json()}",
-                f"--stop-at={format_lsn(stop_at)}",
-            ],
-        )
+        yield Prepared(names, stop_at)
+
+
+def _capture_argv(settings: CaptureSettings, stop_at: Lsn) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "bench.capture_drain",
+        f"--capture-settings={settings.model_dump_json()}",
+        f"--stop-at={format_lsn(stop_at)}",
+    ]
+
+
+def _measure(dsn: str, bootstrap: str, rows: int, workers: int) -> Run:
+    """One table loaded, read by the COPY baseline, then snapshotted by capture with
+    ``workers`` snapshot workers; everything created is dropped."""
+    with _prepared(dsn, bootstrap, rows) as prepared:
+        names = prepared.names
+        print("baseline: COPY to nowhere...")
+        copy_s, copied = _copy_baseline(dsn, names)
+        print(f"capture: initial snapshot to Kafka, {workers} snapshot workers...")
+        settings = _settings(dsn, bootstrap, names, workers)
+        usage = _run_measured("capture", _capture_argv(settings, prepared.stop_at))
         records = _records_in(bootstrap, names, (TABLE,))
     return Run(workers, copy_s, copied, usage, records)
+
+
+@dataclass(frozen=True, slots=True)
+class Resumed:
+    workers: int
+    chunk_rows: int
+    before_kill: int
+    """Records in the change topic right after the kill."""
+    resume: SnapshotResume | None
+    """The resume point the control topic held at the kill."""
+    usage: Usage
+    """The resumed run's."""
+    records: int
+    """Records in the change topic at the end."""
+
+
+def _resume(dsn: str, bootstrap: str, rows: int, workers: int, kill_at: float) -> Resumed:
+    """A snapshot killed with SIGKILL once the topic holds ``kill_at`` x ``rows`` records,
+    then resumed to the end (module docstring)."""
+    with _prepared(dsn, bootstrap, rows) as prepared:
+        names = prepared.names
+        settings = _settings(dsn, bootstrap, names, workers)
+        argv = _capture_argv(settings, prepared.stop_at)
+        print(f"capture: snapshot with {workers} workers, killed at {kill_at:.0%} of the rows...")
+        child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, cwd=PROJECT_ROOT)
+        try:
+            deadline = time.monotonic() + DRAIN_TIMEOUT_S
+            while _records_in(bootstrap, names, (TABLE,)) < kill_at * rows:
+                if child.poll() is not None:
+                    raise SystemExit(f"capture ended ({child.returncode}) before the kill")
+                if time.monotonic() > deadline:
+                    raise SystemExit("the snapshot never reached the kill point")
+                time.sleep(0.2)
+            child.send_signal(signal.SIGKILL)
+        finally:
+            child.kill()
+            child.wait(60)
+        before_kill = _records_in(bootstrap, names, (TABLE,))
+        status = next((t for t in table_statuses(settings) if t.table.endswith(f".{TABLE}")), None)
+        resume = None if status is None else status.resume
+        print(f"killed with {before_kill} records in the topic; resume point {resume}; resuming...")
+        usage = _run_measured("capture, resumed", argv)
+        records = _records_in(bootstrap, names, (TABLE,))
+    return Resumed(workers, settings.snapshot_chunk_rows, before_kill, resume, usage, records)
 
 
 def main() -> None:
@@ -185,10 +260,25 @@ def main() -> None:
         help="snapshot workers (CAPTURE_SNAPSHOT_WORKERS); several values run one after "
         "the other, each on a table of its own, compared with the first",
     )
+    parser.add_argument(
+        "--kill-at",
+        type=float,
+        default=None,
+        metavar="F",
+        help="also kill a snapshot with SIGKILL at this fraction of the rows and resume it, "
+        "with the last --workers value (e.g. 0.5)",
+    )
     args = parser.parse_args()
+    if args.kill_at is not None and not 0 < args.kill_at < 1:
+        parser.error("--kill-at is a fraction of the rows, between 0 and 1")
     state = stack.up()
     dsn, bootstrap = state.postgres.dsn, state.kafka.bootstrap_servers
     runs = [_measure(dsn, bootstrap, args.rows, workers) for workers in args.workers]
+    resumed = (
+        None
+        if args.kill_at is None
+        else _resume(dsn, bootstrap, args.rows, args.workers[-1], args.kill_at)
+    )
     print(
         f"\n{'run':<24}{'wall s':>8}{'rows/s':>10}{'vs base':>9}{'vs first':>9}"
         f"{'CPU us/row':>11}{'peak RSS MB':>12}"
@@ -214,6 +304,26 @@ def main() -> None:
             print(
                 f"FAILED: exit code {run.usage.returncode}, {run.records} records, "
                 f"{run.copied} copied"
+            )
+            failed = True
+    if resumed is not None:
+        reread = resumed.records - args.rows
+        bound = resumed.workers * resumed.chunk_rows
+        print(
+            f"\nresume after kill -9: {resumed.workers} workers, chunks of about "
+            f"{resumed.chunk_rows} rows; {resumed.before_kill} records in the topic at the "
+            f"kill, resume point {resumed.resume}; resumed run {resumed.usage.wall_s:.1f} s "
+            f"wall, {resumed.usage.cpu_s:.1f} s CPU"
+        )
+        verdict = "met" if 0 <= reread <= bound else "NOT met"
+        print(
+            f"rows read twice: {reread} (records {resumed.records} - rows {args.rows}); "
+            f"target <= workers x chunk rows = {bound}: {verdict}"
+        )
+        if resumed.usage.returncode != 0 or resumed.records < args.rows:
+            print(
+                f"FAILED: resumed run exit code {resumed.usage.returncode}, "
+                f"{resumed.records} records"
             )
             failed = True
     if failed:
