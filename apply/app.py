@@ -57,6 +57,7 @@ from apply.metrics import ApplyMetrics
 from apply.progress import BatchResult, ParkedTable, TableResult, batch_progress, recovered_progress
 from apply.reapply import ReapplyOutcome, reapply_app_id, reapply_table
 from apply.settings import ApplySettings, KafkaSettings
+from apply.table_pool import POOL_PROPERTY
 from apply.table_status import now_micros, table_statuses
 from apply.tables import table_of_topic
 from runtime.errors import TransientError
@@ -391,7 +392,17 @@ class ApplyJob:
             writer = writer.trigger(availableNow=True)
         else:
             writer = writer.trigger(processingTime=settings.trigger.interval)
-        return writer.start()
+        # The query's thread inherits the local properties of the thread that starts it:
+        # its own jobs (reading the batch, the survey, parking) go to the lane's pool, so
+        # under FAIR scheduling a lane's batch does not queue behind another lane's jobs
+        # in the shared default pool (each table's work has its own pool, apply.table_pool).
+        context = self._spark.sparkContext
+        previous = context.getLocalProperty(POOL_PROPERTY)
+        context.setLocalProperty(POOL_PROPERTY, lane.pool)
+        try:
+            return writer.start()
+        finally:
+            context.setLocalProperty(POOL_PROPERTY, previous)  # type: ignore[arg-type]
 
 
 __all__ = [

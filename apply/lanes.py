@@ -89,6 +89,12 @@ class Lane:
     def is_default(self) -> bool:
         return self.name == DEFAULT_LANE
 
+    @property
+    def pool(self) -> str:
+        """The FAIR scheduler pool of the query's own jobs; no table's pool is named so
+        (those are ``schema.table``, :mod:`apply.table_pool`)."""
+        return f"lane:{self.name}"
+
 
 def parse_selector(lane: str, text: str) -> TableSelector:
     """``schema.table`` or ``schema.*``; anything else is a :class:`ConfigError`."""

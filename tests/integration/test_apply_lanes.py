@@ -21,6 +21,7 @@ from apply.merge import transaction_app_id
 from apply.progress import BatchResult
 from apply.settings import ApplySettings, LakeSettings, TriggerSettings
 from apply.settings import KafkaSettings as ApplyKafka
+from apply.table_pool import POOL_PROPERTY
 from apply.tables import TableId, table_path
 from tests.plugins.capture import CaptureThread, capture_settings
 from tests.plugins.lake import wait_applied
@@ -38,8 +39,12 @@ class HoldingJob(ApplyJob):
         self.held_lane = held_lane
         self.holding = threading.Event()
         self.release = threading.Event()
+        self.context = spark.sparkContext
+        self.pools: dict[str, set[str | None]] = {}
 
     def apply(self, batch: DataFrame, batch_id: int, lane: str = DEFAULT_LANE) -> BatchResult:
+        # The scheduler pool the batch's own jobs are submitted to (the query's thread).
+        self.pools.setdefault(lane, set()).add(self.context.getLocalProperty(POOL_PROPERTY))
         if lane == self.held_lane and not self.release.is_set():
             self.holding.set()
             assert self.release.wait(300), "the held lane was never released"
@@ -164,6 +169,7 @@ def test_tables_in_lanes_commit_independently_and_move_between_lanes(
         assert small_state is not None
         assert small_state.batch_id > 0
         assert lake_rows(spark, root, schema, big) == source_rows(pg, schema, big)
+        assert job.pools == {"heavy": {"lane:heavy"}, DEFAULT_LANE: {"lane:default"}}
         assert writer(spark, root, schema, big) == ids["first", "heavy"]
         assert writer(spark, root, schema, small) == ids["first", DEFAULT_LANE]
 
