@@ -79,7 +79,9 @@ def change_topic_pattern(kafka: KafkaSettings) -> str:
 
 
 def checkpoint_location(settings: ApplySettings) -> str:
-    """The default lane's checkpoint."""
+    """``<checkpoint_root>/apply``: the checkpoint of the one query the job runs without
+    lanes. Its ``txnAppId`` is the writer of every table state that names none (written
+    before lanes existed), and the base of ``reapply``'s."""
     return checkpoint_of(settings.lake.checkpoint_root, DEFAULT_LANE)
 
 
