@@ -39,8 +39,10 @@ Guarantees:
   raises :class:`~apply.errors.UnknownSchemaError` and nothing is written. Asked again
   after the schema topic was re-read (``park_missing_schemas``), a table whose schemas
   are still missing is parked instead, so one lost schema blocks only its table.
-- Batch ids never go backwards for a table: a skipped MERGE must be a replay of the
-  table's newest apply commit, and a covered batch may not have a lower id than it;
+- Batch ids never go backwards for a table within one query: a skipped MERGE must be a
+  replay of the table's newest apply commit, and a covered batch may not have a lower id
+  than that commit's when the same query wrote it (a lane that took the table over
+  counts its own ids, :mod:`apply.lanes`);
   anything else means batch ids restarted under the same ``txnAppId`` (a checkpoint
   reset in place), which would skip new data, so it raises
   :class:`~apply.errors.ConfigError`.
@@ -125,9 +127,10 @@ class ApplyContext:
     schema_topic: str = "the schema topic"
     """Where ``writer_schemas`` come from, named in errors."""
     default_txn_app_id: str | None = None
-    """The default lane's ``txnAppId``: the writer of table states that name none (all
-    written before lanes existed, :mod:`apply.lanes`). None: such states are taken as
-    this query's."""
+    """The ``txnAppId`` of the one query the job runs without lanes
+    (:func:`apply.app.checkpoint_location`): the writer of table states that name none,
+    all written before lanes existed (:mod:`apply.lanes`). None: such states are taken
+    as this query's."""
 
     def wrote(self, state: TableState) -> bool:
         """Whether ``state`` was committed by this query (so its batch ids compare with

@@ -6,7 +6,9 @@ Spark's FAIR pools cannot shorten that (docs/apply.md, "What FAIR does not fix")
 **lane** is a query of its own, with its own checkpoint, trigger cadence and batch ids,
 for the tables named in ``APPLY_LANES``; the **default lane** reads every other change
 topic, including tables that appear later. Putting a big or bursty table in a lane of
-its own lets the rest of the tables commit at their own pace.
+its own lets the rest of the tables commit at their own pace, as far as there are cores
+for them: lanes remove the barrier, not the competition for cores (measured on two
+cores, docs/benchmarks.md, "The big table in a lane of its own").
 
 Why named lanes rather than one query per table: every query costs a Kafka consumer, a
 driver thread and a checkpoint commit per batch, which is what 2-core machines run out
