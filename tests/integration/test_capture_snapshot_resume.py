@@ -35,14 +35,12 @@ import psycopg
 from confluent_kafka import Consumer
 from psycopg import sql
 
-from apply.settings import ApplySettings, LakeSettings
-from apply.settings import KafkaSettings as ApplyKafka
 from capture.settings import CaptureSettings
 from capture.snapshot_chunks import CHUNK_ORDINALS
 from pipeline.status import collect
 from pipeline.status.render import render_text
 from schemas.control import TableState
-from tests.plugins.capture import capture_settings, slot_active, table_status
+from tests.plugins.capture import apply_settings_for, capture_settings, slot_active, table_status
 from tests.plugins.pipeline import wait_for
 from tests.plugins.services import Services
 from tests.plugins.topics import (
@@ -68,19 +66,6 @@ from capture.settings import CaptureSettings
 logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
 CaptureService(CaptureSettings.model_validate_json(sys.argv[1]), threading.Event()).run()
 """
-
-
-def _apply_settings(settings: CaptureSettings, tmp_path: Path) -> ApplySettings:
-    """An apply job's settings on the same topics: what ``pipeline status`` reads."""
-    return ApplySettings(
-        kafka=ApplyKafka(
-            bootstrap_servers=settings.kafka.bootstrap_servers,
-            topic_prefix=settings.kafka.topic_prefix,
-            control_topic=settings.kafka.control_topic,
-            schema_topic=settings.kafka.schema_topic,
-        ),
-        lake=LakeSettings(root=str(tmp_path / "lake"), checkpoint_root=str(tmp_path / "cp")),
-    )
 
 
 def _start(settings: CaptureSettings, log: Path) -> subprocess.Popen[bytes]:
@@ -204,7 +189,7 @@ def test_a_snapshot_killed_midway_resumes_after_its_published_chunks(
         assert cut.snapshot_lsn is not None
         wait_for(lambda: not slot_active(pg, name), "the killed capture's slot stayed active", 60)
         # `pipeline status` tells the operator where a restart goes on.
-        status = collect(settings, _apply_settings(settings, tmp_path))
+        status = collect(settings, apply_settings_for(settings, tmp_path))
         (view,) = [t for t in status.tables if t.table == qualified]
         assert view.capture_state is TableState.SNAPSHOT
         assert view.snapshot_resume == cut.resume

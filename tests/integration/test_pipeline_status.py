@@ -24,32 +24,17 @@ from confluent_kafka.admin import AdminClient
 from psycopg import sql
 
 from apply.errors import ConfigError as ApplyConfigError
-from apply.settings import ApplySettings, LakeSettings, TriggerSettings
-from apply.settings import KafkaSettings as ApplyKafka
 from apply.table_status import read_table_statuses
 from capture import admin
 from capture.publisher import ControlTopicMissingError
 from capture.settings import CaptureSettings
 from pipeline.status import PipelineStatus, StatusReader, TableView, main
 from schemas.control import TableState
-from tests.plugins.capture import CaptureThread, capture_settings, current_lsn
+from tests.plugins.capture import CaptureThread, apply_settings_for, capture_settings, current_lsn
 from tests.plugins.services import Services
 
 Connection = psycopg.Connection[tuple[object, ...]]
 REPO = Path(__file__).resolve().parents[2]
-
-
-def apply_settings(capture: CaptureSettings, tmp_path: Path) -> ApplySettings:
-    return ApplySettings(
-        kafka=ApplyKafka(
-            bootstrap_servers=capture.kafka.bootstrap_servers,
-            topic_prefix=capture.kafka.topic_prefix,
-            control_topic=capture.kafka.control_topic,
-            schema_topic=capture.kafka.schema_topic,
-        ),
-        lake=LakeSettings(root=str(tmp_path / "lake"), checkpoint_root=str(tmp_path / "cp")),
-        trigger=TriggerSettings(mode="available_now"),
-    )
 
 
 def topic_exists(bootstrap: str, topic: str) -> bool:
@@ -77,7 +62,7 @@ def test_no_control_topic_is_reported_and_never_created(
     services: Services, pg: Connection, unique_name: str, tmp_path: Path, capsys: Any
 ) -> None:
     capture = capture_settings(services, unique_name, [])
-    apply = apply_settings(capture, tmp_path)
+    apply = apply_settings_for(capture, tmp_path)
     control = capture.kafka.control_topic
 
     assert main([], capture, apply) == 1
@@ -154,7 +139,7 @@ def test_status_follows_capture_and_apply_and_shows_an_errored_table(
     )
     orders, items = f"{schema}.orders", f"{schema}.items"
     capture = capture_settings(services, unique_name, [orders, items])
-    apply = apply_settings(capture, tmp_path)
+    apply = apply_settings_for(capture, tmp_path)
     from apply.app import ApplyJob  # noqa: PLC0415 - Spark only in this test's process
 
     runner = CaptureThread(capture)

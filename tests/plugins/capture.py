@@ -11,10 +11,13 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 import psycopg
 
+from apply.settings import ApplySettings, LakeSettings, TriggerSettings
+from apply.settings import KafkaSettings as ApplyKafka
 from capture import admin
 from capture.publisher import ControlTopicMissingError
 from capture.service import CaptureService
@@ -51,6 +54,21 @@ def capture_settings(
         ),
         status_interval_s=status_interval_s,
         snapshot_mode=snapshot_mode,
+    )
+
+
+def apply_settings_for(capture: CaptureSettings, tmp_path: Path) -> ApplySettings:
+    """An apply job's settings on the capture's topics, lake and checkpoints under
+    ``tmp_path``: what ``pipeline status`` and a test's apply job read."""
+    return ApplySettings(
+        kafka=ApplyKafka(
+            bootstrap_servers=capture.kafka.bootstrap_servers,
+            topic_prefix=capture.kafka.topic_prefix,
+            control_topic=capture.kafka.control_topic,
+            schema_topic=capture.kafka.schema_topic,
+        ),
+        lake=LakeSettings(root=str(tmp_path / "lake"), checkpoint_root=str(tmp_path / "cp")),
+        trigger=TriggerSettings(mode="available_now"),
     )
 
 
