@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 LINTED := runtime capture apply schemas pipeline deploy tests bench
 
-.PHONY: help bootstrap tools jars up down status lint typecheck test test-unit soak demo bench bench-apply clean
+.PHONY: help bootstrap native tools jars up down status lint typecheck test test-unit soak demo bench bench-apply clean
 
 help:
 	@echo "make demo       run the pipeline end to end on a local PostgreSQL + Kafka + Spark"
@@ -18,6 +18,10 @@ bootstrap:
 	@bash deploy/bootstrap.sh
 
 jars: bootstrap
+
+# capture's compiled row encoder, into .venv (bootstrap runs this too).
+native:
+	@bash native/build.sh
 
 # helm and kubeconform for the Helm chart tests (bootstrap runs this too).
 tools:

@@ -16,6 +16,10 @@ headers). The report is the best round, in microseconds of one core per row chan
 split by stage, plus a checksum over every record's bytes, which must not change when
 the code gets faster (the bytes are the wire contract).
 
+``ChangeStream.handle`` runs twice per round: with the compiled row encoder
+(:mod:`capture.native_rows`, where built) and with the Python path alone, the baseline
+of the same run; the two digests must be equal, or the run fails.
+
 What it leaves out, and the drain benchmark includes: reading the socket, producing to
 Kafka, delivery reports and the in-flight book. It is the part of the drain that decode
 and encode workers could take off the main loop.
@@ -39,6 +43,7 @@ from bench.capture_drain import (
     _drop_postgres_objects,
     _write_backlog,
 )
+from capture import native_rows
 from capture.change_stream import ChangeStream, OutgoingRecord, Output, SchemaRecord
 from capture.pgoutput import Commit, Relation, decode
 from capture.replication import ReplicationStream
@@ -132,24 +137,29 @@ def _decode_only(frames: Sequence[bytes]) -> None:
         decode(frame.payload)
 
 
-def _handle(frames: Sequence[bytes]) -> Iterator[Output]:
-    stream = ChangeStream(_describe, "bench")
+def _handle(frames: Sequence[bytes], compiled: bool) -> Iterator[Output]:
+    stream = ChangeStream(_describe, "bench", compiled_rows=compiled)
     for data in frames:
         frame = parse_copy_data(memoryview(data))
         assert isinstance(frame, XLogData)
         yield from stream.handle(decode(frame.payload), frame.wal_start)
 
 
-def _handle_all(frames: Sequence[bytes]) -> None:
-    for _ in _handle(frames):
+def _handle_python(frames: Sequence[bytes]) -> None:
+    for _ in _handle(frames, compiled=False):
         pass
 
 
-def digest(frames: Sequence[bytes]) -> tuple[int, str]:
+def _handle_compiled(frames: Sequence[bytes]) -> None:
+    for _ in _handle(frames, compiled=True):
+        pass
+
+
+def digest(frames: Sequence[bytes], compiled: bool) -> tuple[int, str]:
     """Row-change records and a digest of every record's topic, key, value and headers."""
     hashed = hashlib.sha256()
     records = 0
-    for out in _handle(frames):
+    for out in _handle(frames, compiled):
         if isinstance(out, OutgoingRecord):
             records += 1
             hashed.update(out.topic.encode())
@@ -174,11 +184,13 @@ def one_round(frames: Sequence[bytes]) -> dict[str, float]:
     nothing is kept, as in the service's loop."""
     parsed = _seconds(_parse_only, frames)
     decoded = _seconds(_decode_only, frames)
-    handled = _seconds(_handle_all, frames)
+    python = _seconds(_handle_python, frames)
+    compiled = _seconds(_handle_compiled, frames)
     return {
         "parse_copy_data": parsed,
         "pgoutput.decode": decoded - parsed,
-        "ChangeStream.handle": handled - decoded,
+        "ChangeStream.handle": python - decoded,
+        "ChangeStream.handle, compiled rows": compiled - decoded,
     }
 
 
@@ -193,16 +205,31 @@ def main() -> None:
     frames = record_frames(args.rows) if args.rows is not None else load(args.load)
     if args.save is not None:
         save(frames, args.save)
-    records, checksum = digest(frames)
+    records, checksum = digest(frames, compiled=False)
+    compiled_records, compiled_checksum = digest(frames, compiled=True)
+    if (compiled_records, compiled_checksum) != (records, checksum):
+        raise SystemExit(
+            f"the compiled row encoder changed the records: digest {compiled_checksum} "
+            f"({compiled_records} records), the Python path's {checksum} ({records})"
+        )
     best: dict[str, float] = {}
     for _ in range(args.rounds):
         stages = one_round(frames)
-        if not best or sum(stages.values()) < sum(best.values()):
+        if not best or stages["ChangeStream.handle"] < best["ChangeStream.handle"]:
             best = stages
-    print(f"{len(frames)} frames, {records} records, digest {checksum}")
+    print(f"{len(frames)} frames, {records} records, digest {checksum} (both paths)")
+    if not native_rows.AVAILABLE:
+        print("capture_native is not built (make native): both rows are the Python path")
     for stage, seconds in best.items():
-        print(f"{stage:22} {seconds / records * 1e6:6.2f} us per record")
-    print(f"{'total':22} {sum(best.values()) / records * 1e6:6.2f} us per record")
+        print(f"{stage:36} {seconds / records * 1e6:6.2f} us per record")
+    front = best["parse_copy_data"] + best["pgoutput.decode"]
+    python = front + best["ChangeStream.handle"]
+    compiled = front + best["ChangeStream.handle, compiled rows"]
+    print(f"{'total, Python path (baseline)':36} {python / records * 1e6:6.2f} us per record")
+    print(
+        f"{'total, compiled rows':36} {compiled / records * 1e6:6.2f} us per record"
+        f" ({python / compiled:.2f}x the baseline's rate)"
+    )
 
 
 if __name__ == "__main__":

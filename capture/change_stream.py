@@ -31,6 +31,7 @@ from typing import Any, cast
 
 from capture.errors import TableError
 from capture.metrics import Tally
+from capture.native_rows import RowEncoder, row_encoder
 from capture.pgoutput import (
     Begin,
     ColumnKind,
@@ -128,6 +129,10 @@ Output = (
 )
 
 
+_UNCHANGED = ColumnKind.UNCHANGED_TOAST
+_BINARY = ColumnKind.BINARY
+
+
 class TableCodec:
     """Everything needed to turn one relation's tuples into records."""
 
@@ -136,6 +141,7 @@ class TableCodec:
         "_columns",
         "_parsers",
         "_table",
+        "compiled",
         "encoder",
         "key_indexes",
         "names",
@@ -150,9 +156,13 @@ class TableCodec:
         mappings: Sequence[ColumnMapping],
         topic_prefix: str,
         framer: Framer = single_object,
+        *,
+        compiled: bool = True,
     ) -> None:
         """``framer`` gives the record headers (:mod:`capture.schema_registration`): in
-        registry mode it registers the schemas first, and may raise TransientError."""
+        registry mode it registers the schemas first, and may raise TransientError.
+        ``compiled``: use the compiled row encoder where it applies
+        (:mod:`capture.native_rows`); off only to measure or test the Python path."""
         if len(mappings) != len(relation.columns):
             raise ValueError("one mapping per relation column is required")
         description = TableDescription(
@@ -177,6 +187,14 @@ class TableCodec:
         self._columns = tuple(zip(self.names, self._parsers, strict=True))
         self._all_text = (ColumnKind.TEXT,) * len(self.names)
         self._table = f"{relation.namespace}.{relation.name}"
+        self.compiled: RowEncoder | None = None
+        """Encodes an all-text row to the bytes of its image and key (``encode_texts``)."""
+        if compiled:
+            self.compiled = row_encoder(
+                [m.text_kind for m in mappings],
+                self.key_indexes,
+                [self.schemas.description.columns[i].nullable for i in self.key_indexes],
+            )
 
     @property
     def table(self) -> str:
@@ -208,6 +226,21 @@ class TableCodec:
                 if kind is ColumnKind.UNCHANGED_TOAST:
                     unchanged.append(name)
         return row, tuple(unchanged)
+
+    def encode_texts(self, data: TupleData) -> tuple[bytes, bytes] | None:
+        """The encoded row fields and key fields of ``data`` by the compiled encoder, for
+        :meth:`ChangeEncoder.encode_encoded_after` and ``encode_encoded_key``; None when
+        the row takes the Python path (:meth:`row`): no compiled encoder for the table, a
+        column neither text nor null (unchanged TOAST, binary), or a text the encoder
+        leaves to the Python parsers."""
+        compiled = self.compiled
+        if compiled is None:
+            return None
+        kinds = data.kinds
+        # None in ``values`` must mean NULL: unchanged TOAST is None too.
+        if kinds != self._all_text and (_UNCHANGED in kinds or _BINARY in kinds):
+            return None
+        return compiled.encode(data.values)
 
     def key_of(self, row: dict[str, Any]) -> tuple[Any, ...]:
         names = self.names
@@ -244,6 +277,9 @@ class ChangeStream:
     """Counts every change record made, by (table, operation), for the metrics."""
     framer: Framer = single_object
     """Record headers per table version (:mod:`capture.schema_registration`)."""
+    compiled_rows: bool = True
+    """Encode all-text rows with the compiled encoder where it applies
+    (:mod:`capture.native_rows`); off only to measure or test the Python path."""
     _published_schemas: set[int] = field(default_factory=set)
     _tx: _Transaction | None = None
 
@@ -281,7 +317,11 @@ class ChangeStream:
         table = f"{relation.namespace}.{relation.name}"
         try:
             self.codecs[relation.oid] = TableCodec(
-                relation, self.describe(relation), self.topic_prefix, self.framer
+                relation,
+                self.describe(relation),
+                self.topic_prefix,
+                self.framer,
+                compiled=self.compiled_rows,
             )
         except TableError as exc:
             self.errored[table] = exc
@@ -318,6 +358,15 @@ class ChangeStream:
         change_lsn: Lsn,
         out: list[Output],
     ) -> None:
+        if type(message) is Insert or (
+            type(message) is Update and message.old is None and message.key is None
+        ):
+            # Only an after image: the compiled encoder may write the whole row.
+            encoded = codec.encode_texts(message.new)
+            if encoded is not None:
+                op = Operation.INSERT if type(message) is Insert else Operation.UPDATE
+                self._emit_encoded(codec, op, change_lsn, out, encoded)
+                return
         if isinstance(message, Insert):
             after, _ = codec.row(message.new)
             self._emit(codec, Operation.INSERT, change_lsn, out, after=after)
@@ -374,6 +423,57 @@ class ChangeStream:
             key_only=message.old is None and before is not None,
         )
 
+    def _emit_encoded(
+        self,
+        codec: TableCodec,
+        op: Operation,
+        change_lsn: Lsn,
+        out: list[Output],
+        encoded: tuple[bytes, bytes],
+    ) -> None:
+        """:meth:`_emit` of a change with only an after image, already encoded: ``(row
+        fields, key fields)`` from :meth:`TableCodec.encode_texts`."""
+        after_fields, key_fields = encoded
+        tx = self._record_start(codec, op, out)
+        ordinal = tx.ordinal
+        tx.ordinal = ordinal + 1
+        encoder = codec.encoder
+        value = encoder.encode_encoded_after(
+            op=op,
+            commit_lsn=tx.commit_lsn,
+            change_lsn=change_lsn,
+            xid=tx.xid,
+            commit_ts=tx.commit_ts,
+            ordinal=ordinal,
+            after_fields=after_fields,
+        )
+        fingerprint = codec.schemas.value_fingerprint
+        headers = record_headers(op, tx.commit_lsn, change_lsn, fingerprint)
+        out.append(
+            _new_record(
+                codec.topic, encoder.encode_encoded_key(key_fields), value, headers, codec.table
+            )
+        )
+
+    def _record_start(self, codec: TableCodec, op: Operation, out: list[Output]) -> _Transaction:
+        """The open transaction, after the table version's schema records if they are not
+        out yet; counts the record for the metrics."""
+        tx = self._tx
+        if tx is None:
+            raise TableError(codec.table, "a change arrived outside a transaction")
+        fingerprint = codec.schemas.value_fingerprint
+        if fingerprint not in self._published_schemas:
+            for message in table_schema_messages(codec.schemas):
+                out.append(SchemaRecord(message.key, message.value))
+            self._published_schemas.add(fingerprint)
+        decoded = self.decoded
+        if decoded is not None:
+            # Tally.add inlined: once per change record.
+            counts = decoded.counts
+            counted = (codec.table, op)
+            counts[counted] = counts.get(counted, 0) + 1
+        return tx
+
     def _emit(
         self,
         codec: TableCodec,
@@ -386,24 +486,12 @@ class ChangeStream:
         unchanged: tuple[str, ...] = (),
         key_only: bool = False,
     ) -> None:
-        tx = self._tx
-        if tx is None:
-            raise TableError(codec.table, "a change arrived outside a transaction")
+        tx = self._record_start(codec, op, out)
         fingerprint = codec.schemas.value_fingerprint
-        if fingerprint not in self._published_schemas:
-            for message in table_schema_messages(codec.schemas):
-                out.append(SchemaRecord(message.key, message.value))
-            self._published_schemas.add(fingerprint)
         # The fields of a Change, encoded without building one: the branches above
         # already guarantee what Change checks (which images each operation carries).
         ordinal = tx.ordinal
         tx.ordinal = ordinal + 1
-        decoded = self.decoded
-        if decoded is not None:
-            # Tally.add inlined: once per change record.
-            counts = decoded.counts
-            counted = (codec.table, op)
-            counts[counted] = counts.get(counted, 0) + 1
         encoder = codec.encoder
         key = encoder.encode_row_key(after if after is not None else before)
         value = encoder.encode_fields(

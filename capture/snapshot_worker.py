@@ -214,6 +214,23 @@ def read_chunk(
                 continue
             try:
                 for tuple_data in parser.feed(bytes(data)):
+                    encoded = codec.encode_texts(tuple_data)
+                    if encoded is not None:
+                        rows += 1
+                        after_fields, key_fields = encoded
+                        keys.append(encoder.encode_encoded_key(key_fields))
+                        values.append(
+                            encoder.encode_encoded_after(
+                                op=Operation.READ,
+                                commit_lsn=lsn,
+                                change_lsn=lsn,
+                                xid=0,
+                                commit_ts=commit_ts,
+                                ordinal=base + rows,
+                                after_fields=after_fields,
+                            )
+                        )
+                        continue
                     after, _ = codec.row(tuple_data)
                     rows += 1
                     keys.append(encoder.encode_row_key(after))

@@ -107,7 +107,7 @@ from binascii import unhexlify
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time
-from typing import Any
+from typing import Any, Literal
 
 from capture.errors import ConfigError, TableError
 from capture.type_catalog import PgType, TypType
@@ -134,6 +134,20 @@ on the snapshot connection therefore qualify every name."""
 
 Parse = Callable[[bytes], Any]
 
+TextKind = Literal[
+    "boolean",
+    "int",
+    "long",
+    "string",
+    "float",
+    "double",
+    "date",
+    "time",
+    "timestamp",
+    "timestamptz",
+]
+"""How the compiled row encoder reads a column's text (:attr:`ColumnMapping.text_kind`)."""
+
 
 def libpq_options(settings: Mapping[str, str] = SESSION_SETTINGS) -> str:
     """The libpq ``options`` connection parameter that sets ``settings`` at startup,
@@ -156,6 +170,11 @@ class ColumnMapping:
     :class:`ConfigError` for text not in the form :data:`SESSION_SETTINGS` gives."""
     pg_type_name: str
     """The PostgreSQL type, e.g. ``int4``, ``numeric(10,2)[]``, ``public.mood``."""
+    text_kind: TextKind | None = None
+    """How the compiled row encoder (:mod:`capture.native_rows`) reads this column's
+    text, when it can (:data:`TextKind`): the scalar types whose text form it reads as
+    ``parse`` does (``native/src/lib.rs``); None for the rest (bytea, numeric(p,s),
+    arrays), whose rows take the Python path."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -499,37 +518,40 @@ class _Scalar:
     name: str
     column_type: ColumnType
     parser: Callable[[_Site], Parse]
+    text_kind: TextKind | None = None
+    """:attr:`ColumnMapping.text_kind`: only where the compiled encoder reads the text
+    exactly as ``parser`` does (``tests/unit/capture/test_native_rows.py``)."""
 
 
 _SCALARS: dict[int, _Scalar] = {
-    16: _Scalar("bool", ct.BOOLEAN, _parse_bool),
+    16: _Scalar("bool", ct.BOOLEAN, _parse_bool, "boolean"),
     17: _Scalar("bytea", ct.BYTES, _parse_bytea),
-    18: _Scalar('"char"', ct.STRING, _parse_text),
-    19: _Scalar("name", ct.STRING, _parse_text),
-    20: _Scalar("int8", ct.LONG, _parse_int),
-    21: _Scalar("int2", ct.INT, _parse_int),
-    23: _Scalar("int4", ct.INT, _parse_int),
-    25: _Scalar("text", ct.STRING, _parse_text),
-    26: _Scalar("oid", ct.LONG, _parse_int),
-    114: _Scalar("json", ct.STRING, _parse_text),
-    142: _Scalar("xml", ct.STRING, _parse_text),
-    650: _Scalar("cidr", ct.STRING, _parse_text),
-    700: _Scalar("float4", ct.FLOAT, _parse_float),
-    701: _Scalar("float8", ct.DOUBLE, _parse_float),
-    774: _Scalar("macaddr8", ct.STRING, _parse_text),
-    790: _Scalar("money", ct.STRING, _parse_text),
-    829: _Scalar("macaddr", ct.STRING, _parse_text),
-    869: _Scalar("inet", ct.STRING, _parse_text),
-    1042: _Scalar("bpchar", ct.STRING, _parse_text),
-    1043: _Scalar("varchar", ct.STRING, _parse_text),
-    1082: _Scalar("date", ct.DATE, _parse_date),
-    1083: _Scalar("time", ct.TIME_MICROS, _parse_time),
-    1114: _Scalar("timestamp", ct.LOCAL_TIMESTAMP_MICROS, _parse_local_timestamp),
-    1184: _Scalar("timestamptz", ct.TIMESTAMP_MICROS, _parse_utc_timestamp),
-    1186: _Scalar("interval", ct.STRING, _parse_text),
-    1266: _Scalar("timetz", ct.STRING, _parse_text),
-    2950: _Scalar("uuid", ct.UUID, _parse_uuid),
-    3802: _Scalar("jsonb", ct.STRING, _parse_text),
+    18: _Scalar('"char"', ct.STRING, _parse_text, "string"),
+    19: _Scalar("name", ct.STRING, _parse_text, "string"),
+    20: _Scalar("int8", ct.LONG, _parse_int, "long"),
+    21: _Scalar("int2", ct.INT, _parse_int, "int"),
+    23: _Scalar("int4", ct.INT, _parse_int, "int"),
+    25: _Scalar("text", ct.STRING, _parse_text, "string"),
+    26: _Scalar("oid", ct.LONG, _parse_int, "long"),
+    114: _Scalar("json", ct.STRING, _parse_text, "string"),
+    142: _Scalar("xml", ct.STRING, _parse_text, "string"),
+    650: _Scalar("cidr", ct.STRING, _parse_text, "string"),
+    700: _Scalar("float4", ct.FLOAT, _parse_float, "float"),
+    701: _Scalar("float8", ct.DOUBLE, _parse_float, "double"),
+    774: _Scalar("macaddr8", ct.STRING, _parse_text, "string"),
+    790: _Scalar("money", ct.STRING, _parse_text, "string"),
+    829: _Scalar("macaddr", ct.STRING, _parse_text, "string"),
+    869: _Scalar("inet", ct.STRING, _parse_text, "string"),
+    1042: _Scalar("bpchar", ct.STRING, _parse_text, "string"),
+    1043: _Scalar("varchar", ct.STRING, _parse_text, "string"),
+    1082: _Scalar("date", ct.DATE, _parse_date, "date"),
+    1083: _Scalar("time", ct.TIME_MICROS, _parse_time, "time"),
+    1114: _Scalar("timestamp", ct.LOCAL_TIMESTAMP_MICROS, _parse_local_timestamp, "timestamp"),
+    1184: _Scalar("timestamptz", ct.TIMESTAMP_MICROS, _parse_utc_timestamp, "timestamptz"),
+    1186: _Scalar("interval", ct.STRING, _parse_text, "string"),
+    1266: _Scalar("timetz", ct.STRING, _parse_text, "string"),
+    2950: _Scalar("uuid", ct.UUID, _parse_uuid, "string"),
+    3802: _Scalar("jsonb", ct.STRING, _parse_text, "string"),
 }
 
 
@@ -583,12 +605,12 @@ class _Mapper:
             return self.numeric(type_modifier, site, name)
         scalar = _SCALARS.get(oid)
         if scalar is not None:
-            return ColumnMapping(scalar.column_type, scalar.parser(site), name)
+            return ColumnMapping(scalar.column_type, scalar.parser(site), name, scalar.text_kind)
         pg_type = self.pg_type(oid)
         if pg_type.typtype is TypType.DOMAIN and pg_type.base_oid is not None:
             modifier = type_modifier if type_modifier != -1 else pg_type.base_typmod
             base = self.map(pg_type.base_oid, modifier, dimensions, site)
-            return ColumnMapping(base.column_type, base.parse, name)
+            return ColumnMapping(base.column_type, base.parse, name, base.text_kind)
         if pg_type.element_oid is not None:
             element_oid = pg_type.element_oid
             element = self.map(element_oid, type_modifier, 1, site)
@@ -600,7 +622,7 @@ class _Mapper:
             element_name = self.name(element_oid, type_modifier)
             parse = _parse_array(site, element.parse, element_name, delimiter, dimensions)
             return ColumnMapping(column_type, parse, name)
-        return ColumnMapping(ct.STRING, _parse_text(site), name)
+        return ColumnMapping(ct.STRING, _parse_text(site), name, "string")
 
     def numeric(self, type_modifier: int, site: _Site, name: str) -> ColumnMapping:
         constraint = numeric_precision_scale(type_modifier)
@@ -612,7 +634,7 @@ class _Mapper:
                     _parse_decimal(site, precision, scale),
                     name,
                 )
-        return ColumnMapping(ct.STRING, _parse_text(site), name)
+        return ColumnMapping(ct.STRING, _parse_text(site), name, "string")
 
 
 def map_column(

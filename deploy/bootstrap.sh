@@ -2,7 +2,9 @@
 # Install what `make test` and `make demo` need, idempotently:
 #   system: Python >= 3.11, PostgreSQL server binaries, a JDK 17+, Maven
 #           (installed with apt-get when run as root on a Debian-like system)
-#   .venv:  the project with its dev extras (pip install -e .[dev])
+#   .venv:  the project with its dev extras (pip install -e .[dev]), and capture's
+#           compiled row encoder built with cargo (native/build.sh; without Rust only
+#           CI fails, capture then encodes in Python)
 #   jars:   Kafka broker + Spark connector/Delta jars from Maven Central (deploy/jars/*)
 #   tools:  helm and kubeconform for the Helm chart tests, built with Go into .local/bin
 #           (deploy/helm/tools.sh, also `make tools`); without Go only CI fails
@@ -55,6 +57,9 @@ if [ ! -x .venv/bin/python ] || [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stam
   .venv/bin/python -m pip install -q -e '.[dev]'
   touch "$stamp"
 fi
+
+# capture's compiled row encoder; without cargo, capture runs its Python path.
+bash native/build.sh
 
 .venv/bin/python -m deploy.local jars
 

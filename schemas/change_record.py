@@ -572,6 +572,42 @@ class ChangeEncoder:
         }
         return self._write(self._value_buffer, self._value, record)
 
+    def encode_encoded_after(
+        self,
+        *,
+        op: Operation,
+        commit_lsn: Lsn,
+        change_lsn: Lsn,
+        xid: int,
+        commit_ts: int,
+        ordinal: int,
+        after_fields: bytes,
+    ) -> bytes:
+        """:meth:`encode_fields` of a change whose only image is ``after`` (an INSERT, a
+        snapshot READ, an UPDATE without a ``before``), given as its fields already
+        encoded (every field of :attr:`TableSchemas.field_names`, in order, each a
+        ``["null", T]`` union): what capture's compiled row encoder produces."""
+        commit, transaction = _transaction_fields(commit_lsn, xid, commit_ts)
+        return b"".join(
+            (
+                self._value_header,
+                _OPERATION_INDEX[op],
+                commit,
+                avro_binary.long_(change_lsn),
+                transaction,
+                avro_binary.long_(ordinal),
+                avro_binary.FALSE,  # before_key_only
+                avro_binary.NULL,  # before
+                avro_binary.NON_NULL,
+                after_fields,
+                avro_binary.NULL,  # unchanged_columns: none
+            )
+        )
+
+    def encode_encoded_key(self, key_fields: bytes) -> bytes:
+        """:meth:`encode_row_key` given the key record's fields already encoded."""
+        return self._key_header + key_fields
+
     def encode_key(self, change: Change) -> bytes:
         """The Kafka key of ``change``: the key columns of ``after`` (``before`` for a
         DELETE), or :data:`schemas.envelope.TABLE_KEY` for a TRUNCATE."""

@@ -1,0 +1,484 @@
+//! The compiled fast path of capture's row encoding: the text form of a row (a pgoutput
+//! tuple, or a COPY row, every column sent as text) straight to the Avro binary encoding
+//! of the change record's row image and of its Kafka key, with no Python object per
+//! column in between.
+//!
+//! The Python path (`capture.change_stream.TableCodec.row` parsing each column, then
+//! `schemas.avro_binary`'s writers) stays the reference and the fallback, and this
+//! module is held to it byte for byte:
+//!
+//! - **Narrow on purpose.** A column is encoded here only in the canonical text form
+//!   PostgreSQL prints for its type under capture's session settings (`t`/`f`;
+//!   `-?[0-9]+` within the Avro type's range; finite floats; ISO dates, times and
+//!   timestamps of years 1 to 9999; valid UTF-8). Anything else makes `encode` return `None`, and the caller runs the
+//!   Python path on the whole row, which either encodes it (with the same bytes: the
+//!   Python parsers accept a superset of these forms and give the same values for them)
+//!   or raises the error the user sees. Errors are therefore worded in one place.
+//! - **Same bytes.** Avro's binary encoding
+//!   (<https://avro.apache.org/docs/1.12.0/specification/#binary-encoding>): each row
+//!   field is the union `["null", T]`, so a null is branch 0 (`0x00`) and a value is
+//!   branch 1 (`0x02`) then `T`; an
+//!   `int` or `long` is a zig-zag varint, a `string` its byte length (a `long`) then the
+//!   bytes, a `boolean` one byte. The key holds the key columns only, a nullable one as
+//!   a union, a non-null one bare. `tests/unit/capture/test_native_rows.py` compares both
+//!   paths over edge values of every kind, and the recorded-frames digest of
+//!   `bench/capture_hot_path.py` covers whole streams.
+//! - **No state.** An encoder is the immutable per-table-version plan; calls share
+//!   nothing, so one encoder serves any thread.
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyTuple};
+
+/// Branch 0 of a `["null", T]` union: null, nothing follows.
+const NULL: u8 = 0x00;
+/// Branch 1 of a `["null", T]` union: the value follows.
+const NON_NULL: u8 = 0x02;
+
+/// How one column's text is read and written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    /// `bool`: `t` or `f` -> Avro `boolean`.
+    Boolean,
+    /// `int2`, `int4`: a decimal integer within 32 bits -> Avro `int`.
+    Int,
+    /// `int8`, `oid`: a decimal integer within 64 bits -> Avro `long`.
+    Long,
+    /// Any type published as its text (`text`, `varchar`, `bpchar`, `uuid`, `json`...):
+    /// valid UTF-8 -> Avro `string`.
+    String,
+    /// `float4`: a finite decimal number -> Avro `float`, rounded through a double as
+    /// Python's `float()` then `struct.pack("<f")` do.
+    Float,
+    /// `float8`: a finite decimal number -> Avro `double`.
+    Double,
+    /// `date`: `YYYY-MM-DD` -> days since 1970-01-01, an Avro `int`.
+    Date,
+    /// `time`: `HH:MM:SS[.ffffff]` -> microseconds after midnight, an Avro `long`.
+    Time,
+    /// `timestamp`: `YYYY-MM-DD HH:MM:SS[.ffffff]` -> microseconds since 1970-01-01, a
+    /// `long`.
+    Timestamp,
+    /// `timestamptz`: the same followed by the offset PostgreSQL prints (`+00`, `-05:30`,
+    /// `+05:53:28`) -> microseconds since 1970-01-01 UTC, a `long`.
+    TimestampTz,
+}
+
+impl Kind {
+    fn named(name: &str) -> Option<Kind> {
+        match name {
+            "boolean" => Some(Kind::Boolean),
+            "int" => Some(Kind::Int),
+            "long" => Some(Kind::Long),
+            "string" => Some(Kind::String),
+            "float" => Some(Kind::Float),
+            "double" => Some(Kind::Double),
+            "date" => Some(Kind::Date),
+            "time" => Some(Kind::Time),
+            "timestamp" => Some(Kind::Timestamp),
+            "timestamptz" => Some(Kind::TimestampTz),
+            _ => None,
+        }
+    }
+}
+
+/// The zig-zag varint of `value` appended to `out`.
+fn write_long(out: &mut Vec<u8>, value: i64) {
+    let mut zigzag = ((value << 1) ^ (value >> 63)) as u64;
+    while zigzag >= 0x80 {
+        out.push((zigzag as u8 & 0x7F) | 0x80);
+        zigzag >>= 7;
+    }
+    out.push(zigzag as u8);
+}
+
+/// A decimal integer in PostgreSQL's output form: an optional `-`, then digits only.
+/// `None` for anything else, or beyond 64 bits.
+fn parse_integer(text: &[u8]) -> Option<i64> {
+    let (negative, digits) = match text.split_first() {
+        Some((b'-', rest)) => (true, rest),
+        _ => (false, text),
+    };
+    if digits.is_empty() {
+        return None;
+    }
+    // Accumulated as a negative number, so that i64::MIN fits.
+    let mut value: i64 = 0;
+    for &digit in digits {
+        if !digit.is_ascii_digit() {
+            return None;
+        }
+        value = value.checked_mul(10)?.checked_sub(i64::from(digit - b'0'))?;
+    }
+    if negative {
+        Some(value)
+    } else {
+        value.checked_neg()
+    }
+}
+
+/// A finite number in the form PostgreSQL prints floats (`-?D+(.D+)?(e[+-]D+)?`), as a
+/// correctly rounded double, like Python's `float()`. `NaN` and `Infinity` are left to
+/// the Python path.
+fn parse_double(text: &[u8]) -> Option<f64> {
+    let digits = |from: usize| text[from..].iter().take_while(|b| b.is_ascii_digit()).count();
+    let mut at = usize::from(text.first() == Some(&b'-'));
+    let whole = digits(at);
+    if whole == 0 {
+        return None;
+    }
+    at += whole;
+    if text.get(at) == Some(&b'.') {
+        let fraction = digits(at + 1);
+        if fraction == 0 {
+            return None;
+        }
+        at += 1 + fraction;
+    }
+    if matches!(text.get(at), Some(b'e' | b'E')) {
+        at += 1;
+        if matches!(text.get(at), Some(b'+' | b'-')) {
+            at += 1;
+        }
+        let exponent = digits(at);
+        if exponent == 0 {
+            return None;
+        }
+        at += exponent;
+    }
+    if at != text.len() {
+        return None;
+    }
+    // Only ASCII digits, signs, '.' and 'e' are left, so this is valid UTF-8.
+    std::str::from_utf8(text).ok()?.parse::<f64>().ok()
+}
+
+/// `N` ASCII digits at `text[at..at + N]` as a number.
+fn fixed_digits(text: &[u8], at: usize, count: usize) -> Option<i64> {
+    let field = text.get(at..at + count)?;
+    field.iter().try_fold(0i64, |value, &digit| {
+        digit.is_ascii_digit().then(|| value * 10 + i64::from(digit - b'0'))
+    })
+}
+
+/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's
+/// `days_from_civil`, as `capture.typemap` computes it).
+fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
+    let year = if month <= 2 { year - 1 } else { year };
+    let era = year.div_euclid(400);
+    let year_of_era = year - era * 400;
+    let day_of_year = (153 * (month + if month > 2 { -3 } else { 9 }) + 2) / 5 + day - 1;
+    let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
+    era * 146_097 + day_of_era - 719_468
+}
+
+/// `YYYY-MM-DD` at the start of `text`, a real date of years 1 to 9999 (what
+/// `date.fromisoformat` reads): days since 1970-01-01.
+fn parse_date(text: &[u8]) -> Option<i64> {
+    let (year, month, day) = (
+        fixed_digits(text, 0, 4)?,
+        fixed_digits(text, 5, 2)?,
+        fixed_digits(text, 8, 2)?,
+    );
+    if text[4] != b'-' || text[7] != b'-' || year == 0 || !(1..=12).contains(&month) {
+        return None;
+    }
+    let leap = year % 4 == 0 && (year % 100 != 0 || year % 400 == 0);
+    let month_days = match month {
+        2 if leap => 29,
+        2 => 28,
+        4 | 6 | 9 | 11 => 30,
+        _ => 31,
+    };
+    (1..=month_days).contains(&day).then(|| days_from_civil(year, month, day))
+}
+
+/// `HH:MM:SS[.f{1,6}]` at `text[at..]`, hours below 24: microseconds after midnight and
+/// where the time ends.
+fn parse_time_of_day(text: &[u8], at: usize) -> Option<(i64, usize)> {
+    let (hour, minute, second) = (
+        fixed_digits(text, at, 2)?,
+        fixed_digits(text, at + 3, 2)?,
+        fixed_digits(text, at + 6, 2)?,
+    );
+    if text[at + 2] != b':' || text[at + 5] != b':' || hour > 23 || minute > 59 || second > 59
+    {
+        return None;
+    }
+    let mut micros = ((hour * 60 + minute) * 60 + second) * 1_000_000;
+    let mut end = at + 8;
+    if text.get(end) == Some(&b'.') {
+        let count = text[end + 1..].iter().take_while(|b| b.is_ascii_digit()).count();
+        if !(1..=6).contains(&count) {
+            return None;
+        }
+        let fraction = fixed_digits(text, end + 1, count)?;
+        micros += fraction * 10i64.pow(6 - count as u32);
+        end += 1 + count;
+    }
+    Some((micros, end))
+}
+
+/// A timestamp's microseconds since 1970-01-01 (UTC when `zoned`, where the text must end
+/// with the offset PostgreSQL prints; without it, none may follow).
+fn parse_timestamp(text: &[u8], zoned: bool) -> Option<i64> {
+    if text.len() < 19 || text[10] != b' ' {
+        return None;
+    }
+    let days = parse_date(&text[..10])?;
+    let (micros, end) = parse_time_of_day(text, 11)?;
+    let local = days * 86_400_000_000 + micros;
+    if !zoned {
+        return (end == text.len()).then_some(local);
+    }
+    let sign = match text.get(end) {
+        Some(b'+') => 1,
+        Some(b'-') => -1,
+        _ => return None,
+    };
+    // +HH, +HH:MM or +HH:MM:SS
+    let mut offset = fixed_digits(text, end + 1, 2)? * 3600;
+    let mut at = end + 3;
+    for unit in [60, 1] {
+        if at == text.len() {
+            break;
+        }
+        if text[at] != b':' {
+            return None;
+        }
+        offset += fixed_digits(text, at + 1, 2)? * unit;
+        at += 3;
+    }
+    (at == text.len()).then(|| local - sign * offset * 1_000_000)
+}
+
+/// Appends the Avro encoding of one column's text; false when the text is not in the
+/// form this module takes (the caller falls back to the Python path).
+fn write_value(out: &mut Vec<u8>, kind: Kind, text: &[u8]) -> bool {
+    match kind {
+        Kind::Boolean => match text {
+            b"t" => out.push(1),
+            b"f" => out.push(0),
+            _ => return false,
+        },
+        Kind::Int => match parse_integer(text) {
+            Some(value) if i32::try_from(value).is_ok() => write_long(out, value),
+            _ => return false,
+        },
+        Kind::Long => match parse_integer(text) {
+            Some(value) => write_long(out, value),
+            None => return false,
+        },
+        Kind::Double => match parse_double(text) {
+            Some(value) => out.extend_from_slice(&value.to_le_bytes()),
+            None => return false,
+        },
+        Kind::Float => match parse_double(text) {
+            Some(value) => {
+                let single = value as f32;
+                if single.is_infinite() {
+                    return false; // beyond a float: Python's pack refuses it
+                }
+                out.extend_from_slice(&single.to_le_bytes());
+            }
+            None => return false,
+        },
+        Kind::Date => match (text.len() == 10).then(|| parse_date(text)).flatten() {
+            Some(days) => write_long(out, days),
+            None => return false,
+        },
+        Kind::Time => match parse_time_of_day(text, 0) {
+            Some((micros, end)) if end == text.len() => write_long(out, micros),
+            _ => return false,
+        },
+        Kind::Timestamp | Kind::TimestampTz => {
+            match parse_timestamp(text, kind == Kind::TimestampTz) {
+                Some(micros) => write_long(out, micros),
+                None => return false,
+            }
+        }
+        Kind::String => {
+            if std::str::from_utf8(text).is_err() {
+                return false;
+            }
+            // A slice's length always fits an i64 on the platforms Python runs on.
+            write_long(out, text.len() as i64);
+            out.extend_from_slice(text);
+        }
+    }
+    true
+}
+
+/// The row image and key of one table version, from rows whose every column is text.
+#[pyclass(frozen, module = "capture_native")]
+struct TextRowEncoder {
+    kinds: Vec<Kind>,
+    /// `(column index, nullable)` of each key column, in key order.
+    key: Vec<(usize, bool)>,
+}
+
+#[pymethods]
+impl TextRowEncoder {
+    /// `kinds`: one of `boolean`, `int`, `long`, `string`, `float`, `double`, `date`,
+    /// `time`, `timestamp`, `timestamptz` per column, in column order.
+    /// `key_columns` and `key_nullable`: the key columns' indexes, in key order, and
+    /// whether each is nullable in the key schema.
+    #[new]
+    fn new(kinds: Vec<String>, key_columns: Vec<usize>, key_nullable: Vec<bool>) -> PyResult<Self> {
+        let kinds = kinds
+            .iter()
+            .map(|name| {
+                Kind::named(name).ok_or_else(|| {
+                    PyValueError::new_err(format!("{name:?} is not a kind the encoder knows"))
+                })
+            })
+            .collect::<PyResult<Vec<Kind>>>()?;
+        if key_columns.len() != key_nullable.len() {
+            return Err(PyValueError::new_err("one nullable flag per key column is required"));
+        }
+        if let Some(index) = key_columns.iter().find(|&&index| index >= kinds.len()) {
+            return Err(PyValueError::new_err(format!(
+                "key column {index} is not one of the {} columns",
+                kinds.len()
+            )));
+        }
+        let key = key_columns.into_iter().zip(key_nullable).collect();
+        Ok(TextRowEncoder { kinds, key })
+    }
+
+    /// `(row fields, key fields)` of a row given as the text of each column, `None` for
+    /// a NULL (never for an unchanged TOAST value: the caller keeps those rows): the row
+    /// image's fields as the change record writes them (each a `["null", T]` union),
+    /// and the key record's fields, both without any header. `None` when a value is
+    /// neither `bytes` nor None, the count differs, a non-null key field is null, or a
+    /// text is not in the form this module takes: the Python path then encodes the row,
+    /// or says what is wrong with it.
+    fn encode<'py>(
+        &self,
+        py: Python<'py>,
+        values: &Bound<'py, PyTuple>,
+    ) -> Option<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)> {
+        if values.len() != self.kinds.len() {
+            return None;
+        }
+        let mut row: Vec<u8> = Vec::with_capacity(64 + 16 * self.kinds.len());
+        // Where each column's value starts and ends in `row`, for the key; None: null.
+        let mut spans: Vec<Option<(usize, usize)>> = Vec::with_capacity(self.kinds.len());
+        for (item, &kind) in values.iter().zip(&self.kinds) {
+            if item.is_none() {
+                row.push(NULL);
+                spans.push(None);
+                continue;
+            }
+            let text = item.cast::<PyBytes>().ok()?.as_bytes();
+            row.push(NON_NULL);
+            let start = row.len();
+            if !write_value(&mut row, kind, text) {
+                return None;
+            }
+            spans.push(Some((start, row.len())));
+        }
+        let mut key: Vec<u8> = Vec::with_capacity(32);
+        for &(index, nullable) in &self.key {
+            match (spans[index], nullable) {
+                (Some((start, end)), true) => {
+                    key.push(NON_NULL);
+                    key.extend_from_slice(&row[start..end]);
+                }
+                (Some((start, end)), false) => key.extend_from_slice(&row[start..end]),
+                (None, true) => key.push(NULL),
+                // A null in a non-null key field: the Python path says what is wrong.
+                (None, false) => return None,
+            }
+        }
+        Some((PyBytes::new(py, &row), PyBytes::new(py, &key)))
+    }
+
+    /// The number of columns a row has.
+    fn __len__(&self) -> usize {
+        self.kinds.len()
+    }
+}
+
+#[pymodule]
+fn capture_native(module: &Bound<'_, PyModule>) -> PyResult<()> {
+    module.add_class::<TextRowEncoder>()?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn long_bytes(value: i64) -> Vec<u8> {
+        let mut out = Vec::new();
+        write_long(&mut out, value);
+        out
+    }
+
+    #[test]
+    fn zig_zag_varints() {
+        assert_eq!(long_bytes(0), [0x00]);
+        assert_eq!(long_bytes(-1), [0x01]);
+        assert_eq!(long_bytes(1), [0x02]);
+        assert_eq!(long_bytes(-64), [0x7F]);
+        assert_eq!(long_bytes(64), [0x80, 0x01]);
+        assert_eq!(long_bytes(i64::MAX).len(), 10);
+        assert_eq!(long_bytes(i64::MIN), [0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x01]);
+    }
+
+    #[test]
+    fn integers_in_the_output_form_only() {
+        assert_eq!(parse_integer(b"0"), Some(0));
+        assert_eq!(parse_integer(b"-42"), Some(-42));
+        assert_eq!(parse_integer(b"9223372036854775807"), Some(i64::MAX));
+        assert_eq!(parse_integer(b"-9223372036854775808"), Some(i64::MIN));
+        assert_eq!(parse_integer(b"9223372036854775808"), None);
+        for text in [&b""[..], b"-", b"+1", b" 1", b"1 ", b"1_000", b"0x1", b"1.0"] {
+            assert_eq!(parse_integer(text), None, "{text:?}");
+        }
+    }
+
+    #[test]
+    fn dates_and_times() {
+        assert_eq!(parse_date(b"1970-01-01"), Some(0));
+        assert_eq!(parse_date(b"2000-03-01"), Some(11_017));
+        assert_eq!(parse_date(b"0001-01-01"), Some(-719_162));
+        assert_eq!(parse_date(b"2024-02-29"), Some(19_782));
+        for text in [&b"2023-02-29"[..], b"2024-13-01", b"0000-01-01", b"2024-1-01", b"20240101"] {
+            assert_eq!(parse_date(text), None, "{text:?}");
+        }
+        assert_eq!(parse_time_of_day(b"23:59:59.5", 0), Some((86_399_500_000, 10)));
+        assert_eq!(parse_time_of_day(b"24:00:00", 0), None);
+        assert_eq!(parse_time_of_day(b"00:00:00.1234567", 0), None);
+        assert_eq!(parse_timestamp(b"1970-01-01 00:00:01", false), Some(1_000_000));
+        assert_eq!(parse_timestamp(b"1970-01-01 00:00:01+00", true), Some(1_000_000));
+        assert_eq!(parse_timestamp(b"1970-01-01 05:30:00+05:30", true), Some(0));
+        assert_eq!(parse_timestamp(b"1969-12-31 23:00:00-01", true), Some(0));
+        assert_eq!(parse_timestamp(b"1970-01-01 00:00:00+00:00:01", true), Some(-1_000_000));
+        assert_eq!(parse_timestamp(b"1970-01-01 00:00:00+00", false), None);
+        assert_eq!(parse_timestamp(b"1970-01-01 00:00:00", true), None);
+        assert_eq!(parse_timestamp(b"1970-01-01 00:00:00 BC", false), None);
+    }
+
+    #[test]
+    fn floats_in_the_output_form_only() {
+        assert_eq!(parse_double(b"1.5"), Some(1.5));
+        assert_eq!(parse_double(b"-0"), Some(-0.0));
+        assert_eq!(parse_double(b"1e+100"), Some(1e100));
+        assert_eq!(parse_double(b"2.2250738585072014e-308"), Some(f64::MIN_POSITIVE));
+        for text in [&b"NaN"[..], b"Infinity", b"-Infinity", b"1.", b".5", b"1e", b"+1", b" 1"] {
+            assert_eq!(parse_double(text), None, "{text:?}");
+        }
+    }
+
+    #[test]
+    fn values_outside_the_form_fall_back() {
+        let mut out = Vec::new();
+        assert!(!write_value(&mut out, Kind::Boolean, b"true"));
+        assert!(!write_value(&mut out, Kind::Int, b"2147483648"));
+        assert!(write_value(&mut out, Kind::Int, b"-2147483648"));
+        assert!(!write_value(&mut out, Kind::String, b"\xff"));
+        assert!(!write_value(&mut out, Kind::String, b"\xed\xa0\x80")); // a surrogate
+    }
+}

@@ -1,0 +1,321 @@
+"""The compiled row encoder writes exactly what the Python path writes, or leaves the row
+to it: keys, values, errors and outputs compared between ``compiled=True`` and
+``compiled=False`` over edge values of every kind it takes, random texts, and every
+recorded pgoutput vector."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from capture import native_rows
+from capture.change_stream import ChangeFailed, ChangeStream, Output, TableCodec
+from capture.errors import TableError
+from capture.pgoutput import (
+    Begin,
+    ColumnKind,
+    Commit,
+    Insert,
+    Relation,
+    RelationColumn,
+    ReplicaIdentity,
+    TupleData,
+    Update,
+    decode,
+)
+from capture.typemap import ColumnMapping, map_column
+from schemas.errors import ChangeEncodingError
+from schemas.lsn import Lsn
+from schemas.operation import Operation
+
+if not native_rows.AVAILABLE:
+    # In CI the bootstrap builds it (native/build.sh), so its absence is a failure there.
+    if os.environ.get("CI") == "true":
+        pytest.fail("capture_native is not built: run `make native`", pytrace=False)
+    pytest.skip("capture_native is not built: run `make native`", allow_module_level=True)
+
+VECTORS = Path(__file__).parent / "vectors"
+T, N, U = ColumnKind.TEXT, ColumnKind.NULL, ColumnKind.UNCHANGED_TOAST
+
+# One column per kind the encoder takes, and types that map onto those kinds.
+TYPES = {
+    "flag": 16,  # bool
+    "small": 21,  # int2
+    "medium": 23,  # int4
+    "big": 20,  # int8
+    "ident": 26,  # oid
+    "label": 25,  # text
+    "padded": 1042,  # bpchar
+    "name": 19,  # name
+    "token": 2950,  # uuid
+    "doc": 3802,  # jsonb
+    "ratio": 700,  # float4
+    "score": 701,  # float8
+    "day": 1082,  # date
+    "at": 1083,  # time
+    "local": 1114,  # timestamp
+    "moment": 1184,  # timestamptz
+}
+EDGES: dict[int, list[bytes]] = {
+    16: [b"t", b"f", b"true", b"", b"T", b"1"],
+    21: [b"0", b"-32768", b"32767", b"-0", b"007", b"+1", b" 1", b"1_0", b"", b"-", b"x"],
+    23: [b"2147483647", b"-2147483648", b"2147483648", b"-2147483649", b"63", b"64", b"-65"],
+    20: [
+        b"9223372036854775807",
+        b"-9223372036854775808",
+        b"9223372036854775808",
+        b"-9223372036854775809",
+        b"99999999999999999999999",
+        b"8191",
+        b"8192",
+        b"-8193",
+    ],
+    26: [b"4294967295", b"0", b"12345"],
+    # Valid UTF-8; not UTF-8; a surrogate and an overlong NUL, which Python refuses too.
+    25: ["é€😀".encode(), b"", b"tab\tnewline\n", b"\xff", b"\xed\xa0\x80", b"\xc0\x80"],
+    700: [
+        b"1.5",
+        b"-0",
+        b"3.4028235e+38",
+        b"3.4028236e+38",
+        b"1e-46",
+        b"0.1",
+        b"NaN",
+        b"-Infinity",
+    ],
+    701: [
+        b"0.1",
+        b"-1.2345678901234567e-300",
+        b"1.7976931348623157e+308",
+        b"5e-324",
+        b"1e+400",
+        b"Infinity",
+        b"1.",
+        b"1E5",
+    ],
+    1082: [
+        b"1970-01-01",
+        b"0001-01-01",
+        b"9999-12-31",
+        b"2024-02-29",
+        b"2023-02-29",
+        b"infinity",
+        b"-infinity",
+        b"0044-03-15 BC",
+        b"10000-01-01",
+    ],
+    1083: [b"00:00:00", b"23:59:59.999999", b"12:34:56.5", b"24:00:00", b"12:34"],
+    1114: [
+        b"1970-01-01 00:00:00",
+        b"2024-01-02 03:04:05.123456",
+        b"0001-01-01 00:00:00",
+        b"9999-12-31 23:59:59.999999",
+        b"2024-01-02 03:04:05.1",
+        b"infinity",
+        b"0044-03-15 12:00:00 BC",
+        b"12024-01-02 03:04:05",
+    ],
+    1184: [
+        b"2024-01-02 03:04:05.123456+00",
+        b"2024-01-02 03:04:05-05:30",
+        b"1883-11-18 12:00:00+05:53:28",
+        b"0001-01-01 00:00:00+14",
+        b"2024-01-02 03:04:05",
+        b"-infinity",
+        b"0044-03-15 12:00:00+00 BC",
+    ],
+    1042: [b"padded    ", b" "],
+    19: [b"pg_catalog"],
+    2950: [b"a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"],
+    3802: [b'{"a": [1, 2.5, null]}'],
+}
+
+
+def _relation(columns: Sequence[tuple[str, int, bool]], oid: int = 16400) -> Relation:
+    return Relation(
+        xid=None,
+        oid=oid,
+        namespace="public",
+        name=f"t{oid}",
+        replica_identity=ReplicaIdentity.DEFAULT,
+        columns=tuple(RelationColumn(key, name, type_oid, -1) for name, type_oid, key in columns),
+    )
+
+
+def _describe(relation: Relation) -> list[ColumnMapping]:
+    table = f"{relation.namespace}.{relation.name}"
+    return [
+        map_column(c.type_oid, c.type_modifier, {}, table=table, column=c.name)
+        for c in relation.columns
+    ]
+
+
+def _codec(relation: Relation, compiled: bool) -> TableCodec:
+    return TableCodec(relation, _describe(relation), "cdc", compiled=compiled)
+
+
+def _python_path(codec: TableCodec, data: TupleData) -> tuple[bytes, bytes] | Exception:
+    """The record's key and value by the Python path, or the error it raises."""
+    try:
+        after, _ = codec.row(data)
+        key = codec.encoder.encode_row_key(after)
+        value = codec.encoder.encode_fields(
+            op=Operation.READ,
+            commit_lsn=Lsn(0x10),
+            change_lsn=Lsn(0x10),
+            xid=0,
+            commit_ts=5,
+            ordinal=(1 << 32) + 1,
+            before=None,
+            after=after,
+            unchanged_columns=(),
+            before_key_only=False,
+        )
+    except (TableError, ChangeEncodingError, ValueError, TypeError) as exc:
+        # ValueError, TypeError: texts PostgreSQL never prints for the type (e.g. int()
+        # of b"", a timestamptz without its offset).
+        return exc
+    return key, value
+
+
+def _compiled_path(codec: TableCodec, data: TupleData) -> tuple[bytes, bytes] | None:
+    encoded = codec.encode_texts(data)
+    if encoded is None:
+        return None
+    after_fields, key_fields = encoded
+    value = codec.encoder.encode_encoded_after(
+        op=Operation.READ,
+        commit_lsn=Lsn(0x10),
+        change_lsn=Lsn(0x10),
+        xid=0,
+        commit_ts=5,
+        ordinal=(1 << 32) + 1,
+        after_fields=after_fields,
+    )
+    return codec.encoder.encode_encoded_key(key_fields), value
+
+
+def _assert_same(relation: Relation, data: TupleData) -> bool:
+    """Both paths agree on ``data``; whether the compiled one wrote it."""
+    compiled = _compiled_path(_codec(relation, True), data)
+    reference = _python_path(_codec(relation, False), data)
+    if compiled is None:
+        return False
+    assert not isinstance(reference, Exception), (data, reference)
+    assert compiled == reference, data
+    return True
+
+
+@pytest.mark.parametrize("type_oid", sorted(EDGES))
+def test_edge_values_of_every_kind_encode_the_same_or_fall_back(type_oid: int) -> None:
+    # The value both as a key column and as a plain column beside an int8 key.
+    keyed = _relation([("v", type_oid, True)])
+    plain = _relation([("id", 20, True), ("v", type_oid, False)], oid=16401)
+    written = 0
+    for text in EDGES[type_oid]:
+        written += _assert_same(keyed, TupleData((T,), (text,)))
+        written += _assert_same(plain, TupleData((T, T), (b"1", text)))
+    assert written > 0, "every kind has values the compiled path writes"
+
+
+def test_what_the_compiled_path_refuses_is_what_python_reads_differently_or_refuses() -> None:
+    relation = _relation([("id", 23, True), ("s", 25, False), ("b", 16, False)])
+    codec = _codec(relation, True)
+    python = _codec(relation, False)
+    # Texts PostgreSQL never prints for these types, but the Python parsers read:
+    for values in ((b"+1", b"x", b"t"), (b" 1", b"x", b"t"), (b"1", b"x", b"true")):
+        assert codec.encode_texts(TupleData((T, T, T), values)) is None
+        assert not isinstance(_python_path(python, TupleData((T, T, T), values)), Exception)
+    # ... and texts the contract cannot carry, which the Python path names:
+    for values in ((b"2147483648", b"x", b"t"), (b"1", b"\xff", b"t")):
+        assert codec.encode_texts(TupleData((T, T, T), values)) is None
+        assert isinstance(_python_path(python, TupleData((T, T, T), values)), Exception)
+    # Nulls are written; unchanged TOAST (None too, in values) always takes the Python path.
+    assert _assert_same(relation, TupleData((T, N, T), (b"1", None, b"t")))
+    assert _assert_same(relation, TupleData((T, N, N), (b"1", None, None)))
+    assert codec.encode_texts(TupleData((T, U, T), (b"1", None, b"t"))) is None
+    assert codec.encode_texts(TupleData((T, N, U), (b"1", None, None))) is None
+
+
+def test_a_column_without_a_text_kind_leaves_the_table_to_python() -> None:
+    for type_oid, modifier in ((17, -1), (1700, (10 << 16 | 2) + 4)):
+        relation = _relation([("id", 20, True), ("v", 25, False)])
+        other = RelationColumn(False, "other", type_oid, modifier)
+        relation = dataclasses.replace(relation, columns=(*relation.columns, other))
+        assert _codec(relation, True).compiled is None, type_oid
+    assert _codec(_relation([("id", 20, True)]), True).compiled is not None
+    assert _codec(_relation([("id", 20, True)]), False).compiled is None
+
+
+def test_composite_keys_in_key_order_and_random_rows() -> None:
+    """Rows of every kind at once, keyed by three columns out of column order: each
+    column null or drawn from the texts the compiled path takes alone; one row in ten
+    with a text it refuses, one in ten with an unchanged TOAST value."""
+    columns = [(name, oid, name in ("label", "big", "moment")) for name, oid in TYPES.items()]
+    relation = _relation(columns)
+    taken: list[list[bytes]] = []
+    refused: list[list[bytes]] = []
+    for _, oid, _ in columns:
+        single = _codec(_relation([("v", oid, True)]), True)
+        texts = EDGES[oid]
+        taken.append([t for t in texts if single.encode_texts(TupleData((T,), (t,)))])
+        refused.append([t for t in texts if not single.encode_texts(TupleData((T,), (t,)))])
+    rng = random.Random(20261124)
+    written = expected = 0
+    for round_ in range(2000):
+        kinds = [N if rng.random() < 0.1 else T for _ in taken]
+        values = [
+            None if kind is N else rng.choice(pool) for kind, pool in zip(kinds, taken, strict=True)
+        ]
+        column = rng.choice([i for i, pool in enumerate(refused) if pool])
+        if round_ % 10 == 0:
+            kinds[column], values[column] = T, rng.choice(refused[column])
+        elif round_ % 10 == 1:
+            kinds[column], values[column] = U, None
+        else:
+            expected += 1
+        written += _assert_same(relation, TupleData(tuple(kinds), tuple(values)))
+    assert written == expected, "exactly the rows without a refused text or TOAST value"
+
+
+def _stream_outputs(compiled: bool, messages: Sequence[Any]) -> list[Any]:
+    """The outputs, with each failure as its table and message (errors do not compare)."""
+    stream = ChangeStream(_describe, "cdc", defer_errors=True, compiled_rows=compiled)
+    out: list[Output] = []
+    for i, message in enumerate(messages):
+        out += stream.handle(message, Lsn(0x1000 + i))
+    return [(o.table, str(o.error)) if isinstance(o, ChangeFailed) else o for o in out]
+
+
+def test_the_change_stream_outputs_the_same_records_either_way() -> None:
+    relation = _relation([("id", 20, True), ("name", 25, False), ("ok", 16, False)])
+    rows = [(b"1", b"a", b"t"), (b"2", b"\xff", b"f"), (b"3", b"c", b"maybe"), (b"4", b"d", b"f")]
+    messages: list[Any] = [
+        relation,
+        Begin(Lsn(0x2000), 0, 7),
+        *(Insert(None, relation.oid, TupleData((T, T, T), r)) for r in rows),
+        Update(None, relation.oid, None, None, TupleData((T, T, T), (b"1", b"z", b"f"))),
+        Update(None, relation.oid, None, None, TupleData((T, U, T), (b"1", None, b"f"))),
+        Commit(Lsn(0x2000), Lsn(0x2030), 0),
+    ]
+    compiled = _stream_outputs(True, messages)
+    assert compiled == _stream_outputs(False, messages)
+    failed = [o for o in compiled if isinstance(o, tuple)]
+    assert len(failed) == 1, "the \\xff row fails, the others are records"
+
+
+def test_every_recorded_vector_streams_the_same_either_way() -> None:
+    messages: list[Any] = []
+    for name in ("pgoutput_v2.json", "pgoutput_v3.json"):
+        for scenario in json.loads((VECTORS / name).read_text())["scenarios"]:
+            for vector in scenario["messages"]:
+                messages.append(decode(bytes.fromhex(vector["hex"]), in_stream=vector["in_stream"]))
+    assert messages
+    assert _stream_outputs(True, messages) == _stream_outputs(False, messages)
