@@ -354,6 +354,7 @@ class CaptureService:
                 workers=settings.snapshot_workers,
                 chunk_rows=settings.snapshot_chunk_rows,
                 resume=resume,
+                compiled_rows=settings.compiled_rows,
             )
             run.start()
             return run
@@ -365,6 +366,7 @@ class CaptureService:
             rekey=lambda relation: key_by_primary_key(catalog, relation),
             decoded=metrics.decoded,
             framer=self._framer,
+            compiled_rows=settings.compiled_rows,
         )
         flow = TableFlow(
             states,

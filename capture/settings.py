@@ -169,6 +169,14 @@ class CaptureSettings(BaseSettings):
         None,
         description="where changes held back during a snapshot are spooled (default: system temp)",
     )
+    compiled_rows: bool = Field(
+        True,
+        description=(
+            "encode rows with the compiled row encoder (capture_native) when it is "
+            "installed; false: always the Python path, which writes the same bytes with "
+            "more CPU (to rule the encoder out when diagnosing)"
+        ),
+    )
     table_refresh_s: float = Field(
         30.0,
         ge=0,

@@ -298,11 +298,13 @@ class SnapshotRun:
         workers: int | None = None,
         chunk_rows: int = 100_000,
         resume: Mapping[str, tuple[Lsn, SnapshotResume]] | None = None,
+        compiled_rows: bool = True,
     ) -> None:
         """``resume``: tables whose snapshot was cut short after some of its chunks were
         published, with their position and where to go on (``truncate`` must not name
         them): their remaining chunks are read at this run's point and published at
-        theirs (docs/capture.md, "Resuming a snapshot")."""
+        theirs (docs/capture.md, "Resuming a snapshot"). ``compiled_rows``: as
+        :attr:`capture.change_stream.ChangeStream.compiled_rows`."""
         self.tables = tuple(tables)
         self._resume = dict(resume or {})
         self._framer = framer
@@ -316,6 +318,7 @@ class SnapshotRun:
         self._temp_slot = f"{slot[:40]}_snap_{os.getpid()}_{threading.get_ident() % 10_000}"
         self._describe = describe
         self._prefix = topic_prefix
+        self._compiled_rows = compiled_rows
         self._workers = default_workers() if workers is None else workers
         if self._workers < 1:
             raise ValueError("a snapshot needs at least one worker")
@@ -461,7 +464,13 @@ class SnapshotRun:
             framings.append(framing)
             return framing
 
-        codec = TableCodec(relation, self._describe(conn, relation), self._prefix, framer)
+        codec = TableCodec(
+            relation,
+            self._describe(conn, relation),
+            self._prefix,
+            framer,
+            compiled=self._compiled_rows,
+        )
         fingerprint = codec.schemas.value_fingerprint
         size = _table_size(conn, relation.oid)
         resumed = self._resume.get(name)
@@ -487,7 +496,9 @@ class SnapshotRun:
         return _Table(
             name=name,
             codec=codec,
-            job=TableJob(relation, self._prefix, framings[-1], fingerprint, point),
+            job=TableJob(
+                relation, self._prefix, framings[-1], fingerprint, point, self._compiled_rows
+            ),
             schemas=tuple(
                 SchemaRecord(m.key, m.value) for m in table_schema_messages(codec.schemas)
             ),

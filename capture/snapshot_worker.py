@@ -92,6 +92,8 @@ class TableJob:
     point: SnapshotPoint
     """Where the table's records sit: the run's point, or, for a resumed snapshot, the
     position its first chunks were published at."""
+    compiled_rows: bool = True
+    """Encode rows with the compiled encoder where it applies (the capture setting)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -349,6 +351,7 @@ def _codec(conn: Connection, job: TableJob, describe: DescribeWith) -> TableCode
         describe(conn, job.relation),
         job.topic_prefix,
         lambda schemas, topic: framing,
+        compiled=job.compiled_rows,
     )
     if codec.schemas.value_fingerprint != job.value_fingerprint:
         raise TableError(
