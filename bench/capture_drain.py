@@ -1,6 +1,6 @@
 """Capture drain speed against pg_recvlogical draining the same WAL backlog.
 
-Usage: ``.venv/bin/python -m bench.capture_drain [--rows N] [--profile]``
+Usage: ``.venv/bin/python -m bench.capture_drain [--rows N] [--profile] [--python-rows]``
 
 On the local stack (``deploy.local.stack.up()``), in a fresh schema:
 
@@ -33,7 +33,9 @@ included, and printed separately: the walsender that decodes the WAL for each dr
 CPU sampled from ``/proc`` every 0.1 s) and, for capture, the Kafka broker's JVM. On a
 machine with few cores those compete with the measured process. ``--profile`` runs the
 capture child under cProfile and prints the functions with the most cumulative time; its
-timings are then not comparable.
+timings are then not comparable. ``--python-rows`` runs capture with
+``compiled_rows=false`` (every row encoded by the Python path, as without the compiled
+row encoder), for comparing the two paths run against run.
 
 Everything created (slots, publication, schema, topics) is dropped at the end.
 """
@@ -64,6 +66,7 @@ from confluent_kafka.cimpl import NewTopic, TopicPartition
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
+from capture import native_rows
 from capture.service import CaptureService
 from capture.settings import CaptureSettings, KafkaSettings, PostgresSettings
 from deploy.local import stack
@@ -570,12 +573,15 @@ def _drain_with_pg_recvlogical(
     return usage, walsender.finish()
 
 
-def _capture_settings(dsn: str, bootstrap: str, names: Names) -> CaptureSettings:
+def _capture_settings(
+    dsn: str, bootstrap: str, names: Names, compiled_rows: bool = True
+) -> CaptureSettings:
     # The backlog is the measured work: rows that existed before the slot are not part
     # of it, so no initial snapshot.
-    return names.capture_settings(
+    settings = names.capture_settings(
         dsn, bootstrap, TABLES, partitions=PARTITIONS, snapshot_mode="never"
     )
+    return settings.model_copy(update={"compiled_rows": compiled_rows})
 
 
 def _drain_with_capture(
@@ -585,6 +591,7 @@ def _drain_with_capture(
     names: Names,
     backlog: Backlog,
     profile: Path | None,
+    compiled_rows: bool = True,
 ) -> tuple[Usage, float | None, float | None]:
     """Returns the child's usage, the walsender's CPU and the Kafka broker's CPU."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
@@ -592,7 +599,7 @@ def _drain_with_capture(
     admin.create_topics(
         [NewTopic(names.control_topic, 1, 1, config={"cleanup.policy": "compact"})]
     )[names.control_topic].result(30)
-    settings = _capture_settings(dsn, bootstrap, names)
+    settings = _capture_settings(dsn, bootstrap, names, compiled_rows)
     profiler = ["-m", "cProfile", "-o", str(profile)] if profile is not None else []
     argv = [
         sys.executable,
@@ -754,6 +761,11 @@ def main() -> None:
     parser.add_argument(
         "--profile", action="store_true", help="run the capture child under cProfile"
     )
+    parser.add_argument(
+        "--python-rows",
+        action="store_true",
+        help="capture with compiled_rows=false: every row encoded by the Python path",
+    )
     parser.add_argument("--capture-settings", help=argparse.SUPPRESS)
     parser.add_argument("--stop-at", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -778,10 +790,15 @@ def main() -> None:
         backlog = _write_backlog(admin, dsn, names, bindir, args.rows, start)
         print(f"draining {backlog.changes} row changes with pg_recvlogical...")
         baseline = _drain_with_pg_recvlogical(dsn, names, bindir, backlog)
-        print("draining them with capture...")
+        encoder = "Python path" if args.python_rows else "compiled row encoder"
+        if not args.python_rows and not native_rows.AVAILABLE:
+            encoder = "Python path: capture_native is not built (make native)"
+        print(f"draining them with capture ({encoder})...")
         profile = Path(scratch) / "capture.prof" if args.profile else None
         kafka_pid = read_pid(state.kafka.pid_file)
-        ours = _drain_with_capture(dsn, bootstrap, kafka_pid, names, backlog, profile)
+        ours = _drain_with_capture(
+            dsn, bootstrap, kafka_pid, names, backlog, profile, not args.python_rows
+        )
         records = _records_in(bootstrap, names)
         valid = _report(backlog, baseline, ours, records, args.profile)
         if profile is not None and profile.exists():

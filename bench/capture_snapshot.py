@@ -1,7 +1,10 @@
 """Capture's initial snapshot of a big table against a plain COPY of the same table.
 
 Usage: ``.venv/bin/python -m bench.capture_snapshot [--rows N] [--workers N [N ...]]
-[--kill-at F]``
+[--kill-at F] [--python-rows]``
+
+``--python-rows``: capture with ``compiled_rows=false`` (every row encoded by the Python
+path, as without the compiled row encoder), to compare the two run against run.
 
 On the local stack, in a fresh schema: a table shaped like pgbench's ``accounts`` (``aid
 int`` primary key, ``bid int``, ``abalance int``, ``filler char(84)``) filled with N
@@ -62,6 +65,7 @@ from bench.capture_drain import (
     _run_measured,
     _workload_dsn,
 )
+from capture import native_rows
 from capture.admin import table_statuses
 from capture.settings import CaptureSettings
 from deploy.local import stack
@@ -119,11 +123,13 @@ def _delete_change_topic(bootstrap: str, names: Names) -> None:
         admin.delete_topics([topic], operation_timeout=30)[topic].result(60)
 
 
-def _settings(dsn: str, bootstrap: str, names: Names, workers: int) -> CaptureSettings:
+def _settings(
+    dsn: str, bootstrap: str, names: Names, workers: int, compiled_rows: bool
+) -> CaptureSettings:
     settings = names.capture_settings(
         dsn, bootstrap, [TABLE], partitions=3, snapshot_mode="initial"
     )
-    return settings.model_copy(update={"snapshot_workers": workers})
+    return settings.model_copy(update={"snapshot_workers": workers, "compiled_rows": compiled_rows})
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,7 +196,7 @@ def _capture_argv(settings: CaptureSettings, stop_at: Lsn) -> list[str]:
     ]
 
 
-def _measure(dsn: str, bootstrap: str, rows: int, workers: int) -> Run:
+def _measure(dsn: str, bootstrap: str, rows: int, workers: int, compiled_rows: bool) -> Run:
     """One table loaded, read by the COPY baseline, then snapshotted by capture with
     ``workers`` snapshot workers; everything created is dropped."""
     with _prepared(dsn, bootstrap, rows) as prepared:
@@ -198,7 +204,7 @@ def _measure(dsn: str, bootstrap: str, rows: int, workers: int) -> Run:
         print("baseline: COPY to nowhere...")
         copy_s, copied = _copy_baseline(dsn, names)
         print(f"capture: initial snapshot to Kafka, {workers} snapshot workers...")
-        settings = _settings(dsn, bootstrap, names, workers)
+        settings = _settings(dsn, bootstrap, names, workers, compiled_rows)
         usage = _run_measured("capture", _capture_argv(settings, prepared.stop_at))
         records = _records_in(bootstrap, names, (TABLE,))
     return Run(workers, copy_s, copied, usage, records)
@@ -218,12 +224,14 @@ class Resumed:
     """Records in the change topic at the end."""
 
 
-def _resume(dsn: str, bootstrap: str, rows: int, workers: int, kill_at: float) -> Resumed:
+def _resume(
+    dsn: str, bootstrap: str, rows: int, workers: int, kill_at: float, compiled_rows: bool
+) -> Resumed:
     """A snapshot killed with SIGKILL once the topic holds ``kill_at`` x ``rows`` records,
     then resumed to the end (module docstring)."""
     with _prepared(dsn, bootstrap, rows) as prepared:
         names = prepared.names
-        settings = _settings(dsn, bootstrap, names, workers)
+        settings = _settings(dsn, bootstrap, names, workers, compiled_rows)
         argv = _capture_argv(settings, prepared.stop_at)
         print(f"capture: snapshot with {workers} workers, killed at {kill_at:.0%} of the rows...")
         child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, cwd=PROJECT_ROOT)
@@ -268,16 +276,25 @@ def main() -> None:
         help="also kill a snapshot with SIGKILL at this fraction of the rows and resume it, "
         "with the last --workers value (e.g. 0.5)",
     )
+    parser.add_argument(
+        "--python-rows",
+        action="store_true",
+        help="capture with compiled_rows=false: every row encoded by the Python path",
+    )
     args = parser.parse_args()
     if args.kill_at is not None and not 0 < args.kill_at < 1:
         parser.error("--kill-at is a fraction of the rows, between 0 and 1")
     state = stack.up()
     dsn, bootstrap = state.postgres.dsn, state.kafka.bootstrap_servers
-    runs = [_measure(dsn, bootstrap, args.rows, workers) for workers in args.workers]
+    compiled = not args.python_rows
+    if compiled and not native_rows.AVAILABLE:
+        print("capture_native is not built (make native): rows take the Python path")
+    print(f"rows encoded by the {'compiled row encoder' if compiled else 'Python path'}")
+    runs = [_measure(dsn, bootstrap, args.rows, w, compiled) for w in args.workers]
     resumed = (
         None
         if args.kill_at is None
-        else _resume(dsn, bootstrap, args.rows, args.workers[-1], args.kill_at)
+        else _resume(dsn, bootstrap, args.rows, args.workers[-1], args.kill_at, compiled)
     )
     print(
         f"\n{'run':<24}{'wall s':>8}{'rows/s':>10}{'vs base':>9}{'vs first':>9}"
