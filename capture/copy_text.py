@@ -78,7 +78,7 @@ class CopyRows:
             end = data.find(b"\n", start)
             if end < 0:
                 break
-            yield self._row(data[start:end])
+            yield self.row(data[start:end])
             start = end + 1
         self._pending = data[start:]
 
@@ -89,7 +89,8 @@ class CopyRows:
                 f"COPY data ended inside a row ({len(self._pending)} bytes without a newline)"
             )
 
-    def _row(self, line: bytes) -> TupleData:
+    def row(self, line: bytes) -> TupleData:
+        """One complete line (without its newline) as a tuple."""
         fields = line.split(b"\t")
         if len(fields) != self._columns:
             raise ProtocolError(

@@ -32,6 +32,13 @@ class RowEncoder(Protocol):
         """``(row fields, key fields)`` without headers, or None: take the Python path."""
         ...
 
+    def encode_copy(
+        self, data: bytes, key_header: bytes, value_head: bytes, first_ordinal: int, /
+    ) -> tuple[list[bytes | None], list[bytes], bytes]:
+        """A snapshot's records from COPY text: ``(keys, values, rest)``; a key of None
+        leaves that line (the value) to the Python path (``native/src/lib.rs``)."""
+        ...
+
     def __len__(self) -> int: ...
 
 

@@ -41,14 +41,20 @@ import signal
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import psycopg
 from psycopg import sql
 
 from capture.change_stream import TableCodec
 from capture.copy_text import CopyRows
-from capture.errors import ConfigError, PipelineError, TableError, TransientError
+from capture.errors import (
+    ConfigError,
+    PipelineError,
+    ProtocolError,
+    TableError,
+    TransientError,
+)
 from capture.pgoutput import Relation
 from capture.snapshot_chunks import CHUNK_ORDINALS, Chunk
 from capture.typemap import SESSION_SETTINGS, ColumnMapping, libpq_options
@@ -204,66 +210,91 @@ def read_chunk(
     parser = CopyRows(len(codec.relation.columns))
     base = chunk.index * CHUNK_ORDINALS
     lsn, commit_ts = point.lsn, point.commit_ts
-    keys: list[bytes] = []
+    compiled = codec.compiled
+    head = encoder.value_head(
+        op=Operation.READ, commit_lsn=lsn, change_lsn=lsn, xid=0, commit_ts=commit_ts
+    )
+    keys: list[bytes | None] = []
     values: list[bytes] = []
+    lines: list[bytes] = []
+    rest = b""
     rows = 0
     failure: TableError | None = None
+
+    def encode_line(line: bytes, ordinal: int) -> tuple[bytes, bytes]:
+        """A line the compiled encoder left to the Python path (or every line, without
+        one): its key and value."""
+        after, _ = codec.row(parser.row(line))
+        return encoder.encode_row_key(after), encoder.encode_fields(
+            op=Operation.READ,
+            commit_lsn=lsn,
+            change_lsn=lsn,
+            xid=0,
+            commit_ts=commit_ts,
+            ordinal=ordinal,
+            before=None,
+            after=after,
+            unchanged_columns=(),
+            before_key_only=False,
+        )
+
+    def encode_lines() -> None:
+        """Every complete line buffered so far, appended to ``keys`` and ``values``."""
+        nonlocal rest, rows
+        data = rest + b"".join(lines)
+        lines.clear()
+        if compiled is not None:
+            first = len(keys)
+            new_keys, new_values, rest = compiled.encode_copy(
+                data, encoder.key_header, head, base + rows + 1
+            )
+            keys.extend(new_keys)
+            values.extend(new_values)
+            for at in range(first, len(keys)):
+                if keys[at] is None:
+                    keys[at], values[at] = encode_line(values[at], base + rows + 1 + at - first)
+            rows += len(new_keys)
+            return
+        *complete, rest = data.split(b"\n")
+        for line in complete:
+            key, value = encode_line(line, base + rows + 1)
+            keys.append(key)
+            values.append(value)
+            rows += 1
+
     with conn.cursor().copy(chunk_query(codec.relation, chunk)) as copy:
         for data in copy:
             if cancelled():
                 raise SnapshotCancelledError
             if failure is not None:
                 continue
+            lines.append(bytes(data))
+            if len(lines) < BATCH_ROWS:
+                continue
             try:
-                for tuple_data in parser.feed(bytes(data)):
-                    encoded = codec.encode_texts(tuple_data)
-                    if encoded is not None:
-                        rows += 1
-                        after_fields, key_fields = encoded
-                        keys.append(encoder.encode_encoded_key(key_fields))
-                        values.append(
-                            encoder.encode_encoded_after(
-                                op=Operation.READ,
-                                commit_lsn=lsn,
-                                change_lsn=lsn,
-                                xid=0,
-                                commit_ts=commit_ts,
-                                ordinal=base + rows,
-                                after_fields=after_fields,
-                            )
-                        )
-                        continue
-                    after, _ = codec.row(tuple_data)
-                    rows += 1
-                    keys.append(encoder.encode_row_key(after))
-                    values.append(
-                        encoder.encode_fields(
-                            op=Operation.READ,
-                            commit_lsn=lsn,
-                            change_lsn=lsn,
-                            xid=0,
-                            commit_ts=commit_ts,
-                            ordinal=base + rows,
-                            before=None,
-                            after=after,
-                            unchanged_columns=(),
-                            before_key_only=False,
-                        )
-                    )
+                encode_lines()
             except ChangeEncodingError as exc:
                 failure = TableError(table, str(exc))
             except TableError as exc:
                 failure = exc
-            if len(keys) >= BATCH_ROWS and failure is None:
+            if failure is None:
                 _check_ordinals(chunk, rows)
-                emit(keys, values)
+                emit(cast("list[bytes]", keys), values)
                 keys, values = [], []
+    if failure is None and lines:
+        try:
+            encode_lines()
+        except ChangeEncodingError as exc:
+            failure = TableError(table, str(exc))
+        except TableError as exc:
+            failure = exc
     if failure is not None:
         raise failure
-    parser.finish()
+    if rest:
+        raise ProtocolError(f"COPY data ended inside a row ({len(rest)} bytes without a newline)")
     _check_ordinals(chunk, rows)
     if keys:
-        emit(keys, values)
+        emit(cast("list[bytes]", keys), values)
     return rows
 
 

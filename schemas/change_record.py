@@ -308,6 +308,10 @@ _OPERATION_INDEX = {
 }
 
 
+_AFTER_ONLY = avro_binary.FALSE + avro_binary.NULL + avro_binary.NON_NULL
+"""``before_key_only`` false, no ``before``, then the ``after`` union's value branch."""
+
+
 @functools.lru_cache(maxsize=16, typed=True)
 def _transaction_fields(commit_lsn: int, xid: int, commit_ts: int) -> tuple[bytes, bytes]:
     """``commit_lsn``, and ``xid`` + ``commit_ts``: the value fields every record of a
@@ -572,6 +576,30 @@ class ChangeEncoder:
         }
         return self._write(self._value_buffer, self._value, record)
 
+    def value_head(
+        self, *, op: Operation, commit_lsn: Lsn, change_lsn: Lsn, xid: int, commit_ts: int
+    ) -> bytes:
+        """The bytes of a value before its ``ordinal``: header, ``op``, ``commit_lsn``,
+        ``change_lsn``, ``xid`` and ``commit_ts``, shared by all the records of a
+        snapshot chunk (what the compiled encoder's ``encode_copy`` starts each value
+        with)."""
+        commit, transaction = _transaction_fields(commit_lsn, xid, commit_ts)
+        return b"".join(
+            (
+                self._value_header,
+                _OPERATION_INDEX[op],
+                commit,
+                avro_binary.long_(change_lsn),
+                transaction,
+            )
+        )
+
+    @property
+    def key_header(self) -> bytes:
+        """The bytes every key of the table version starts with (single-object or
+        registry header)."""
+        return self._key_header
+
     def encode_encoded_after(
         self,
         *,
@@ -596,9 +624,7 @@ class ChangeEncoder:
                 avro_binary.long_(change_lsn),
                 transaction,
                 avro_binary.long_(ordinal),
-                avro_binary.FALSE,  # before_key_only
-                avro_binary.NULL,  # before
-                avro_binary.NON_NULL,
+                _AFTER_ONLY,
                 after_fields,
                 avro_binary.NULL,  # unchanged_columns: none
             )

@@ -28,10 +28,12 @@
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyTuple};
+use pyo3::types::{PyBytes, PyList, PyTuple};
 
 /// Branch 0 of a `["null", T]` union: null, nothing follows.
 const NULL: u8 = 0x00;
+/// A `boolean` false.
+const FALSE: u8 = 0x00;
 /// Branch 1 of a `["null", T]` union: the value follows.
 const NON_NULL: u8 = 0x02;
 
@@ -108,7 +110,9 @@ fn parse_integer(text: &[u8]) -> Option<i64> {
         if !digit.is_ascii_digit() {
             return None;
         }
-        value = value.checked_mul(10)?.checked_sub(i64::from(digit - b'0'))?;
+        value = value
+            .checked_mul(10)?
+            .checked_sub(i64::from(digit - b'0'))?;
     }
     if negative {
         Some(value)
@@ -121,7 +125,12 @@ fn parse_integer(text: &[u8]) -> Option<i64> {
 /// correctly rounded double, like Python's `float()`. `NaN` and `Infinity` are left to
 /// the Python path.
 fn parse_double(text: &[u8]) -> Option<f64> {
-    let digits = |from: usize| text[from..].iter().take_while(|b| b.is_ascii_digit()).count();
+    let digits = |from: usize| {
+        text[from..]
+            .iter()
+            .take_while(|b| b.is_ascii_digit())
+            .count()
+    };
     let mut at = usize::from(text.first() == Some(&b'-'));
     let whole = digits(at);
     if whole == 0 {
@@ -157,7 +166,9 @@ fn parse_double(text: &[u8]) -> Option<f64> {
 fn fixed_digits(text: &[u8], at: usize, count: usize) -> Option<i64> {
     let field = text.get(at..at + count)?;
     field.iter().try_fold(0i64, |value, &digit| {
-        digit.is_ascii_digit().then(|| value * 10 + i64::from(digit - b'0'))
+        digit
+            .is_ascii_digit()
+            .then(|| value * 10 + i64::from(digit - b'0'))
     })
 }
 
@@ -190,7 +201,9 @@ fn parse_date(text: &[u8]) -> Option<i64> {
         4 | 6 | 9 | 11 => 30,
         _ => 31,
     };
-    (1..=month_days).contains(&day).then(|| days_from_civil(year, month, day))
+    (1..=month_days)
+        .contains(&day)
+        .then(|| days_from_civil(year, month, day))
 }
 
 /// `HH:MM:SS[.f{1,6}]` at `text[at..]`, hours below 24: microseconds after midnight and
@@ -201,14 +214,16 @@ fn parse_time_of_day(text: &[u8], at: usize) -> Option<(i64, usize)> {
         fixed_digits(text, at + 3, 2)?,
         fixed_digits(text, at + 6, 2)?,
     );
-    if text[at + 2] != b':' || text[at + 5] != b':' || hour > 23 || minute > 59 || second > 59
-    {
+    if text[at + 2] != b':' || text[at + 5] != b':' || hour > 23 || minute > 59 || second > 59 {
         return None;
     }
     let mut micros = ((hour * 60 + minute) * 60 + second) * 1_000_000;
     let mut end = at + 8;
     if text.get(end) == Some(&b'.') {
-        let count = text[end + 1..].iter().take_while(|b| b.is_ascii_digit()).count();
+        let count = text[end + 1..]
+            .iter()
+            .take_while(|b| b.is_ascii_digit())
+            .count();
         if !(1..=6).contains(&count) {
             return None;
         }
@@ -317,6 +332,66 @@ struct TextRowEncoder {
     key: Vec<(usize, bool)>,
 }
 
+impl TextRowEncoder {
+    /// The row fields of one COPY line into `row`; false when the line is not one the
+    /// encoder takes.
+    fn copy_row(
+        &self,
+        line: &[u8],
+        row: &mut Vec<u8>,
+        spans: &mut Vec<Option<(usize, usize)>>,
+    ) -> bool {
+        let mut fields = line.split(|&b| b == b'\t');
+        for &kind in &self.kinds {
+            let Some(field) = fields.next() else {
+                return false; // fewer columns than the table has
+            };
+            if field == b"\\N" {
+                row.push(NULL);
+                spans.push(None);
+            } else if field.contains(&b'\\') || !write_field(row, spans, kind, field) {
+                return false; // an escape: the Python path unescapes it
+            }
+        }
+        fields.next().is_none()
+    }
+
+    /// The key record's fields from a row's fields; false when a non-null key field is
+    /// null.
+    fn key_fields(&self, row: &[u8], spans: &[Option<(usize, usize)>], key: &mut Vec<u8>) -> bool {
+        for &(index, nullable) in &self.key {
+            match (spans[index], nullable) {
+                (Some((start, end)), true) => {
+                    key.push(NON_NULL);
+                    key.extend_from_slice(&row[start..end]);
+                }
+                (Some((start, end)), false) => key.extend_from_slice(&row[start..end]),
+                (None, true) => key.push(NULL),
+                // A null in a non-null key field: the Python path says what is wrong.
+                (None, false) => return false,
+            }
+        }
+        true
+    }
+}
+
+/// One non-null field (`0x02` then the value) appended to `row`, its value's span to
+/// `spans`; false when the text is not one the encoder takes.
+fn write_field(
+    row: &mut Vec<u8>,
+    spans: &mut Vec<Option<(usize, usize)>>,
+    kind: Kind,
+    text: &[u8],
+) -> bool {
+    row.push(NON_NULL);
+    let start = row.len();
+    if !write_value(row, kind, text) {
+        return false;
+    }
+    spans.push(Some((start, row.len())));
+    true
+}
+
 #[pymethods]
 impl TextRowEncoder {
     /// `kinds`: one of `boolean`, `int`, `long`, `string`, `float`, `double`, `date`,
@@ -334,7 +409,9 @@ impl TextRowEncoder {
             })
             .collect::<PyResult<Vec<Kind>>>()?;
         if key_columns.len() != key_nullable.len() {
-            return Err(PyValueError::new_err("one nullable flag per key column is required"));
+            return Err(PyValueError::new_err(
+                "one nullable flag per key column is required",
+            ));
         }
         if let Some(index) = key_columns.iter().find(|&&index| index >= kinds.len()) {
             return Err(PyValueError::new_err(format!(
@@ -371,27 +448,70 @@ impl TextRowEncoder {
                 continue;
             }
             let text = item.cast::<PyBytes>().ok()?.as_bytes();
-            row.push(NON_NULL);
-            let start = row.len();
-            if !write_value(&mut row, kind, text) {
+            if !write_field(&mut row, &mut spans, kind, text) {
                 return None;
             }
-            spans.push(Some((start, row.len())));
         }
         let mut key: Vec<u8> = Vec::with_capacity(32);
-        for &(index, nullable) in &self.key {
-            match (spans[index], nullable) {
-                (Some((start, end)), true) => {
-                    key.push(NON_NULL);
-                    key.extend_from_slice(&row[start..end]);
-                }
-                (Some((start, end)), false) => key.extend_from_slice(&row[start..end]),
-                (None, true) => key.push(NULL),
-                // A null in a non-null key field: the Python path says what is wrong.
-                (None, false) => return None,
-            }
+        if !self.key_fields(&row, &spans, &mut key) {
+            return None;
         }
         Some((PyBytes::new(py, &row), PyBytes::new(py, &key)))
+    }
+
+    /// A snapshot's records from COPY text (`COPY ... TO STDOUT`, one row per line, tabs
+    /// between columns, `\\N` for NULL): `(keys, values, rest)`. Each complete line of
+    /// `data` gives one record, in order, with ordinals from `first_ordinal` on: the key
+    /// is `key_header` then the key fields, the value `value_head` (everything before
+    /// the ordinal, the same for all of a chunk's records) then the ordinal and an
+    /// after-only image. A line the encoder does not take (a backslash escape, a column
+    /// count that differs, a text left to the Python path) gives a key of `None` and the
+    /// line itself as the value: the caller encodes it, with its ordinal. `rest` is what
+    /// follows the last newline, the start of a line still to come.
+    fn encode_copy<'py>(
+        &self,
+        py: Python<'py>,
+        data: &[u8],
+        key_header: &[u8],
+        value_head: &[u8],
+        first_ordinal: i64,
+    ) -> PyResult<(Bound<'py, PyList>, Bound<'py, PyList>, Bound<'py, PyBytes>)> {
+        let keys = PyList::empty(py);
+        let values = PyList::empty(py);
+        let complete = data
+            .iter()
+            .rposition(|&b| b == b'\n')
+            .map_or(0, |end| end + 1);
+        let mut row: Vec<u8> = Vec::with_capacity(256);
+        let mut spans: Vec<Option<(usize, usize)>> = Vec::with_capacity(self.kinds.len());
+        let mut key: Vec<u8> = Vec::with_capacity(64);
+        let mut value: Vec<u8> = Vec::with_capacity(512);
+        let lines = data[..complete].split_inclusive(|&b| b == b'\n');
+        for (ordinal, terminated) in (first_ordinal..).zip(lines) {
+            let line = &terminated[..terminated.len() - 1];
+            row.clear();
+            spans.clear();
+            key.clear();
+            if self.copy_row(line, &mut row, &mut spans) && self.key_fields(&row, &spans, &mut key)
+            {
+                value.clear();
+                value.extend_from_slice(value_head);
+                write_long(&mut value, ordinal);
+                // before_key_only false, no before image, then the after image.
+                value.extend_from_slice(&[FALSE, NULL, NON_NULL]);
+                value.extend_from_slice(&row);
+                value.push(NULL); // no unchanged columns
+                let mut framed = Vec::with_capacity(key_header.len() + key.len());
+                framed.extend_from_slice(key_header);
+                framed.extend_from_slice(&key);
+                keys.append(PyBytes::new(py, &framed))?;
+                values.append(PyBytes::new(py, &value))?;
+            } else {
+                keys.append(py.None())?;
+                values.append(PyBytes::new(py, line))?;
+            }
+        }
+        Ok((keys, values, PyBytes::new(py, &data[complete..])))
     }
 
     /// The number of columns a row has.
@@ -424,7 +544,10 @@ mod tests {
         assert_eq!(long_bytes(-64), [0x7F]);
         assert_eq!(long_bytes(64), [0x80, 0x01]);
         assert_eq!(long_bytes(i64::MAX).len(), 10);
-        assert_eq!(long_bytes(i64::MIN), [0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x01]);
+        assert_eq!(
+            long_bytes(i64::MIN),
+            [0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x01]
+        );
     }
 
     #[test]
@@ -434,7 +557,16 @@ mod tests {
         assert_eq!(parse_integer(b"9223372036854775807"), Some(i64::MAX));
         assert_eq!(parse_integer(b"-9223372036854775808"), Some(i64::MIN));
         assert_eq!(parse_integer(b"9223372036854775808"), None);
-        for text in [&b""[..], b"-", b"+1", b" 1", b"1 ", b"1_000", b"0x1", b"1.0"] {
+        for text in [
+            &b""[..],
+            b"-",
+            b"+1",
+            b" 1",
+            b"1 ",
+            b"1_000",
+            b"0x1",
+            b"1.0",
+        ] {
             assert_eq!(parse_integer(text), None, "{text:?}");
         }
     }
@@ -445,17 +577,35 @@ mod tests {
         assert_eq!(parse_date(b"2000-03-01"), Some(11_017));
         assert_eq!(parse_date(b"0001-01-01"), Some(-719_162));
         assert_eq!(parse_date(b"2024-02-29"), Some(19_782));
-        for text in [&b"2023-02-29"[..], b"2024-13-01", b"0000-01-01", b"2024-1-01", b"20240101"] {
+        for text in [
+            &b"2023-02-29"[..],
+            b"2024-13-01",
+            b"0000-01-01",
+            b"2024-1-01",
+            b"20240101",
+        ] {
             assert_eq!(parse_date(text), None, "{text:?}");
         }
-        assert_eq!(parse_time_of_day(b"23:59:59.5", 0), Some((86_399_500_000, 10)));
+        assert_eq!(
+            parse_time_of_day(b"23:59:59.5", 0),
+            Some((86_399_500_000, 10))
+        );
         assert_eq!(parse_time_of_day(b"24:00:00", 0), None);
         assert_eq!(parse_time_of_day(b"00:00:00.1234567", 0), None);
-        assert_eq!(parse_timestamp(b"1970-01-01 00:00:01", false), Some(1_000_000));
-        assert_eq!(parse_timestamp(b"1970-01-01 00:00:01+00", true), Some(1_000_000));
+        assert_eq!(
+            parse_timestamp(b"1970-01-01 00:00:01", false),
+            Some(1_000_000)
+        );
+        assert_eq!(
+            parse_timestamp(b"1970-01-01 00:00:01+00", true),
+            Some(1_000_000)
+        );
         assert_eq!(parse_timestamp(b"1970-01-01 05:30:00+05:30", true), Some(0));
         assert_eq!(parse_timestamp(b"1969-12-31 23:00:00-01", true), Some(0));
-        assert_eq!(parse_timestamp(b"1970-01-01 00:00:00+00:00:01", true), Some(-1_000_000));
+        assert_eq!(
+            parse_timestamp(b"1970-01-01 00:00:00+00:00:01", true),
+            Some(-1_000_000)
+        );
         assert_eq!(parse_timestamp(b"1970-01-01 00:00:00+00", false), None);
         assert_eq!(parse_timestamp(b"1970-01-01 00:00:00", true), None);
         assert_eq!(parse_timestamp(b"1970-01-01 00:00:00 BC", false), None);
@@ -466,8 +616,20 @@ mod tests {
         assert_eq!(parse_double(b"1.5"), Some(1.5));
         assert_eq!(parse_double(b"-0"), Some(-0.0));
         assert_eq!(parse_double(b"1e+100"), Some(1e100));
-        assert_eq!(parse_double(b"2.2250738585072014e-308"), Some(f64::MIN_POSITIVE));
-        for text in [&b"NaN"[..], b"Infinity", b"-Infinity", b"1.", b".5", b"1e", b"+1", b" 1"] {
+        assert_eq!(
+            parse_double(b"2.2250738585072014e-308"),
+            Some(f64::MIN_POSITIVE)
+        );
+        for text in [
+            &b"NaN"[..],
+            b"Infinity",
+            b"-Infinity",
+            b"1.",
+            b".5",
+            b"1e",
+            b"+1",
+            b" 1",
+        ] {
             assert_eq!(parse_double(text), None, "{text:?}");
         }
     }

@@ -17,7 +17,8 @@ import pytest
 
 from capture import native_rows
 from capture.change_stream import ChangeFailed, ChangeStream, Output, TableCodec
-from capture.errors import TableError
+from capture.copy_text import CopyRows
+from capture.errors import ProtocolError, TableError
 from capture.pgoutput import (
     Begin,
     ColumnKind,
@@ -254,12 +255,8 @@ def test_a_column_without_a_text_kind_leaves_the_table_to_python() -> None:
     assert _codec(_relation([("id", 20, True)]), False).compiled is None
 
 
-def test_composite_keys_in_key_order_and_random_rows() -> None:
-    """Rows of every kind at once, keyed by three columns out of column order: each
-    column null or drawn from the texts the compiled path takes alone; one row in ten
-    with a text it refuses, one in ten with an unchanged TOAST value."""
-    columns = [(name, oid, name in ("label", "big", "moment")) for name, oid in TYPES.items()]
-    relation = _relation(columns)
+def _pools(columns: Sequence[tuple[str, int, bool]]) -> tuple[list[list[bytes]], list[list[bytes]]]:
+    """Per column, the edge texts the compiled path takes alone, and those it refuses."""
     taken: list[list[bytes]] = []
     refused: list[list[bytes]] = []
     for _, oid, _ in columns:
@@ -267,6 +264,16 @@ def test_composite_keys_in_key_order_and_random_rows() -> None:
         texts = EDGES[oid]
         taken.append([t for t in texts if single.encode_texts(TupleData((T,), (t,)))])
         refused.append([t for t in texts if not single.encode_texts(TupleData((T,), (t,)))])
+    return taken, refused
+
+
+def test_composite_keys_in_key_order_and_random_rows() -> None:
+    """Rows of every kind at once, keyed by three columns out of column order: each
+    column null or drawn from the texts the compiled path takes alone; one row in ten
+    with a text it refuses, one in ten with an unchanged TOAST value."""
+    columns = [(name, oid, name in ("label", "big", "moment")) for name, oid in TYPES.items()]
+    relation = _relation(columns)
+    taken, refused = _pools(columns)
     rng = random.Random(20261124)
     written = expected = 0
     for round_ in range(2000):
@@ -319,3 +326,90 @@ def test_every_recorded_vector_streams_the_same_either_way() -> None:
                 messages.append(decode(bytes.fromhex(vector["hex"]), in_stream=vector["in_stream"]))
     assert messages
     assert _stream_outputs(True, messages) == _stream_outputs(False, messages)
+
+
+def _copy_line(values: Sequence[bytes | None]) -> bytes:
+    """A COPY text line of ``values`` as PostgreSQL writes it (escapes, ``\\N``)."""
+    fields = []
+    for value in values:
+        if value is None:
+            fields.append(b"\\N")
+        else:
+            escaped = value.replace(b"\\", b"\\\\").replace(b"\t", b"\\t").replace(b"\n", b"\\n")
+            fields.append(escaped.replace(b"\r", b"\\r"))
+    return b"\t".join(fields) + b"\n"
+
+
+def _python_copy_records(
+    codec: TableCodec, data: bytes, head_fields: dict[str, Any], first: int
+) -> list[tuple[bytes, bytes] | Exception]:
+    parser = CopyRows(len(codec.relation.columns))
+    out: list[tuple[bytes, bytes] | Exception] = []
+    for ordinal, line in enumerate(data.split(b"\n")[:-1], start=first):
+        try:
+            after, _ = codec.row(parser.row(line))
+            key = codec.encoder.encode_row_key(after)
+            value = codec.encoder.encode_fields(
+                **head_fields,
+                ordinal=ordinal,
+                before=None,
+                after=after,
+                unchanged_columns=(),
+                before_key_only=False,
+            )
+        except (TableError, ChangeEncodingError, ProtocolError, ValueError, TypeError) as exc:
+            out.append(exc)
+        else:
+            out.append((key, value))
+    return out
+
+
+def test_copy_text_becomes_the_records_the_python_path_writes() -> None:
+    columns = [(name, oid, name in ("label", "big", "moment")) for name, oid in TYPES.items()]
+    relation = _relation(columns)
+    codec = _codec(relation, True)
+    assert codec.compiled is not None
+    taken, refused = _pools(columns)
+    # Texts COPY prints without an escape (the escaped ones come below, on purpose).
+    plain = [[t for t in pool if not any(c in t for c in b"\t\n\r\\")] for pool in taken]
+    label = [name for name, _, _ in columns].index("label")
+    rng = random.Random(7)
+    lines = []
+    for round_ in range(600):
+        row: list[bytes | None] = [None if rng.random() < 0.1 else rng.choice(p) for p in plain]
+        if round_ % 10 == 1:
+            column = rng.choice([i for i, pool in enumerate(refused) if pool])
+            row[column] = rng.choice(refused[column])
+        if round_ % 10 == 2:
+            row[label] = b"a\tb\\c\nd"  # escaped in COPY text: the Python path
+        line = _copy_line(row)
+        if round_ % 50 == 0:
+            line = line.replace(b"\t", b"", 1)  # a column short: ProtocolError in Python
+        lines.append(line)
+    data = b"".join(lines)
+    head_fields: dict[str, Any] = {
+        "op": Operation.READ,
+        "commit_lsn": Lsn(0x10),
+        "change_lsn": Lsn(0x10),
+        "xid": 0,
+        "commit_ts": 5,
+    }
+    first = (3 << 32) + 1
+    head = codec.encoder.value_head(**head_fields)
+    cut = len(data) - 7  # inside the last line: it stays for the next call
+    keys, values, rest = codec.compiled.encode_copy(
+        data[:cut], codec.encoder.key_header, head, first
+    )
+    assert rest == data[data.rindex(b"\n", 0, cut) + 1 : cut]
+    assert len(keys) == len(values) == len(lines) - 1
+    expected = _python_copy_records(codec, data, head_fields, first)
+    compiled = 0
+    for index, (key, value, want) in enumerate(zip(keys, values, expected, strict=False)):
+        if key is None:
+            assert value + b"\n" == lines[index], "left to the Python path: the line itself"
+            continue
+        assert (key, value) == want
+        compiled += 1
+    # Rows 1 and 2 of every ten hold a refused text or an escape, row 0 of every fifty
+    # misses a column: all the others take the compiled path.
+    assert compiled == sum(1 for i in range(len(keys)) if i % 10 not in (1, 2) and i % 50)
