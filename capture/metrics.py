@@ -281,6 +281,15 @@ class CaptureMetrics(MetricSet):
         table_key = (table,)
         sizes[table_key] = sizes.get(table_key, 0) + size
 
+    def records_produced(self, table: str, headers: Headers, count: int, size: int) -> None:
+        """:meth:`record_produced` of ``count`` records of ``size`` bytes in all that
+        share ``headers`` (a snapshot batch)."""
+        counts = self.produced.counts
+        key = (table, operation_of(headers, b""))
+        counts[key] = counts.get(key, 0) + count
+        sizes = self.produced_bytes.counts
+        sizes[(table,)] = sizes.get((table,), 0) + size
+
     def slot_wal(self, retained: int | None, wal_status: str | None, safe: int | None) -> None:
         if retained is not None:
             self.slot_retained_wal.set(retained)

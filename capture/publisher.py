@@ -13,6 +13,7 @@ is produced, so a consumer that reads the schema topic first can always decode.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -39,6 +40,7 @@ from schemas.control import (
     TableStatus,
     decode_control,
 )
+from schemas.headers import Headers
 from schemas.lsn import Lsn
 
 _SETTING = "CAPTURE_KAFKA"
@@ -189,6 +191,39 @@ class ChangePublisher:
                 self._producer.poll(0.1)
             else:
                 return
+
+    def publish_batch(
+        self,
+        topic: str,
+        table: str,
+        headers: Headers,
+        keys: Sequence[bytes],
+        values: Sequence[bytes],
+        *,
+        pin: int,
+    ) -> None:
+        """:meth:`publish` of records ``keys[i]``/``values[i]`` of ``table`` on ``topic``
+        that share ``headers`` (a snapshot batch) under ``pin``: the per-record work
+        that does not depend on the record (topic, metrics, headers) is done once."""
+        self._topics.ensure(topic)
+        sizes = [len(key) + len(value) for key, value in zip(keys, values, strict=True)]
+        if self._metrics is not None:
+            self._metrics.records_produced(table, headers, len(sizes), sum(sizes))
+        shared: list[tuple[str, str | bytes | None]] = list(headers)
+        produce, produced_under, report = (
+            self._producer.produce,
+            self._book.produced_under,
+            self._report,
+        )
+        for key, value, size in zip(keys, values, sizes, strict=True):
+            on_delivery = partial(report, produced_under(pin, size))
+            while True:
+                try:
+                    produce(topic, value, key, headers=shared, on_delivery=on_delivery)
+                except BufferError:
+                    self._producer.poll(0.1)  # the local queue is full: make room
+                else:
+                    break
 
     def poll(self, timeout_s: float = 0.0) -> None:
         self._producer.poll(timeout_s)

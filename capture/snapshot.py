@@ -130,9 +130,25 @@ class SnapshotTaken:
 
 @dataclass(frozen=True, slots=True)
 class SnapshotRecords:
+    """A batch of one table's snapshot records, in order: ``keys[i]`` and ``values[i]``,
+    all on ``topic`` with ``headers`` (a batch shares them: one operation, one
+    position, one writer schema). Kept as parallel lists, not records, because the loop
+    produces them one by one and the objects would be built only to be taken apart."""
+
     table: str
     schemas: tuple[SchemaRecord, ...]
-    records: tuple[OutgoingRecord, ...]
+    topic: str
+    headers: Headers
+    keys: Sequence[bytes]
+    values: Sequence[bytes]
+
+    @property
+    def records(self) -> tuple[OutgoingRecord, ...]:
+        """The batch as whole records."""
+        return tuple(
+            OutgoingRecord(self.topic, key, value, self.headers, self.table)
+            for key, value in zip(self.keys, self.values, strict=True)
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -611,23 +627,23 @@ class SnapshotRun:
             commit_ts=point.commit_ts,
             ordinal=0,
         )
-        record = OutgoingRecord(
-            codec.topic,
-            codec.encoder.encode_key(change),
-            codec.encoder.encode_value(change),
-            change_headers(change, codec.schemas.value_fingerprint),
-            table.name,
+        self._put(
+            SnapshotRecords(
+                table.name,
+                table.schemas,
+                codec.topic,
+                change_headers(change, codec.schemas.value_fingerprint),
+                [codec.encoder.encode_key(change)],
+                [codec.encoder.encode_value(change)],
+            )
         )
-        self._put(SnapshotRecords(table.name, table.schemas, (record,)))
 
     def _publish(self, table: _Table, keys: list[bytes], values: list[bytes]) -> None:
+        if len(keys) != len(values):
+            raise ValueError("a batch has one value per key")
         topic, headers, name = table.codec.topic, table.headers, table.name
-        records = tuple(
-            OutgoingRecord(topic, key, value, headers, name)
-            for key, value in zip(keys, values, strict=True)
-        )
-        self._put(SnapshotRecords(name, table.schemas, records))
-        table.rows += len(records)
+        self._put(SnapshotRecords(name, table.schemas, topic, headers, keys, values))
+        table.rows += len(keys)
         table.progress.rows(table.rows)
 
     def _chunk_published(self, table: _Table, next_chunk: int) -> None:

@@ -211,9 +211,14 @@ class TableFlow:
             for schema in item.schemas:
                 if schema.key not in self._published_schemas:
                     self._publish_schema(schema)
-            pin = self._pins[item.table]
-            for record in item.records:
-                self._publisher.publish(record, pin=pin)
+            self._publisher.publish_batch(
+                item.topic,
+                item.table,
+                item.headers,
+                item.keys,
+                item.values,
+                pin=self._pins[item.table],
+            )
         elif isinstance(item, SnapshotTaken):
             for table in item.tables:
                 if states.state(table) is TableState.PENDING:

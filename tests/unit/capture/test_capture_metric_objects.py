@@ -22,14 +22,19 @@ def test_counts_and_positions_are_read_at_scrape_time() -> None:
     metrics = CaptureMetrics()
     r = metrics.registry
     headers = record_headers(Operation.INSERT, Lsn(16), Lsn(8), Fingerprint(42))
-    for _ in range(3):
+    for _ in range(2):
         metrics.record_produced("public.t", headers, b"value", 10)
+    metrics.records_produced("public.t", headers, 1, 10)  # a batch sharing the headers
+    read = record_headers(Operation.READ, Lsn(16), Lsn(16), Fingerprint(42))
+    metrics.records_produced("public.t", read, 500, 7000)
     metrics.decoded.add(("public.t", Operation.INSERT))  # as the change stream counts
     metrics.decoded.add(("public.t", Operation.DELETE))
     labels = {"table": "public.t", "operation": "INSERT"}
     assert r.get_sample_value("cdc_capture_records_produced_total", labels) == 3
     assert r.get_sample_value("cdc_capture_changes_decoded_total", labels) == 1
-    assert r.get_sample_value("cdc_capture_produced_bytes_total", {"table": "public.t"}) == 30
+    reads = {"table": "public.t", "operation": "READ"}
+    assert r.get_sample_value("cdc_capture_records_produced_total", reads) == 500
+    assert r.get_sample_value("cdc_capture_produced_bytes_total", {"table": "public.t"}) == 7030
     book = ProgressBook(Lsn(0))
     book.begin(Lsn(100))
     book.produced(70)
