@@ -41,6 +41,7 @@ update) for what the confirmed LSN means to the server.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from schemas.lsn import INVALID_LSN, Lsn
@@ -154,6 +155,18 @@ class ProgressBook:
         self._in_flight_records += 1
         self._in_flight_bytes += encoded_bytes
         return RecordTicket(pin_id, encoded_bytes)
+
+    def produced_batch_under(self, pin_id: int, sizes: Sequence[int]) -> dict[int, RecordTicket]:
+        """:meth:`produced_under` of records of these encoded sizes, in one call: the
+        ticket of each distinct size. Records of one size share it: a ticket is a value,
+        and a snapshot's rows are often all one size."""
+        pin = self._pins.get(pin_id)
+        if pin is None or pin.sealed:
+            raise ValueError(f"pin {pin_id} is released or sealed")
+        pin.pending_deliveries += len(sizes)
+        self._in_flight_records += len(sizes)
+        self._in_flight_bytes += sum(sizes)
+        return {size: RecordTicket(pin_id, size) for size in set(sizes)}
 
     def seal(self, pin_id: int) -> None:
         """No more records come under ``pin_id``; it goes once they are all applied."""

@@ -210,13 +210,14 @@ class ChangePublisher:
         if self._metrics is not None:
             self._metrics.records_produced(table, headers, len(sizes), sum(sizes))
         shared: list[tuple[str, str | bytes | None]] = list(headers)
-        produce, produced_under, report = (
-            self._producer.produce,
-            self._book.produced_under,
-            self._report,
-        )
+        produce = self._producer.produce
+        # One ticket and one report callable per distinct size: records share them.
+        reports = {
+            size: partial(self._report, ticket)
+            for size, ticket in self._book.produced_batch_under(pin, sizes).items()
+        }
         for key, value, size in zip(keys, values, sizes, strict=True):
-            on_delivery = partial(report, produced_under(pin, size))
+            on_delivery = reports[size]
             while True:
                 try:
                     produce(topic, value, key, headers=shared, on_delivery=on_delivery)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from capture.progress import ProgressBook
+from capture.progress import ProgressBook, RecordTicket
 from schemas.lsn import Lsn
 
 T = "cdc.public.orders"
@@ -183,3 +183,25 @@ def test_a_sealed_pin_takes_no_more_records() -> None:
     book.seal(pin)
     with pytest.raises(ValueError, match="sealed"):
         book.produced_under(pin, 1)
+
+
+def test_a_batch_under_a_pin_counts_every_record_and_shares_tickets_by_size() -> None:
+    book = ProgressBook(Lsn(10))
+    pin = book.pin()
+    sizes = [30, 30, 31, 30]
+    tickets = book.produced_batch_under(pin, sizes)
+    assert tickets == {30: RecordTicket(pin, 30), 31: RecordTicket(pin, 31)}
+    assert (book.in_flight_records, book.in_flight_bytes) == (4, 121)
+    for offset, size in enumerate(sizes):
+        book.delivered(tickets[size], U, 0, offset)
+    book.seal(pin)
+    book.keepalive(Lsn(90))
+    assert book.confirmable == 10, "delivered, not applied"
+    book.applied(U, 0, 3)
+    assert book.in_flight_records == 1
+    assert book.confirmable == 10, "the fourth row is not applied yet"
+    book.applied(U, 0, 4)
+    assert (book.in_flight_records, book.in_flight_bytes) == (0, 0)
+    assert book.confirmable == 90
+    with pytest.raises(ValueError, match="sealed"):
+        book.produced_batch_under(pin, [1])
