@@ -317,11 +317,15 @@ def test_a_snapshot_cut_short_is_taken_again_with_a_truncate(
     # depends on whether autovacuum has analyzed the table yet.
     settings = settings.model_copy(update={"snapshot_chunk_rows": 100_000_000})
     topic = f"{name}.{name}.big"
-    runner = CaptureThread(settings)
+    # Nothing reports records applied, so the first run holds at 2,000 records in flight:
+    # its snapshot cannot end before the stop, however fast it reads.
+    held = settings.model_copy(update={"max_in_flight_records": 2000})
+    runner = CaptureThread(held)
     try:
         runner.start(pg)
         _wait(lambda: _state(settings, f"{name}.big") is TableState.SNAPSHOT, "no snapshot began")
-        runner.join()  # a graceful stop in the middle of the COPY
+        _wait(lambda: len(read_to_end(services.kafka_bootstrap_servers, topic)) > 0, "no rows")
+        runner.join()  # a graceful stop in the middle of the snapshot
         assert not runner.errors, runner.errors
         first = len(read_to_end(services.kafka_bootstrap_servers, topic))
         assert _state(settings, f"{name}.big") is TableState.SNAPSHOT
