@@ -1,6 +1,7 @@
 """Capture drain speed against pg_recvlogical draining the same WAL backlog.
 
-Usage: ``.venv/bin/python -m bench.capture_drain [--rows N] [--profile] [--python-rows]``
+Usage: ``.venv/bin/python -m bench.capture_drain [--rows N] [--profile] [--python-rows]
+[--debezium]``
 
 On the local stack (``deploy.local.stack.up()``), in a fresh schema:
 
@@ -35,7 +36,10 @@ machine with few cores those compete with the measured process. ``--profile`` ru
 capture child under cProfile and prints the functions with the most cumulative time; its
 timings are then not comparable. ``--python-rows`` runs capture with
 ``compiled_rows=false`` (every row encoded by the Python path, as without the compiled
-row encoder), for comparing the two paths run against run.
+row encoder), for comparing the two paths run against run. ``--debezium`` adds a third
+slot, created with the others, and drains it afterwards with Debezium's PostgreSQL
+connector in Kafka Connect (:mod:`bench.debezium_drain`): its start-up and steady drain
+are reported apart, and capture's rows per CPU second are compared with its steady ones.
 
 Everything created (slots, publication, schema, topics) is dropped at the end.
 """
@@ -66,6 +70,7 @@ from confluent_kafka.cimpl import NewTopic, TopicPartition
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
+from bench import debezium_drain
 from capture import native_rows
 from capture.service import CaptureService
 from capture.settings import CaptureSettings, KafkaSettings, PostgresSettings
@@ -99,6 +104,8 @@ SAMPLE_INTERVAL_S = 0.1
 DRAIN_TIMEOUT_S = 1800.0
 TARGET_RATIO = 0.25
 TARGET_RSS_MB = 250.0
+TARGET_VS_DEBEZIUM = 3.0
+"""Issue 13: capture's rows per CPU second at least 3x Debezium's steady ones."""
 
 TPCB_SCRIPT = """\
 \\set aid random(1, :naccounts)
@@ -141,6 +148,10 @@ class Names:
         return f"{self.schema}_recvlogical"
 
     @property
+    def debezium_slot(self) -> str:
+        return f"{self.schema}_debezium"
+
+    @property
     def control_topic(self) -> str:
         return f"{self.schema}._control"
 
@@ -153,7 +164,8 @@ class Names:
         return {table_topic(self.schema, self.schema, t): f"{self.schema}.{t}" for t in tables}
 
     def all_topics(self) -> list[str]:
-        return [*self.change_topics(), self.control_topic, self.schema_topic]
+        debezium = debezium_drain.topics(f"{self.schema}_dbz", self.schema, TABLES)
+        return [*self.change_topics(), self.control_topic, self.schema_topic, *debezium]
 
     def capture_settings(
         self,
@@ -249,8 +261,9 @@ def _create_tables(dsn: str, names: Names) -> None:
         )
 
 
-def _create_publication_and_slots(admin: Connection, names: Names) -> Lsn:
-    """The publication, then both slots back to back; returns where the slots start."""
+def _create_publication_and_slots(admin: Connection, names: Names, debezium: bool = False) -> Lsn:
+    """The publication, then the slots back to back (a third for Debezium if asked);
+    returns where the slots start."""
     admin.execute(
         sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(
             sql.Identifier(names.publication),
@@ -258,7 +271,8 @@ def _create_publication_and_slots(admin: Connection, names: Names) -> Lsn:
         )
     )
     starts = []
-    for slot in (names.capture_slot, names.baseline_slot):
+    slots = [names.capture_slot, names.baseline_slot]
+    for slot in [*slots, names.debezium_slot] if debezium else slots:
         row = admin.execute(
             "SELECT lsn::text FROM pg_create_logical_replication_slot(%s, 'pgoutput')", [slot]
         ).fetchone()
@@ -633,11 +647,15 @@ def capture_child(settings_json: str, stop_at: str) -> None:
 
 
 def _records_in(bootstrap: str, names: Names, tables: Sequence[str] = TABLES) -> int:
+    return _records_in_topics(bootstrap, names, list(names.change_topics(tables)))
+
+
+def _records_in_topics(bootstrap: str, names: Names, topics: Sequence[str]) -> int:
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{names.schema}-count"})
     try:
         return sum(
             _high_watermark(consumer, topic, partition) or 0
-            for topic in names.change_topics(tables)
+            for topic in topics
             for partition in range(PARTITIONS)
         )
     finally:
@@ -648,7 +666,7 @@ def _records_in(bootstrap: str, names: Names, tables: Sequence[str] = TABLES) ->
 
 
 def _drop_postgres_objects(admin: Connection, names: Names) -> None:
-    for slot in (names.capture_slot, names.baseline_slot):
+    for slot in (names.capture_slot, names.baseline_slot, names.debezium_slot):
         deadline = time.monotonic() + 30
         while True:
             try:
@@ -753,6 +771,37 @@ def _report(
     return valid
 
 
+def _report_debezium(backlog: Backlog, capture: Usage, peer: debezium_drain.DebeziumRun) -> bool:
+    """Print Debezium's row and the per-CPU-second comparison; whether it was valid."""
+    rows = backlog.changes
+    print(
+        f"\n{'drain':26} {'start-up s':>10} {'steady s':>9} {'rows/s':>9} "
+        f"{'start-up CPU s':>14} {'steady CPU s':>12} {'CPU us/chg':>10}"
+    )
+    print(
+        f"{'Debezium (steady)':26} {peer.startup_s:10.1f} {peer.steady_s:9.1f} "
+        f"{rows / peer.steady_s:9.0f} {peer.startup_cpu_s:14.1f} {peer.steady_cpu_s:12.1f} "
+        f"{peer.steady_cpu_s / rows * 1e6:10.1f}"
+    )
+    print(
+        f"{'capture (whole run)':26} {'':>10} {capture.wall_s:9.1f} {rows / capture.wall_s:9.0f} "
+        f"{'':>14} {capture.cpu_s:12.1f} {capture.cpu_s / rows * 1e6:10.1f}"
+    )
+    per_cpu = peer.steady_cpu_s / capture.cpu_s
+    verdict = "met" if per_cpu >= TARGET_VS_DEBEZIUM else "NOT met"
+    print(
+        f"capture rows per CPU second vs Debezium's steady rows per CPU second: {per_cpu:.2f}x "
+        f"(target >= {TARGET_VS_DEBEZIUM}: {verdict}); "
+        f"wall rate {peer.steady_s / capture.wall_s:.2f}x"
+    )
+    valid = peer.records == rows
+    print(
+        f"records in Debezium's topics: {peer.records} "
+        f"({'one per row change' if valid else f'EXPECTED {rows}'})"
+    )
+    return valid
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument(
@@ -765,6 +814,11 @@ def main() -> None:
         "--python-rows",
         action="store_true",
         help="capture with compiled_rows=false: every row encoded by the Python path",
+    )
+    parser.add_argument(
+        "--debezium",
+        action="store_true",
+        help="also drain the backlog with Debezium's connector (bench/debezium_drain.py)",
     )
     parser.add_argument("--capture-settings", help=argparse.SUPPRESS)
     parser.add_argument("--stop-at", help=argparse.SUPPRESS)
@@ -786,7 +840,7 @@ def main() -> None:
         cleanup.callback(_delete_topics, bootstrap, names)
         cleanup.callback(_drop_postgres_objects, admin, names)
         _create_tables(dsn, names)
-        start = _create_publication_and_slots(admin, names)
+        start = _create_publication_and_slots(admin, names, args.debezium)
         backlog = _write_backlog(admin, dsn, names, bindir, args.rows, start)
         print(f"draining {backlog.changes} row changes with pg_recvlogical...")
         baseline = _drain_with_pg_recvlogical(dsn, names, bindir, backlog)
@@ -803,6 +857,23 @@ def main() -> None:
         valid = _report(backlog, baseline, ours, records, args.profile)
         if profile is not None and profile.exists():
             _print_profile(profile)
+        if args.debezium:
+            print("draining them with Debezium (Kafka Connect standalone)...")
+            peer = debezium_drain.drain(
+                dsn=dsn,
+                bootstrap=bootstrap,
+                slot=names.debezium_slot,
+                publication=names.publication,
+                schema=names.schema,
+                tables=TABLES,
+                partitions=PARTITIONS,
+                changes=backlog.changes,
+                workdir=Path(scratch) / "debezium",
+                records_in=lambda topics: _records_in_topics(bootstrap, names, topics),
+                cpu_seconds=_proc_cpu_seconds,
+                timeout_s=DRAIN_TIMEOUT_S,
+            )
+            valid = _report_debezium(backlog, ours[0], peer) and valid
     if not valid:
         sys.exit(1)
 

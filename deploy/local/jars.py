@@ -17,6 +17,9 @@ Each set is resolved from Maven Central by a checked-in ``pom.xml`` under
   all of it the SDK bundle). The apply image resolves it itself; locally only a test
   that needs it should, and its jars go beside the wheel's Hadoop, not into
   ``.local/jars/spark``.
+- ``debezium``: a Kafka Connect worker with Debezium's PostgreSQL connector, for the
+  drain benchmark's side-by-side run (``bench/capture_drain.py --debezium``); no test
+  uses it.
 
 Which of the resolved Spark jars reach ``spark.jars`` is the apply job's rule, in
 :mod:`apply.spark_jars`.
@@ -34,7 +37,7 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 POM_DIR = PROJECT_ROOT / "deploy" / "jars"
 JAR_ROOT = PROJECT_ROOT / ".local" / "jars"
 JAR_SETS = ("kafka", "spark")
-ON_DEMAND_JAR_SETS = ("connect", "objectstore")
+ON_DEMAND_JAR_SETS = ("connect", "objectstore", "debezium")
 
 
 def jar_dir(name: str) -> Path:
