@@ -43,6 +43,7 @@ from capture.pgoutput import (
     Truncate,
     TupleData,
     Update,
+    decode,
     pg_micros_to_unix_micros,
 )
 from capture.pgoutput.messages import frozen_constructor
@@ -129,6 +130,8 @@ Output = (
 )
 
 
+_ENCODED_TAGS = frozenset((b"I", b"U"))
+"""Message tags the compiled encoder may take whole (Insert, Update)."""
 _UNCHANGED = ColumnKind.UNCHANGED_TOAST
 _BINARY = ColumnKind.BINARY
 
@@ -308,6 +311,25 @@ class ChangeStream:
         # Origin, Type and logical messages carry nothing to publish: types are read from
         # the catalog, and the publication does not request messages.
         return iter(out)
+
+    def handle_frame(self, payload: bytes | memoryview, change_lsn: Lsn) -> Iterator[Output]:
+        """:meth:`handle` of the pgoutput message in an XLogData ``payload`` (outside a
+        streamed transaction): an Insert, or an Update with only its new tuple, of a
+        table with a compiled encoder goes from its bytes to its record without being
+        decoded into objects; anything else is decoded and handled as usual, so the
+        outputs are the same either way (``tests/unit/capture/test_native_rows.py``)."""
+        data = bytes(payload)
+        tag = data[:1]
+        if tag in _ENCODED_TAGS and self._tx is not None:
+            codec = self.codecs.get(int.from_bytes(data[1:5]))
+            if codec is not None and codec.compiled is not None and codec.table not in self.errored:
+                encoded = codec.compiled.encode_row_message(data)
+                if encoded is not None:
+                    out: list[Output] = []
+                    op = Operation.INSERT if tag == b"I" else Operation.UPDATE
+                    self._emit_encoded(codec, op, change_lsn, out, encoded)
+                    return iter(out)
+        return self.handle(decode(data), change_lsn)
 
     def _relation(self, relation: Relation, out: list[Output]) -> None:
         relation = self.rekey(relation)

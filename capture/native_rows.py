@@ -32,6 +32,11 @@ class RowEncoder(Protocol):
         """``(row fields, key fields)`` without headers, or None: take the Python path."""
         ...
 
+    def encode_row_message(self, message: bytes, /) -> tuple[bytes, bytes] | None:
+        """``(row fields, key fields)`` of a pgoutput Insert, or of an Update with only
+        its new tuple; None: decode the message in Python."""
+        ...
+
     def encode_copy(
         self, data: bytes, key_header: bytes, value_head: bytes, first_ordinal: int, /
     ) -> tuple[list[bytes | None], list[bytes], bytes]:

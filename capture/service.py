@@ -40,7 +40,7 @@ from capture.change_stream import (
 from capture.credentials import connection_error, source_password
 from capture.errors import ConfigError, PipelineError, TransientError
 from capture.metrics import CaptureMetrics
-from capture.pgoutput import Relation, decode
+from capture.pgoutput import Relation
 from capture.progress import ProgressBook
 from capture.publisher import ChangePublisher, ControlReader, ControlState, Topics
 from capture.replication import ReplicationStream
@@ -422,8 +422,7 @@ class CaptureService:
                         # nothing before it is left to receive.
                         self._stop.set()
                 elif frame is not None:
-                    message = decode(frame.payload)
-                    for out in changes.handle(message, frame.wal_start):
+                    for out in changes.handle_frame(frame.payload, frame.wal_start):
                         if isinstance(out, OutgoingRecord):
                             flow.route(out, commit_lsn)
                         elif isinstance(out, SchemaRecord):

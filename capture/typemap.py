@@ -296,7 +296,7 @@ def _parse_date(site: _Site) -> Parse:
 
     def parse(value: bytes) -> int:
         # infinity and BC dates end in a letter: no exception on their way to slow().
-        if value[-1] > _DIGIT_9:
+        if not value or value[-1] > _DIGIT_9:
             return slow(value)
         try:
             return date.fromisoformat(value.decode()).toordinal() - _EPOCH_ORDINAL
@@ -349,7 +349,7 @@ def _parse_timestamp(site: _Site, epoch: datetime) -> Parse:
         return micros
 
     def parse(value: bytes) -> int:
-        if value[-1] > _DIGIT_9:  # infinity, BC
+        if not value or value[-1] > _DIGIT_9:  # infinity, BC
             return slow(value)
         try:
             since = datetime.fromisoformat(value.decode()) - epoch
@@ -386,7 +386,7 @@ def _parse_decimal(site: _Site, precision: int, scale: int) -> Parse:
 
     def parse(value: bytes) -> bytes:
         # Finite numeric text ends in a digit; NaN, Infinity and -Infinity do not.
-        if value[-1] > _DIGIT_9:
+        if not value or value[-1] > _DIGIT_9:
             raise site.table_error(
                 f"holds {value.decode()}, which DECIMAL({precision},{scale}) cannot carry: "
                 "make those values NULL or a number, or alter the column to unconstrained "

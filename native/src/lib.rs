@@ -514,6 +514,58 @@ impl TextRowEncoder {
         Ok((keys, values, PyBytes::new(py, &data[complete..])))
     }
 
+    /// `(row fields, key fields)` of a pgoutput row message as the server sends it
+    /// outside a streamed transaction: an Insert (`I`, relation oid, `N`, tuple), or an
+    /// Update that carries only its new tuple (`U`, relation oid, `N`, tuple: no `K` or
+    /// `O` part). The tuple's columns must be text or NULL. `None` for anything else --
+    /// another message, an old tuple, an unchanged TOAST or binary column, a text this
+    /// module does not take, bytes that do not parse to exactly the message's end: the
+    /// caller then decodes the message in Python, which reads it or says what is wrong
+    /// (`capture.pgoutput.decode`). The relation oid is the caller's to check.
+    fn encode_row_message<'py>(
+        &self,
+        py: Python<'py>,
+        message: &[u8],
+    ) -> Option<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)> {
+        if !matches!(message.first(), Some(b'I' | b'U')) || message.get(5) != Some(&b'N') {
+            return None;
+        }
+        let columns = u16::from_be_bytes(message.get(6..8)?.try_into().ok()?);
+        if usize::from(columns) != self.kinds.len() {
+            return None;
+        }
+        let mut row: Vec<u8> = Vec::with_capacity(64 + 16 * self.kinds.len());
+        let mut spans: Vec<Option<(usize, usize)>> = Vec::with_capacity(self.kinds.len());
+        let mut at = 8;
+        for &kind in &self.kinds {
+            match message.get(at)? {
+                b'n' => {
+                    row.push(NULL);
+                    spans.push(None);
+                    at += 1;
+                }
+                b't' => {
+                    let length = u32::from_be_bytes(message.get(at + 1..at + 5)?.try_into().ok()?);
+                    let start = at + 5;
+                    let end = start.checked_add(usize::try_from(length).ok()?)?;
+                    if !write_field(&mut row, &mut spans, kind, message.get(start..end)?) {
+                        return None;
+                    }
+                    at = end;
+                }
+                _ => return None, // unchanged TOAST or binary: the Python path
+            }
+        }
+        if at != message.len() {
+            return None;
+        }
+        let mut key: Vec<u8> = Vec::with_capacity(32);
+        if !self.key_fields(&row, &spans, &mut key) {
+            return None;
+        }
+        Some((PyBytes::new(py, &row), PyBytes::new(py, &key)))
+    }
+
     /// The number of columns a row has.
     fn __len__(&self) -> usize {
         self.kinds.len()

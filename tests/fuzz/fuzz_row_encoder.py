@@ -6,7 +6,10 @@ Usage::
     .venv/bin/python -m tests.fuzz.fuzz_row_encoder [libFuzzer flags, e.g. -runs=100000]
 
 An input picks what it is: a row of a table with a column of every kind the encoder
-reads, a single column of one kind, or a piece of COPY text for that wide table. Column
+reads, a single column of one kind, a piece of COPY text for that wide table, or a
+pgoutput Insert or Update of it (now and then cut short or overlong), which
+``ChangeStream.handle_frame`` must handle exactly as decoding it and handling the
+message does, errors included. Column
 texts come from a small grammar of the forms PostgreSQL prints for each type (dates with
 any digits, offsets with any sign, integers of any size...), with the input choosing
 the values, or are raw bytes. The property, in every case: what
@@ -18,15 +21,24 @@ accepts). Keys, values, ordinals and the line left over in COPY text are all com
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import atheris
 
 with atheris.instrument_imports():
-    from capture.change_stream import TableCodec
+    from capture.change_stream import ChangeFailed, ChangeStream, Output, TableCodec
     from capture.copy_text import CopyRows
     from capture.errors import ProtocolError, TableError
-    from capture.pgoutput import ColumnKind, Relation, RelationColumn, ReplicaIdentity, TupleData
+    from capture.pgoutput import (
+        Begin,
+        ColumnKind,
+        Relation,
+        RelationColumn,
+        ReplicaIdentity,
+        TupleData,
+        decode,
+    )
     from capture.typemap import map_column
     from schemas.errors import ChangeEncodingError
     from schemas.lsn import Lsn
@@ -64,6 +76,7 @@ def _codec(oids: tuple[int, ...], keys: int) -> TableCodec:
 
 
 WIDE = _codec(TYPE_OIDS, KEYS)
+WIDE_MAPPINGS = [map_column(oid, -1, {}, table="public.fuzz", column="c") for oid in TYPE_OIDS]
 SINGLE = [_codec((oid,), 1) for oid in TYPE_OIDS]
 
 
@@ -166,9 +179,56 @@ def _text(provider: Any, oid: int) -> bytes:
     )
 
 
+def _tuple_bytes(texts: list[bytes | None]) -> bytes:
+    parts = [len(texts).to_bytes(2, "big")]
+    for text in texts:
+        parts.append(b"n" if text is None else b"t" + len(text).to_bytes(4, "big") + text)
+    return b"".join(parts)
+
+
+def _stream() -> ChangeStream:
+    """A stream inside a transaction of the wide table. Two live for the whole run, one
+    per path: they see the same messages, so their ordinals stay in step (a message one
+    refuses, the other refuses before any state changes)."""
+    stream = ChangeStream(lambda relation: WIDE_MAPPINGS, "fuzz", defer_errors=True)
+    list(stream.handle(WIDE.relation, Lsn(1)))
+    list(stream.handle(Begin(Lsn(0x2000), 0, 7), Lsn(2)))
+    return stream
+
+
+FROM_FRAMES, DECODED = _stream(), _stream()
+
+
+def _outcome(run: Callable[[], Iterator[Output]]) -> list[Any] | str:
+    try:
+        outputs = list(run())
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return [(o.table, str(o.error)) if isinstance(o, ChangeFailed) else o for o in outputs]
+
+
+def _check_frame(message: bytes) -> None:
+    """A row message handled from its bytes gives what decoding it gives."""
+    from_frame = _outcome(lambda: FROM_FRAMES.handle_frame(message, Lsn(3)))
+    decoded = _outcome(lambda: DECODED.handle(decode(message), Lsn(3)))
+    if from_frame != decoded:
+        raise AssertionError(f"{message!r}: from bytes {from_frame!r}, decoded {decoded!r}")
+
+
 def test_one_input(data: bytes) -> None:
     provider = atheris.FuzzedDataProvider(data)
-    mode = provider.ConsumeIntInRange(0, 2)
+    mode = provider.ConsumeIntInRange(0, 3)
+    if mode == 3:
+        texts = [
+            None if provider.ConsumeIntInRange(0, 15) == 0 else _text(provider, o)
+            for o in TYPE_OIDS
+        ]
+        tag = b"I" if provider.ConsumeBool() else b"U"
+        message = tag + WIDE.relation.oid.to_bytes(4, "big") + b"N" + _tuple_bytes(texts)
+        cut = provider.ConsumeIntInRange(-3, 3)  # now and then cut short or overlong
+        message = message[:cut] if cut < 0 else message + bytes(provider.ConsumeBytes(cut))
+        _check_frame(message)
+        return
     if mode == 2:
         lines = []
         for _ in range(provider.ConsumeIntInRange(0, 4)):

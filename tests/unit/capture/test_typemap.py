@@ -448,6 +448,10 @@ def test_date_infinity_is_the_contract_sentinel() -> None:
 def test_date_not_in_iso_form_means_the_session_settings_are_missing() -> None:
     with pytest.raises(ConfigError, match="DateStyle=ISO"):
         parse(DATE, b"02/29/2024")
+    # An empty text too (found by tests/fuzz/fuzz_row_encoder.py: it raised IndexError).
+    for type_oid in (DATE, 1114, 1184):
+        with pytest.raises(ConfigError, match="DateStyle=ISO"):
+            parse(type_oid, b"")
 
 
 @pytest.mark.parametrize(
