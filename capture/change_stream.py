@@ -46,7 +46,7 @@ from capture.pgoutput import (
     decode,
     pg_micros_to_unix_micros,
 )
-from capture.pgoutput.messages import frozen_constructor
+from capture.pgoutput.messages import INSERT, UPDATE, frozen_constructor
 from capture.schema_registration import Framer, single_object
 from capture.typemap import ColumnMapping
 from schemas.change_record import (
@@ -130,8 +130,8 @@ Output = (
 )
 
 
-_ENCODED_TAGS = frozenset((b"I", b"U"))
-"""Message tags the compiled encoder may take whole (Insert, Update)."""
+_ENCODED_OPERATIONS = {INSERT: Operation.INSERT, UPDATE: Operation.UPDATE}
+"""Message tags the compiled encoder may take whole, and the operation they publish."""
 _UNCHANGED = ColumnKind.UNCHANGED_TOAST
 _BINARY = ColumnKind.BINARY
 
@@ -319,15 +319,14 @@ class ChangeStream:
         decoded into objects; anything else is decoded and handled as usual, so the
         outputs are the same either way (``tests/unit/capture/test_native_rows.py``)."""
         data = bytes(payload)
-        tag = data[:1]
-        if tag in _ENCODED_TAGS and self._tx is not None:
+        operation = _ENCODED_OPERATIONS.get(data[0]) if data else None
+        if operation is not None and self._tx is not None:
             codec = self.codecs.get(int.from_bytes(data[1:5]))
             if codec is not None and codec.compiled is not None and codec.table not in self.errored:
                 encoded = codec.compiled.encode_row_message(data)
                 if encoded is not None:
                     out: list[Output] = []
-                    op = Operation.INSERT if tag == b"I" else Operation.UPDATE
-                    self._emit_encoded(codec, op, change_lsn, out, encoded)
+                    self._emit_encoded(codec, operation, change_lsn, out, encoded)
                     return iter(out)
         return self.handle(decode(data), change_lsn)
 

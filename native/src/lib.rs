@@ -30,6 +30,21 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
 
+/// pgoutput message tags (<https://www.postgresql.org/docs/current/protocol-logicalrep-message-formats.html>).
+const INSERT: u8 = b'I';
+const UPDATE: u8 = b'U';
+/// Before a tuple: the new row (as opposed to `K`, a key, or `O`, an old row).
+const NEW_TUPLE: u8 = b'N';
+/// A tuple column's kind: NULL, or its text (`u`, unchanged TOAST, and `b`, binary, are
+/// left to the Python path).
+const COLUMN_NULL: u8 = b'n';
+const COLUMN_TEXT: u8 = b't';
+/// COPY text format: the NULL field, and the escape character.
+const COPY_NULL: &[u8] = b"\\N";
+const COPY_ESCAPE: u8 = b'\\';
+const COPY_COLUMN_SEPARATOR: u8 = b'\t';
+const COPY_ROW_END: u8 = b'\n';
+
 /// Branch 0 of a `["null", T]` union: null, nothing follows.
 const NULL: u8 = 0x00;
 /// A `boolean` false.
@@ -341,15 +356,15 @@ impl TextRowEncoder {
         row: &mut Vec<u8>,
         spans: &mut Vec<Option<(usize, usize)>>,
     ) -> bool {
-        let mut fields = line.split(|&b| b == b'\t');
+        let mut fields = line.split(|&b| b == COPY_COLUMN_SEPARATOR);
         for &kind in &self.kinds {
             let Some(field) = fields.next() else {
                 return false; // fewer columns than the table has
             };
-            if field == b"\\N" {
+            if field == COPY_NULL {
                 row.push(NULL);
                 spans.push(None);
-            } else if field.contains(&b'\\') || !write_field(row, spans, kind, field) {
+            } else if field.contains(&COPY_ESCAPE) || !write_field(row, spans, kind, field) {
                 return false; // an escape: the Python path unescapes it
             }
         }
@@ -480,13 +495,13 @@ impl TextRowEncoder {
         let values = PyList::empty(py);
         let complete = data
             .iter()
-            .rposition(|&b| b == b'\n')
+            .rposition(|&b| b == COPY_ROW_END)
             .map_or(0, |end| end + 1);
         let mut row: Vec<u8> = Vec::with_capacity(256);
         let mut spans: Vec<Option<(usize, usize)>> = Vec::with_capacity(self.kinds.len());
         let mut key: Vec<u8> = Vec::with_capacity(64);
         let mut value: Vec<u8> = Vec::with_capacity(512);
-        let lines = data[..complete].split_inclusive(|&b| b == b'\n');
+        let lines = data[..complete].split_inclusive(|&b| b == COPY_ROW_END);
         for (ordinal, terminated) in (first_ordinal..).zip(lines) {
             let line = &terminated[..terminated.len() - 1];
             row.clear();
@@ -527,7 +542,8 @@ impl TextRowEncoder {
         py: Python<'py>,
         message: &[u8],
     ) -> Option<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)> {
-        if !matches!(message.first(), Some(b'I' | b'U')) || message.get(5) != Some(&b'N') {
+        if !matches!(message.first(), Some(&INSERT | &UPDATE)) || message.get(5) != Some(&NEW_TUPLE)
+        {
             return None;
         }
         let columns = u16::from_be_bytes(message.get(6..8)?.try_into().ok()?);
@@ -538,13 +554,13 @@ impl TextRowEncoder {
         let mut spans: Vec<Option<(usize, usize)>> = Vec::with_capacity(self.kinds.len());
         let mut at = 8;
         for &kind in &self.kinds {
-            match message.get(at)? {
-                b'n' => {
+            match *message.get(at)? {
+                COLUMN_NULL => {
                     row.push(NULL);
                     spans.push(None);
                     at += 1;
                 }
-                b't' => {
+                COLUMN_TEXT => {
                     let length = u32::from_be_bytes(message.get(at + 1..at + 5)?.try_into().ok()?);
                     let start = at + 5;
                     let end = start.checked_add(usize::try_from(length).ok()?)?;
