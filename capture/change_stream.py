@@ -455,9 +455,7 @@ class ChangeStream:
         """:meth:`_emit` of a change with only an after image, already encoded: ``(row
         fields, key fields)`` from :meth:`TableCodec.encode_texts`."""
         after_fields, key_fields = encoded
-        tx = self._record_start(codec, op, out)
-        ordinal = tx.ordinal
-        tx.ordinal = ordinal + 1
+        tx, ordinal = self._record_start(codec, op, out)
         encoder = codec.encoder
         value = encoder.encode_encoded_after(
             op=op,
@@ -476,9 +474,12 @@ class ChangeStream:
             )
         )
 
-    def _record_start(self, codec: TableCodec, op: Operation, out: list[Output]) -> _Transaction:
-        """The open transaction, after the table version's schema records if they are not
-        out yet; counts the record for the metrics."""
+    def _record_start(
+        self, codec: TableCodec, op: Operation, out: list[Output]
+    ) -> tuple[_Transaction, int]:
+        """The open transaction and the record's ordinal in it (taken), after the table
+        version's schema records if they are not out yet; counts the record for the
+        metrics."""
         tx = self._tx
         if tx is None:
             raise TableError(codec.table, "a change arrived outside a transaction")
@@ -493,7 +494,9 @@ class ChangeStream:
             counts = decoded.counts
             counted = (codec.table, op)
             counts[counted] = counts.get(counted, 0) + 1
-        return tx
+        ordinal = tx.ordinal
+        tx.ordinal = ordinal + 1
+        return tx, ordinal
 
     def _emit(
         self,
@@ -507,12 +510,10 @@ class ChangeStream:
         unchanged: tuple[str, ...] = (),
         key_only: bool = False,
     ) -> None:
-        tx = self._record_start(codec, op, out)
+        tx, ordinal = self._record_start(codec, op, out)
         fingerprint = codec.schemas.value_fingerprint
         # The fields of a Change, encoded without building one: the branches above
         # already guarantee what Change checks (which images each operation carries).
-        ordinal = tx.ordinal
-        tx.ordinal = ordinal + 1
         encoder = codec.encoder
         key = encoder.encode_row_key(after if after is not None else before)
         value = encoder.encode_fields(

@@ -262,6 +262,16 @@ def read_chunk(
             values.append(value)
             rows += 1
 
+    def encoded_or_failure() -> TableError | None:
+        """:func:`encode_lines`, or the table's failure: a row the contract cannot carry."""
+        try:
+            encode_lines()
+        except ChangeEncodingError as exc:
+            return TableError(table, str(exc))
+        except TableError as exc:
+            return exc
+        return None
+
     with conn.cursor().copy(chunk_query(codec.relation, chunk)) as copy:
         for data in copy:
             if cancelled():
@@ -271,23 +281,13 @@ def read_chunk(
             lines.append(bytes(data))
             if len(lines) < BATCH_ROWS:
                 continue
-            try:
-                encode_lines()
-            except ChangeEncodingError as exc:
-                failure = TableError(table, str(exc))
-            except TableError as exc:
-                failure = exc
+            failure = encoded_or_failure()
             if failure is None:
                 _check_ordinals(chunk, rows)
                 emit(cast("list[bytes]", keys), values)
                 keys, values = [], []
     if failure is None and lines:
-        try:
-            encode_lines()
-        except ChangeEncodingError as exc:
-            failure = TableError(table, str(exc))
-        except TableError as exc:
-            failure = exc
+        failure = encoded_or_failure()
     if failure is not None:
         raise failure
     if rest:

@@ -615,14 +615,12 @@ class ChangeEncoder:
         snapshot READ, an UPDATE without a ``before``), given as its fields already
         encoded (every field of :attr:`TableSchemas.field_names`, in order, each a
         ``["null", T]`` union): what capture's compiled row encoder produces."""
-        commit, transaction = _transaction_fields(commit_lsn, xid, commit_ts)
+        head = self.value_head(
+            op=op, commit_lsn=commit_lsn, change_lsn=change_lsn, xid=xid, commit_ts=commit_ts
+        )
         return b"".join(
             (
-                self._value_header,
-                _OPERATION_INDEX[op],
-                commit,
-                avro_binary.long_(change_lsn),
-                transaction,
+                head,
                 avro_binary.long_(ordinal),
                 _AFTER_ONLY,
                 after_fields,
