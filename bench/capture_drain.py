@@ -588,14 +588,19 @@ def _drain_with_pg_recvlogical(
 
 
 def _capture_settings(
-    dsn: str, bootstrap: str, names: Names, compiled_rows: bool = True
+    dsn: str,
+    bootstrap: str,
+    names: Names,
+    compiled_rows: bool = True,
+    producer: dict[str, str] | None = None,
 ) -> CaptureSettings:
     # The backlog is the measured work: rows that existed before the slot are not part
     # of it, so no initial snapshot.
     settings = names.capture_settings(
         dsn, bootstrap, TABLES, partitions=PARTITIONS, snapshot_mode="never"
     )
-    return settings.model_copy(update={"compiled_rows": compiled_rows})
+    kafka = settings.kafka.model_copy(update={"producer": producer or {}})
+    return settings.model_copy(update={"compiled_rows": compiled_rows, "kafka": kafka})
 
 
 def _drain_with_capture(
@@ -606,6 +611,7 @@ def _drain_with_capture(
     backlog: Backlog,
     profile: Path | None,
     compiled_rows: bool = True,
+    producer: dict[str, str] | None = None,
 ) -> tuple[Usage, float | None, float | None]:
     """Returns the child's usage, the walsender's CPU and the Kafka broker's CPU."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
@@ -613,7 +619,7 @@ def _drain_with_capture(
     admin.create_topics(
         [NewTopic(names.control_topic, 1, 1, config={"cleanup.policy": "compact"})]
     )[names.control_topic].result(30)
-    settings = _capture_settings(dsn, bootstrap, names, compiled_rows)
+    settings = _capture_settings(dsn, bootstrap, names, compiled_rows, producer)
     profiler = ["-m", "cProfile", "-o", str(profile)] if profile is not None else []
     argv = [
         sys.executable,
@@ -643,7 +649,53 @@ def capture_child(settings_json: str, stop_at: str) -> None:
     """The measured capture process: drain the slot up to ``stop_at`` and exit."""
     logging.basicConfig(level=logging.WARNING, format="capture: %(levelname)s %(message)s")
     settings = CaptureSettings.model_validate_json(settings_json)
-    CaptureService(settings, threading.Event(), stop_at=parse_lsn(stop_at)).run()
+    threads = ThreadCpu()
+    threads.start()
+    try:
+        CaptureService(settings, threading.Event(), stop_at=parse_lsn(stop_at)).run()
+    finally:
+        threads.stop()
+        print(f"capture CPU by thread: {threads.summary()}", file=sys.stderr)
+
+
+class ThreadCpu(threading.Thread):
+    """User + system CPU of each thread of this process, sampled from /proc every 0.2 s
+    (a thread's total is gone from /proc once it exits, so the last sample stands):
+    where capture's CPU goes between its Python thread and librdkafka's."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self._seconds: dict[tuple[int, str], float] = {}
+        self._done = threading.Event()
+        self._ticks = os.sysconf("SC_CLK_TCK")
+
+    def run(self) -> None:
+        while not self._done.wait(0.2):
+            self._sample()
+
+    def stop(self) -> None:
+        self._done.set()
+        self.join()
+        self._sample()
+
+    def _sample(self) -> None:
+        for task in Path("/proc/self/task").iterdir():
+            with contextlib.suppress(OSError):
+                stat = (task / "stat").read_text()
+                name = stat[stat.index("(") + 1 : stat.rindex(")")]
+                fields = stat[stat.rindex(")") + 2 :].split()
+                # utime and stime are fields 14 and 15 of stat(5), 12 and 13 after comm.
+                seconds = (int(fields[11]) + int(fields[12])) / self._ticks
+                self._seconds[(int(task.name), name)] = seconds
+
+    def summary(self) -> str:
+        main_tid = os.getpid()
+        by_kind: dict[str, float] = {}
+        for (tid, name), seconds in self._seconds.items():
+            kind = "python main" if tid == main_tid else name.split("#")[0].split("/")[0]
+            by_kind[kind] = by_kind.get(kind, 0.0) + seconds
+        ranked = sorted(by_kind.items(), key=lambda item: -item[1])
+        return ", ".join(f"{kind} {seconds:.1f} s" for kind, seconds in ranked if seconds >= 0.05)
 
 
 def _records_in(bootstrap: str, names: Names, tables: Sequence[str] = TABLES) -> int:
@@ -802,6 +854,16 @@ def _report_debezium(backlog: Backlog, capture: Usage, peer: debezium_drain.Debe
     return valid
 
 
+def _producer_properties(pairs: Sequence[str]) -> dict[str, str]:
+    properties: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise SystemExit(f"--producer takes PROPERTY=VALUE, not {pair!r}")
+        properties[name] = value
+    return properties
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument(
@@ -819,6 +881,13 @@ def main() -> None:
         "--debezium",
         action="store_true",
         help="also drain the backlog with Debezium's connector (bench/debezium_drain.py)",
+    )
+    parser.add_argument(
+        "--producer",
+        action="append",
+        default=[],
+        metavar="PROPERTY=VALUE",
+        help="a librdkafka property for capture's producer (kafka.producer), repeatable",
     )
     parser.add_argument("--capture-settings", help=argparse.SUPPRESS)
     parser.add_argument("--stop-at", help=argparse.SUPPRESS)
@@ -851,7 +920,14 @@ def main() -> None:
         profile = Path(scratch) / "capture.prof" if args.profile else None
         kafka_pid = read_pid(state.kafka.pid_file)
         ours = _drain_with_capture(
-            dsn, bootstrap, kafka_pid, names, backlog, profile, not args.python_rows
+            dsn,
+            bootstrap,
+            kafka_pid,
+            names,
+            backlog,
+            profile,
+            not args.python_rows,
+            _producer_properties(args.producer),
         )
         records = _records_in(bootstrap, names)
         valid = _report(backlog, baseline, ours, records, args.profile)

@@ -57,7 +57,14 @@ from schemas.change_record import (
     build_table_schemas,
 )
 from schemas.errors import ChangeEncodingError
-from schemas.headers import Headers, position_headers, record_headers
+from schemas.headers import (
+    Headers,
+    SharedHeaders,
+    headers_at,
+    position_headers,
+    record_headers,
+    shared_headers,
+)
 from schemas.lsn import Lsn
 from schemas.naming import table_topic
 from schemas.operation import Operation
@@ -250,12 +257,22 @@ class TableCodec:
         return tuple(row[names[i]] for i in self.key_indexes)
 
 
+_RecordShape = tuple[bytes, bytes, SharedHeaders]
+"""What the records of one transaction, table version and operation share around their
+``change_lsn``: the value's start and middle
+(:meth:`~schemas.change_record.ChangeEncoder.value_around_change_lsn`) and the headers
+but ``change_lsn``."""
+
+
 @dataclass(slots=True)
 class _Transaction:
     commit_lsn: Lsn
     xid: int
     commit_ts: int
     ordinal: int = 0
+    shapes: dict[tuple[TableCodec, int], _RecordShape] = field(default_factory=dict)
+    """By table codec and pgoutput tag, for the records the compiled encoder writes
+    whole (a codec is a key by identity: a new table version is a new codec)."""
 
 
 def _as_sent(relation: Relation) -> Relation:
@@ -319,16 +336,41 @@ class ChangeStream:
         decoded into objects; anything else is decoded and handled as usual, so the
         outputs are the same either way (``tests/unit/capture/test_native_rows.py``)."""
         data = bytes(payload)
-        operation = _ENCODED_OPERATIONS.get(data[0]) if data else None
-        if operation is not None and self._tx is not None:
+        tag = data[0] if data else -1
+        operation = _ENCODED_OPERATIONS.get(tag)
+        tx = self._tx
+        if operation is not None and tx is not None:
             codec = self.codecs.get(int.from_bytes(data[1:5]))
             if codec is not None and codec.compiled is not None and codec.table not in self.errored:
-                encoded = codec.compiled.encode_row_message(data)
+                shape = tx.shapes.get((codec, tag))
+                if shape is None:
+                    shape = self._shape(codec, operation, tx)
+                    tx.shapes[(codec, tag)] = shape
+                value_start, value_middle, shared = shape
+                encoded = codec.compiled.encode_change(
+                    data,
+                    codec.encoder.key_header,
+                    value_start,
+                    change_lsn,
+                    value_middle,
+                    tx.ordinal,
+                )
                 if encoded is not None:
                     out: list[Output] = []
-                    self._emit_encoded(codec, operation, change_lsn, out, encoded)
+                    # Takes the ordinal written above: nothing ran in between.
+                    self._record_start(codec, operation, out)
+                    key, value, change_lsn_text = encoded
+                    headers = headers_at(shared, change_lsn_text)
+                    out.append(_new_record(codec.topic, key, value, headers, codec.table))
                     return iter(out)
         return self.handle(decode(data), change_lsn)
+
+    @staticmethod
+    def _shape(codec: TableCodec, op: Operation, tx: _Transaction) -> _RecordShape:
+        start, middle = codec.encoder.value_around_change_lsn(
+            op=op, commit_lsn=tx.commit_lsn, xid=tx.xid, commit_ts=tx.commit_ts
+        )
+        return start, middle, shared_headers(op, tx.commit_lsn, codec.schemas.value_fingerprint)
 
     def _relation(self, relation: Relation, out: list[Output]) -> None:
         relation = self.rekey(relation)

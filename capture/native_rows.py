@@ -37,6 +37,22 @@ class RowEncoder(Protocol):
         its new tuple; None: decode the message in Python."""
         ...
 
+    def encode_change(  # noqa: PLR0917 -- the compiled method takes positions only
+        self,
+        message: bytes,
+        key_header: bytes,
+        value_start: bytes,
+        change_lsn: int,
+        value_middle: bytes,
+        ordinal: int,
+        /,
+    ) -> tuple[bytes, bytes, bytes] | None:
+        """The whole record of a row message :meth:`encode_row_message` takes: ``(key,
+        value, change LSN text)``, the value ``value_start``, ``change_lsn``,
+        ``value_middle``, ``ordinal``, then the after-only image; None: decode the
+        message in Python."""
+        ...
+
     def encode_copy(
         self, data: bytes, key_header: bytes, value_head: bytes, first_ordinal: int, /
     ) -> tuple[list[bytes | None], list[bytes], bytes]:

@@ -6,6 +6,16 @@ class TextRowEncoder:
     ) -> None: ...
     def encode(self, values: tuple[bytes | None, ...], /) -> tuple[bytes, bytes] | None: ...
     def encode_row_message(self, message: bytes, /) -> tuple[bytes, bytes] | None: ...
+    def encode_change(
+        self,
+        message: bytes,
+        key_header: bytes,
+        value_start: bytes,
+        change_lsn: int,
+        value_middle: bytes,
+        ordinal: int,
+        /,
+    ) -> tuple[bytes, bytes, bytes] | None: ...
     def encode_copy(
         self, data: bytes, key_header: bytes, value_head: bytes, first_ordinal: int, /
     ) -> tuple[list[bytes | None], list[bytes], bytes]: ...

@@ -583,16 +583,21 @@ class ChangeEncoder:
         ``change_lsn``, ``xid`` and ``commit_ts``, shared by all the records of a
         snapshot chunk (what the compiled encoder's ``encode_copy`` starts each value
         with)."""
-        commit, transaction = _transaction_fields(commit_lsn, xid, commit_ts)
-        return b"".join(
-            (
-                self._value_header,
-                _OPERATION_INDEX[op],
-                commit,
-                avro_binary.long_(change_lsn),
-                transaction,
-            )
+        start, middle = self.value_around_change_lsn(
+            op=op, commit_lsn=commit_lsn, xid=xid, commit_ts=commit_ts
         )
+        return b"".join((start, avro_binary.long_(change_lsn), middle))
+
+    def value_around_change_lsn(
+        self, *, op: Operation, commit_lsn: Lsn, xid: int, commit_ts: int
+    ) -> tuple[bytes, bytes]:
+        """:meth:`value_head` in the two parts around its ``change_lsn``: header, ``op``
+        and ``commit_lsn``; then ``xid`` and ``commit_ts``. Both are the same for every
+        record of one transaction, table version and operation, so the stream computes
+        them once and its compiled encoder writes each record's ``change_lsn`` between
+        them (``encode_change``)."""
+        commit, transaction = _transaction_fields(commit_lsn, xid, commit_ts)
+        return self._value_header + _OPERATION_INDEX[op] + commit, transaction
 
     @property
     def key_header(self) -> bytes:

@@ -44,12 +44,33 @@ def record_headers(
 ) -> Headers:
     """:func:`change_headers` from the fields it reads, for callers that have no
     :class:`Change` at hand."""
-    return [
+    return headers_at(
+        shared_headers(op, commit_lsn, value_fingerprint), format_lsn(change_lsn).encode("ascii")
+    )
+
+
+SharedHeaders = tuple[tuple[str, bytes], tuple[str, bytes], tuple[str, bytes]]
+"""The headers of a change record but ``change_lsn``: ``commit_lsn``, ``op`` and the
+schema fingerprint, the same for every record of one transaction, operation and table
+version."""
+
+
+def shared_headers(op: Operation, commit_lsn: Lsn, value_fingerprint: Fingerprint) -> SharedHeaders:
+    """The :data:`SharedHeaders` of records of this operation, transaction and table
+    version."""
+    return (
         _commit_lsn_header(commit_lsn),
-        (CHANGE_LSN, format_lsn(change_lsn).encode("ascii")),
         _OPERATIONS[op],
         _fingerprint_header(value_fingerprint),
-    ]
+    )
+
+
+def headers_at(shared: SharedHeaders, change_lsn_text: bytes) -> Headers:
+    """The headers of the record at ``change_lsn_text`` (an LSN as
+    :func:`schemas.lsn.format_lsn` writes it, ASCII) that shares the rest: one
+    definition of their order for both encoders."""
+    commit, operation, fingerprint = shared
+    return [commit, (CHANGE_LSN, change_lsn_text), operation, fingerprint]
 
 
 def tombstone_headers(delete: Change) -> Headers:

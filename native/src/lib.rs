@@ -371,6 +371,48 @@ impl TextRowEncoder {
         fields.next().is_none()
     }
 
+    /// The row fields and key fields of a row message [`encode_row_message`] takes.
+    fn row_message_fields(&self, message: &[u8]) -> Option<(Vec<u8>, Vec<u8>)> {
+        if !matches!(message.first(), Some(&INSERT | &UPDATE)) || message.get(5) != Some(&NEW_TUPLE)
+        {
+            return None;
+        }
+        let columns = u16::from_be_bytes(message.get(6..8)?.try_into().ok()?);
+        if usize::from(columns) != self.kinds.len() {
+            return None;
+        }
+        let mut row: Vec<u8> = Vec::with_capacity(64 + 16 * self.kinds.len());
+        let mut spans: Vec<Option<(usize, usize)>> = Vec::with_capacity(self.kinds.len());
+        let mut at = 8;
+        for &kind in &self.kinds {
+            match *message.get(at)? {
+                COLUMN_NULL => {
+                    row.push(NULL);
+                    spans.push(None);
+                    at += 1;
+                }
+                COLUMN_TEXT => {
+                    let length = u32::from_be_bytes(message.get(at + 1..at + 5)?.try_into().ok()?);
+                    let start = at + 5;
+                    let end = start.checked_add(usize::try_from(length).ok()?)?;
+                    if !write_field(&mut row, &mut spans, kind, message.get(start..end)?) {
+                        return None;
+                    }
+                    at = end;
+                }
+                _ => return None, // unchanged TOAST or binary: the Python path
+            }
+        }
+        if at != message.len() {
+            return None;
+        }
+        let mut key: Vec<u8> = Vec::with_capacity(32);
+        if !self.key_fields(&row, &spans, &mut key) {
+            return None;
+        }
+        Some((row, key))
+    }
+
     /// The key record's fields from a row's fields; false when a non-null key field is
     /// null.
     fn key_fields(&self, row: &[u8], spans: &[Option<(usize, usize)>], key: &mut Vec<u8>) -> bool {
@@ -542,44 +584,55 @@ impl TextRowEncoder {
         py: Python<'py>,
         message: &[u8],
     ) -> Option<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)> {
-        if !matches!(message.first(), Some(&INSERT | &UPDATE)) || message.get(5) != Some(&NEW_TUPLE)
-        {
-            return None;
-        }
-        let columns = u16::from_be_bytes(message.get(6..8)?.try_into().ok()?);
-        if usize::from(columns) != self.kinds.len() {
-            return None;
-        }
-        let mut row: Vec<u8> = Vec::with_capacity(64 + 16 * self.kinds.len());
-        let mut spans: Vec<Option<(usize, usize)>> = Vec::with_capacity(self.kinds.len());
-        let mut at = 8;
-        for &kind in &self.kinds {
-            match *message.get(at)? {
-                COLUMN_NULL => {
-                    row.push(NULL);
-                    spans.push(None);
-                    at += 1;
-                }
-                COLUMN_TEXT => {
-                    let length = u32::from_be_bytes(message.get(at + 1..at + 5)?.try_into().ok()?);
-                    let start = at + 5;
-                    let end = start.checked_add(usize::try_from(length).ok()?)?;
-                    if !write_field(&mut row, &mut spans, kind, message.get(start..end)?) {
-                        return None;
-                    }
-                    at = end;
-                }
-                _ => return None, // unchanged TOAST or binary: the Python path
-            }
-        }
-        if at != message.len() {
-            return None;
-        }
-        let mut key: Vec<u8> = Vec::with_capacity(32);
-        if !self.key_fields(&row, &spans, &mut key) {
-            return None;
-        }
+        let (row, key) = self.row_message_fields(message)?;
         Some((PyBytes::new(py, &row), PyBytes::new(py, &key)))
+    }
+
+    /// The whole record of a row message that [`encode_row_message`] takes, as the
+    /// stream publishes it: `(key, value, change LSN text)`. The key is `key_header`
+    /// then the key fields. The value is `value_start`, the zig-zag `change_lsn`,
+    /// `value_middle`, the zig-zag `ordinal`, then an after-only image (no `before`, the
+    /// row, no unchanged columns): the caller's two parts are what the change record
+    /// holds before and after `change_lsn` (header, `op`, `commit_lsn`; `xid`,
+    /// `commit_ts`), the same for every record of a transaction, table version and
+    /// operation. The text is `change_lsn` as PostgreSQL prints an LSN (`%X/%X`), for
+    /// the record's `change_lsn` header. One call instead of the row fields and then
+    /// the record's assembly in Python, which cost more than the row itself.
+    #[allow(clippy::too_many_arguments)]
+    fn encode_change<'py>(
+        &self,
+        py: Python<'py>,
+        message: &[u8],
+        key_header: &[u8],
+        value_start: &[u8],
+        change_lsn: u64,
+        value_middle: &[u8],
+        ordinal: i64,
+    ) -> Option<(
+        Bound<'py, PyBytes>,
+        Bound<'py, PyBytes>,
+        Bound<'py, PyBytes>,
+    )> {
+        let (row, key_fields) = self.row_message_fields(message)?;
+        let mut key = Vec::with_capacity(key_header.len() + key_fields.len());
+        key.extend_from_slice(key_header);
+        key.extend_from_slice(&key_fields);
+        let mut value = Vec::with_capacity(value_start.len() + value_middle.len() + row.len() + 24);
+        value.extend_from_slice(value_start);
+        // An LSN is a long in the record: its 64 bits as a signed value, as Python's
+        // writer takes it (every LSN a server gives is below 2^63).
+        write_long(&mut value, i64::try_from(change_lsn).ok()?);
+        value.extend_from_slice(value_middle);
+        write_long(&mut value, ordinal);
+        value.extend_from_slice(&[FALSE, NULL, NON_NULL]);
+        value.extend_from_slice(&row);
+        value.push(NULL); // no unchanged columns
+        let lsn_text = format!("{:X}/{:X}", change_lsn >> 32, change_lsn & 0xFFFF_FFFF);
+        Some((
+            PyBytes::new(py, &key),
+            PyBytes::new(py, &value),
+            PyBytes::new(py, lsn_text.as_bytes()),
+        ))
     }
 
     /// The number of columns a row has.

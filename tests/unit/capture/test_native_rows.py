@@ -34,7 +34,8 @@ from capture.pgoutput import (
 )
 from capture.typemap import ColumnMapping, map_column
 from schemas.errors import ChangeEncodingError
-from schemas.lsn import Lsn
+from schemas.headers import CHANGE_LSN
+from schemas.lsn import Lsn, format_lsn
 from schemas.operation import Operation
 
 if not native_rows.AVAILABLE:
@@ -485,6 +486,116 @@ def test_row_messages_from_their_bytes_give_the_outputs_of_decoding_them() -> No
     records = [o for o in from_frames if isinstance(o, OutgoingRecord)]
     assert len(records) > 250
     assert any(isinstance(o, tuple) for o in from_frames), "refused texts fail their change"
+
+
+def _frames_outputs_at(frames: bool, messages: Sequence[tuple[bytes, Lsn]]) -> list[Any]:
+    stream = ChangeStream(_describe, "cdc", defer_errors=True)
+    out: list[Output] = []
+    for payload, lsn in messages:
+        out += stream.handle_frame(payload, lsn) if frames else stream.handle(decode(payload), lsn)
+    return out
+
+
+def test_records_from_frames_across_transactions_tables_and_table_versions() -> None:
+    """What the stream shares between the records it writes from their bytes (per
+    transaction, table version and operation) is never carried to another: ordinals,
+    commit positions, xids, schema headers and operations are those of decoding."""
+    first = _relation([("id", 20, True), ("label", 25, False)], oid=16500)
+    second = _relation([("k", 23, True), ("at", 1184, False)], oid=16501)
+    # The first table gains a column in the middle of a transaction: a new version.
+    widened = dataclasses.replace(
+        first, columns=(*first.columns, RelationColumn(False, "extra", 701, -1))
+    )
+
+    def row(relation: Relation, tag: bytes, values: list[bytes | None]) -> bytes:
+        return tag + relation.oid.to_bytes(4, "big") + b"N" + _tuple_bytes(values)
+
+    def begin(final_lsn: int, xid: int) -> bytes:
+        return (
+            b"B"
+            + final_lsn.to_bytes(8, "big")
+            + (123_456).to_bytes(8, "big")
+            + xid.to_bytes(4, "big")
+        )
+
+    def commit(lsn: int, end: int) -> bytes:
+        return b"C" + bytes(1) + lsn.to_bytes(8, "big") + end.to_bytes(8, "big") + bytes(8)
+
+    # LSNs beyond 32 bits, and at the edges of each half of their text form.
+    base = 0x1_FFFF_FFF0
+    messages: list[tuple[bytes, Lsn]] = [
+        (_relation_message(first), Lsn(0)),
+        (_relation_message(second), Lsn(0)),
+    ]
+    lsn = base
+    table_one, extra = first, list[bytes | None]()
+    for xid, count in ((700, 3), (701, 5), (4_000_000_000, 2)):
+        final = lsn + 0x100
+        messages.append((begin(final, xid), Lsn(lsn)))
+        for i in range(count):
+            lsn += 7
+            tag = b"IU"[i % 2 : i % 2 + 1]
+            messages.append((row(table_one, tag, [str(i).encode(), b"x", *extra]), Lsn(lsn)))
+            lsn += 7
+            messages.append(
+                (row(second, b"I", [str(-i).encode(), b"2024-02-29 23:59:59.5+00"]), Lsn(lsn))
+            )
+        if xid == 701:
+            messages.append((_relation_message(widened), Lsn(0)))
+            lsn += 7
+            messages.append((row(widened, b"I", [b"9", None, b"1.5"]), Lsn(lsn)))
+            lsn += 7
+            messages.append((row(widened, b"U", [b"9", b"y", b"-2.25"]), Lsn(lsn)))
+            table_one, extra = widened, [b"0.5"]
+        messages.append((commit(final, final + 0x10), Lsn(final + 0x10)))
+        lsn = final + 0x10
+    from_frames = _frames_outputs_at(True, messages)
+    assert from_frames == _frames_outputs_at(False, messages)
+    assert not any(isinstance(o, ChangeFailed) for o in from_frames)
+    records = [o for o in from_frames if isinstance(o, OutgoingRecord)]
+    assert len(records) == 2 * (3 + 5 + 2) + 2
+    texts = {dict(r.headers)[CHANGE_LSN] for r in records}
+    assert b"1/FFFFFFF7" in texts
+    assert b"2/5" in texts  # the low half printed without leading zeros
+
+
+@pytest.mark.parametrize("lsn", [0, 1, 0xFFFF_FFFF, 1 << 32, (1 << 63) - 1])
+def test_a_record_written_whole_carries_the_change_lsn_as_the_python_path_writes_it(
+    lsn: int,
+) -> None:
+    relation = _relation([("id", 20, True)])
+    codec = _codec(relation, True)
+    assert codec.compiled is not None
+    message = b"I" + relation.oid.to_bytes(4, "big") + b"N" + _tuple_bytes([b"5"])
+    start, middle = codec.encoder.value_around_change_lsn(
+        op=Operation.INSERT, commit_lsn=Lsn(lsn), xid=3, commit_ts=4
+    )
+    encoded = codec.compiled.encode_change(message, codec.encoder.key_header, start, lsn, middle, 6)
+    assert encoded is not None
+    key, value, text = encoded
+    after, _ = codec.row(TupleData((T,), (b"5",)))
+    assert key == codec.encoder.encode_row_key(after)
+    assert value == codec.encoder.encode_fields(
+        op=Operation.INSERT,
+        commit_lsn=Lsn(lsn),
+        change_lsn=Lsn(lsn),
+        xid=3,
+        commit_ts=4,
+        ordinal=6,
+        before=None,
+        after=after,
+        unchanged_columns=(),
+        before_key_only=False,
+    )
+    assert text == format_lsn(Lsn(lsn)).encode()
+
+
+def test_an_lsn_past_the_signed_range_is_left_to_the_python_path() -> None:
+    relation = _relation([("id", 20, True)])
+    codec = _codec(relation, True)
+    assert codec.compiled is not None
+    message = b"I" + relation.oid.to_bytes(4, "big") + b"N" + _tuple_bytes([b"5"])
+    assert codec.compiled.encode_change(message, b"", b"", 1 << 63, b"", 0) is None
 
 
 def test_recorded_frames_give_the_outputs_of_decoding_them() -> None:
