@@ -25,6 +25,12 @@ rows, and nothing else. Then, in the same run:
 
 The topic must hold exactly N records afterwards. Everything created is dropped.
 
+Beside capture's own CPU, the Kafka broker's and the PostgreSQL cluster's during the
+run are read from ``/proc`` (the cluster's includes backends that exited, through the
+postmaster's reaped-children times). Their sum per row gives the rate the machine's
+cores allow at that cost: on a small machine where the services share the cores with
+capture, that, not capture, bounds what more workers can add.
+
 ``--kill-at F`` adds a **resume** run, with the last ``--workers`` value, on a table of
 its own: the capture child is killed with SIGKILL once the change topic holds F x N
 records, then started again on the same slot and control topic, and runs to the end.
@@ -45,6 +51,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import psycopg
 from confluent_kafka import KafkaException
@@ -61,6 +68,7 @@ from bench.capture_drain import (
     Usage,
     _delete_topics,
     _drop_postgres_objects,
+    _proc_cpu_seconds,
     _records_in,
     _run_measured,
     _workload_dsn,
@@ -69,6 +77,7 @@ from capture import native_rows
 from capture.admin import table_statuses
 from capture.settings import CaptureSettings
 from deploy.local import stack
+from deploy.local.process import read_pid
 from schemas.control import SnapshotResume
 from schemas.lsn import Lsn, format_lsn, parse_lsn
 
@@ -139,6 +148,10 @@ class Run:
     copied: int
     usage: Usage
     records: int
+    broker_cpu_s: float | None
+    """The Kafka broker's CPU during capture's run (None: its process was not found)."""
+    postgres_cpu_s: float | None
+    """The PostgreSQL cluster's: every server process, the COPY backends included."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,18 +209,56 @@ def _capture_argv(settings: CaptureSettings, stop_at: Lsn) -> list[str]:
     ]
 
 
-def _measure(dsn: str, bootstrap: str, rows: int, workers: int, compiled_rows: bool) -> Run:
+def _cluster_cpu_seconds(postmaster: int) -> float | None:
+    """CPU of a PostgreSQL cluster so far: the postmaster's own, that of the children it
+    has reaped (``cutime``/``cstime``: backends that exited), and that of its live
+    children. The difference of two readings is what the cluster spent between them."""
+    try:
+        stat = Path(f"/proc/{postmaster}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    fields = stat.rpartition(")")[2].split()
+    # utime, stime, cutime, cstime: fields 14 to 17 of stat(5), 12 to 15 after comm.
+    ticks = sum(int(f) for f in fields[11:15])
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            child = (proc / "stat").read_text().rpartition(")")[2].split()
+            if int(child[1]) == postmaster:  # ppid: field 4, 2 after comm
+                ticks += int(child[11]) + int(child[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _spent(before: float | None, after: float | None) -> float | None:
+    return None if before is None or after is None else after - before
+
+
+def _measure(
+    dsn: str,
+    bootstrap: str,
+    rows: int,
+    workers: int,
+    compiled_rows: bool,
+    pids: tuple[int | None, int | None],
+) -> Run:
     """One table loaded, read by the COPY baseline, then snapshotted by capture with
-    ``workers`` snapshot workers; everything created is dropped."""
+    ``workers`` snapshot workers; everything created is dropped. ``pids``: the Kafka
+    broker's and the postmaster's, whose CPU during capture's run is recorded."""
+    kafka_pid, postmaster = pids
     with _prepared(dsn, bootstrap, rows) as prepared:
         names = prepared.names
         print("baseline: COPY to nowhere...")
         copy_s, copied = _copy_baseline(dsn, names)
         print(f"capture: initial snapshot to Kafka, {workers} snapshot workers...")
         settings = _settings(dsn, bootstrap, names, workers, compiled_rows)
+        broker = None if kafka_pid is None else _proc_cpu_seconds(kafka_pid)
+        cluster = None if postmaster is None else _cluster_cpu_seconds(postmaster)
         usage = _run_measured("capture", _capture_argv(settings, prepared.stop_at))
+        broker = _spent(broker, None if kafka_pid is None else _proc_cpu_seconds(kafka_pid))
+        cluster = _spent(cluster, None if postmaster is None else _cluster_cpu_seconds(postmaster))
         records = _records_in(bootstrap, names, (TABLE,))
-    return Run(workers, copy_s, copied, usage, records)
+    return Run(workers, copy_s, copied, usage, records, broker, cluster)
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,7 +341,8 @@ def main() -> None:
     if compiled and not native_rows.AVAILABLE:
         print("capture_native is not built (make native): rows take the Python path")
     print(f"rows encoded by the {'compiled row encoder' if compiled else 'Python path'}")
-    runs = [_measure(dsn, bootstrap, args.rows, w, compiled) for w in args.workers]
+    pids = (read_pid(state.kafka.pid_file), state.postgres.postmaster_pid())
+    runs = [_measure(dsn, bootstrap, args.rows, w, compiled, pids) for w in args.workers]
     resumed = (
         None
         if args.kill_at is None
@@ -311,6 +363,7 @@ def main() -> None:
             f"{run.usage.max_rss_bytes / 1e6:>12.1f}"
         )
     print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    _print_machine_share(runs, args.rows)
     failed = False
     for run in runs:
         print(
@@ -345,6 +398,32 @@ def main() -> None:
             failed = True
     if failed:
         sys.exit(1)
+
+
+def _print_machine_share(runs: list[Run], rows: int) -> None:
+    """Where the machine's CPU went per row, capture's and the services' beside it, and
+    the rate the cores would allow at that cost: when capture, the broker and the server
+    together already fill every core, more workers cannot add rows per second."""
+    cores = os.cpu_count() or 1
+    print(
+        f"\nCPU per row, us: capture (with its workers), Kafka broker, PostgreSQL; "
+        f"the rate {cores} cores allow at that cost, and the share of it reached"
+    )
+    for run in runs:
+        if run.broker_cpu_s is None or run.postgres_cpu_s is None:
+            print(f"{run.workers} workers: the broker's or the server's process was not found")
+            continue
+        capture_us = run.usage.cpu_s / rows * 1e6
+        broker_us = run.broker_cpu_s / rows * 1e6
+        server_us = run.postgres_cpu_s / rows * 1e6
+        total_us = capture_us + broker_us + server_us
+        ceiling = cores / total_us * 1e6
+        rate = rows / run.usage.wall_s
+        print(
+            f"{run.workers} workers: {capture_us:.1f} + {broker_us:.1f} + {server_us:.1f} = "
+            f"{total_us:.1f} us/row; {cores} cores allow {ceiling:,.0f} rows/s; reached "
+            f"{rate:,.0f} ({rate / ceiling:.0%})"
+        )
 
 
 if __name__ == "__main__":

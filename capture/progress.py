@@ -59,6 +59,9 @@ class _Transaction:
     pending_deliveries: int = 0
     # Highest offset produced per partition: applying up to it covers the whole transaction.
     high_offsets: dict[TopicPartition, int] = field(default_factory=dict)
+    # The transaction's tickets by encoded size: a ticket is a value, records of one size
+    # share it, and making one per record was a measurable share of producing it.
+    tickets: dict[int, RecordTicket] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -122,12 +125,17 @@ class ProgressBook:
 
     def produced(self, encoded_bytes: int) -> RecordTicket:
         """A record of the open transaction was handed to the producer."""
-        if self._open is None:
+        transaction = self._open
+        if transaction is None:
             raise ValueError("a record was produced outside a transaction")
-        self._open.pending_deliveries += 1
+        transaction.pending_deliveries += 1
         self._in_flight_records += 1
         self._in_flight_bytes += encoded_bytes
-        return RecordTicket(self._next_id - 1, encoded_bytes)
+        ticket = transaction.tickets.get(encoded_bytes)
+        if ticket is None:
+            ticket = RecordTicket(self._next_id - 1, encoded_bytes)
+            transaction.tickets[encoded_bytes] = ticket
+        return ticket
 
     def commit(self, end_lsn: Lsn) -> None:
         if self._open is None:
@@ -194,15 +202,24 @@ class ProgressBook:
             owner = self._find(ticket.transaction)
         else:
             owner = self._pins.get(ticket.transaction)  # None once unpinned: nothing to track
-        if owner is not None:
-            owner.pending_deliveries -= 1
+        if owner is None:
+            pending = -1
+        else:
+            owner.pending_deliveries = pending = owner.pending_deliveries - 1
             if offset > owner.high_offsets.get(key, -1):
                 owner.high_offsets[key] = offset
         if offset < self._applied.get(key, 0):
             self._release(ticket.encoded_bytes)
         else:
             # Offsets of one partition are delivered in order (idempotent producer).
-            self._unapplied.setdefault(key, deque()).append((offset, ticket.encoded_bytes))
+            waiting = self._unapplied.get(key)
+            if waiting is None:
+                waiting = self._unapplied[key] = deque()
+            waiting.append((offset, ticket.encoded_bytes))
+        # Only the delivery that completes its owner can let confirmation move: the
+        # others leave the checks below as they were (one per record, at full speed).
+        if pending != 0:
+            return
         if ticket.transaction >= 0:
             self._advance()
         else:

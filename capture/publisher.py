@@ -16,6 +16,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from typing import cast
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
 from confluent_kafka.admin import AdminClient
@@ -179,8 +180,9 @@ class ChangePublisher:
         ticket = self._book.produced(size) if pin is None else self._book.produced_under(pin, size)
         if self._metrics is not None:
             self._metrics.record_produced(record.table, record.headers, record.value, size)
-        headers: list[tuple[str, str | bytes | None]] = list(record.headers)
         report = partial(self._report, ticket)
+        # A list of (str, bytes) pairs, as produce takes it: passed as it is, not copied.
+        headers = cast("list[tuple[str, str | bytes | None]]", record.headers)
         while True:
             try:
                 self._producer.produce(

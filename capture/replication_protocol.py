@@ -73,17 +73,15 @@ _new_xlog_data = frozen_constructor(XLogData)
 
 def parse_copy_data(buf: bytes | memoryview) -> XLogData | PrimaryKeepalive:
     """Parse one CopyData payload sent by the server during streaming replication."""
-    # Nearly every frame is an XLogData: its fixed header is read in one go. A short or
-    # unusual buffer takes the Reader path below, which says what is wrong with it.
-    view = memoryview(buf)
-    if (
-        len(view) >= _XLOG_DATA_HEADER.size
-        and view.format == "B"
-        and view.ndim == 1
-        and view[0] == XLOG_DATA
-    ):
-        _, wal_start, wal_end, send_time = _XLOG_DATA_HEADER.unpack_from(view)
-        return _new_xlog_data(wal_start, wal_end, send_time, view[_XLOG_DATA_HEADER.size :])
+    # Nearly every frame is an XLogData: its fixed header is read in one go, from the
+    # buffer as it is (bytes, or psycopg's memoryview of them; indexing either gives the
+    # byte as an int). A short or unusual buffer takes the Reader path below, which says
+    # what is wrong with it.
+    if len(buf) >= _XLOG_DATA_HEADER.size and buf[0] == XLOG_DATA:
+        _, wal_start, wal_end, send_time = _XLOG_DATA_HEADER.unpack_from(buf)
+        return _new_xlog_data(
+            wal_start, wal_end, send_time, memoryview(buf)[_XLOG_DATA_HEADER.size :]
+        )
     reader = Reader(buf)
     if not reader.remaining():
         raise DecodeError(0, "replication message tag 'w' or 'k'", "empty message")

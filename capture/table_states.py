@@ -176,13 +176,16 @@ class TableStates:
         current = self._tables.get(table)
         if current is None:
             raise KeyError(f"{table} is not a captured table; discover it first")
-        if current.state is TableState.ERRORED:
+        state = current.state
+        if state is TableState.ERRORED:
             return Route.SKIP
         if current.snapshot_lsn is not None and commit_lsn <= current.snapshot_lsn:
             return Route.DROP
-        if current.state in _HOLDING:
-            return Route.HOLD
-        return Route.PUBLISH
+        # Identity first: the usual case, per record, without hashing an Enum member
+        # (a Python-level __hash__) for the set lookup.
+        if state is TableState.STREAMING or state not in _HOLDING:
+            return Route.PUBLISH
+        return Route.HOLD
 
     def state(self, table: str) -> TableState:
         return self._tables[table].state

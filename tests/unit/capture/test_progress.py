@@ -205,3 +205,45 @@ def test_a_batch_under_a_pin_counts_every_record_and_shares_tickets_by_size() ->
     assert book.confirmable == 90
     with pytest.raises(ValueError, match="sealed"):
         book.produced_batch_under(pin, [1])
+
+
+def test_deliveries_in_any_order_confirm_once_the_last_one_of_each_transaction_is_in() -> None:
+    """Only the delivery that completes a transaction can move confirmation: one that
+    completes a later transaction first must not be lost when the earlier completes."""
+    book = ProgressBook(Lsn(0))
+    book.begin(Lsn(100))
+    first = [book.produced(10), book.produced(11)]
+    book.commit(Lsn(108))
+    book.begin(Lsn(200))
+    second = [book.produced(10), book.produced(10)]
+    book.commit(Lsn(208))
+    book.applied(T, 0, 100)  # applied before anything is delivered
+    book.delivered(second[0], T, 0, 2)
+    book.delivered(first[0], T, 0, 0)
+    book.delivered(second[1], T, 0, 3)  # completes the later transaction first
+    assert book.confirmable == 0, "the earlier transaction still waits for a delivery"
+    book.delivered(first[1], T, 0, 1)
+    assert book.confirmable == 208
+    assert (book.in_flight_records, book.in_flight_bytes) == (0, 0)
+
+
+def test_records_of_a_transaction_share_a_ticket_by_size_and_never_across_transactions() -> None:
+    book = ProgressBook(Lsn(0))
+    book.begin(Lsn(100))
+    a, b, c = book.produced(10), book.produced(10), book.produced(12)
+    book.commit(Lsn(108))
+    book.begin(Lsn(200))
+    d = book.produced(10)
+    book.commit(Lsn(208))
+    assert a is b
+    assert a == RecordTicket(0, 10)
+    assert c == RecordTicket(0, 12)
+    assert d == RecordTicket(1, 10)
+    assert book.in_flight_records == 4
+    for ticket, offset in ((a, 0), (b, 1), (c, 2)):
+        book.delivered(ticket, T, 0, offset)
+    book.applied(T, 0, 3)
+    assert book.confirmable == 108, "the second transaction's record is not delivered"
+    book.delivered(d, T, 0, 3)
+    book.applied(T, 0, 4)
+    assert book.confirmable == 208
