@@ -55,15 +55,17 @@ from schemas.change_record import (
     TableDescription,
     TableSchemas,
     build_table_schemas,
+    transaction_fields,
 )
 from schemas.errors import ChangeEncodingError
 from schemas.headers import (
     Headers,
     SharedHeaders,
+    commit_lsn_header,
     headers_at,
+    operation_headers,
     position_headers,
     record_headers,
-    shared_headers,
 )
 from schemas.lsn import Lsn
 from schemas.naming import table_topic
@@ -155,6 +157,7 @@ class TableCodec:
         "encoder",
         "key_indexes",
         "names",
+        "record_prefixes",
         "relation",
         "schemas",
         "topic",
@@ -198,6 +201,9 @@ class TableCodec:
         self._all_text = (ColumnKind.TEXT,) * len(self.names)
         self._table = f"{relation.namespace}.{relation.name}"
         self.compiled: RowEncoder | None = None
+        self.record_prefixes: dict[int, _RecordPrefix] = {}
+        """By pgoutput tag, what every record the compiled encoder writes whole for this
+        table version shares, whatever its transaction (``ChangeStream._shape``)."""
         """Encodes an all-text row to the bytes of its image and key (``encode_texts``)."""
         if compiled:
             self.compiled = row_encoder(
@@ -257,6 +263,12 @@ class TableCodec:
         return tuple(row[names[i]] for i in self.key_indexes)
 
 
+_RecordPrefix = tuple[bytes, tuple[str, bytes], tuple[str, bytes]]
+"""The value's header and ``op``, and the ``op`` and fingerprint headers, of one table
+version and operation."""
+_TransactionParts = tuple[bytes, bytes, tuple[str, bytes]]
+"""``commit_lsn``, then ``xid`` and ``commit_ts``, encoded, and the ``commit_lsn``
+header, of one transaction."""
 _RecordShape = tuple[bytes, bytes, SharedHeaders]
 """What the records of one transaction, table version and operation share around their
 ``change_lsn``: the value's start and middle
@@ -270,6 +282,8 @@ class _Transaction:
     xid: int
     commit_ts: int
     ordinal: int = 0
+    parts: _TransactionParts | None = None
+    """Made on the first record the compiled encoder writes whole."""
     shapes: dict[tuple[TableCodec, int], _RecordShape] = field(default_factory=dict)
     """By table codec and pgoutput tag, for the records the compiled encoder writes
     whole (a codec is a key by identity: a new table version is a new codec)."""
@@ -344,7 +358,7 @@ class ChangeStream:
             if codec is not None and codec.compiled is not None and codec.table not in self.errored:
                 shape = tx.shapes.get((codec, tag))
                 if shape is None:
-                    shape = self._shape(codec, operation, tx)
+                    shape = self._shape(codec, tag, operation, tx)
                     tx.shapes[(codec, tag)] = shape
                 value_start, value_middle, shared = shape
                 encoded = codec.compiled.encode_change(
@@ -366,11 +380,22 @@ class ChangeStream:
         return self.handle(decode(data), change_lsn)
 
     @staticmethod
-    def _shape(codec: TableCodec, op: Operation, tx: _Transaction) -> _RecordShape:
-        start, middle = codec.encoder.value_around_change_lsn(
-            op=op, commit_lsn=tx.commit_lsn, xid=tx.xid, commit_ts=tx.commit_ts
-        )
-        return start, middle, shared_headers(op, tx.commit_lsn, codec.schemas.value_fingerprint)
+    def _shape(codec: TableCodec, tag: int, op: Operation, tx: _Transaction) -> _RecordShape:
+        """The :data:`_RecordShape` of ``codec``'s records of ``tag`` in ``tx``, from what
+        the transaction's records share and what the table version's share, each made
+        once: small transactions touch each table once, so a shape is often used once."""
+        parts = tx.parts
+        if parts is None:
+            commit, transaction = transaction_fields(tx.commit_lsn, tx.xid, tx.commit_ts)
+            parts = tx.parts = (commit, transaction, commit_lsn_header(tx.commit_lsn))
+        prefix = codec.record_prefixes.get(tag)
+        if prefix is None:
+            fingerprint = codec.schemas.value_fingerprint
+            prefix = (codec.encoder.value_prefix(op), *operation_headers(op, fingerprint))
+            codec.record_prefixes[tag] = prefix
+        value_prefix, operation, fingerprint_header = prefix
+        commit, transaction, commit_header = parts
+        return value_prefix + commit, transaction, (commit_header, operation, fingerprint_header)
 
     def _relation(self, relation: Relation, out: list[Output]) -> None:
         relation = self.rekey(relation)

@@ -313,7 +313,7 @@ _AFTER_ONLY = avro_binary.FALSE + avro_binary.NULL + avro_binary.NON_NULL
 
 
 @functools.lru_cache(maxsize=16, typed=True)
-def _transaction_fields(commit_lsn: int, xid: int, commit_ts: int) -> tuple[bytes, bytes]:
+def transaction_fields(commit_lsn: int, xid: int, commit_ts: int) -> tuple[bytes, bytes]:
     """``commit_lsn``, and ``xid`` + ``commit_ts``: the value fields every record of a
     transaction shares, encoded once per transaction rather than once per record (records
     of one transaction follow each other, over all tables)."""
@@ -531,7 +531,7 @@ class ChangeEncoder:
         rows = self._row_writer
         if rows is not None:
             try:
-                commit, transaction = _transaction_fields(commit_lsn, xid, commit_ts)
+                commit, transaction = transaction_fields(commit_lsn, xid, commit_ts)
                 parts = [
                     self._value_header,
                     _OPERATION_INDEX[op],
@@ -596,8 +596,13 @@ class ChangeEncoder:
         record of one transaction, table version and operation, so the stream computes
         them once and its compiled encoder writes each record's ``change_lsn`` between
         them (``encode_change``)."""
-        commit, transaction = _transaction_fields(commit_lsn, xid, commit_ts)
-        return self._value_header + _OPERATION_INDEX[op] + commit, transaction
+        commit, transaction = transaction_fields(commit_lsn, xid, commit_ts)
+        return self.value_prefix(op) + commit, transaction
+
+    def value_prefix(self, op: Operation) -> bytes:
+        """The bytes of a value before its ``commit_lsn``: header and ``op``, the same
+        for every record of the table version and operation."""
+        return self._value_header + _OPERATION_INDEX[op]
 
     @property
     def key_header(self) -> bytes:

@@ -58,11 +58,21 @@ version."""
 def shared_headers(op: Operation, commit_lsn: Lsn, value_fingerprint: Fingerprint) -> SharedHeaders:
     """The :data:`SharedHeaders` of records of this operation, transaction and table
     version."""
-    return (
-        _commit_lsn_header(commit_lsn),
-        _OPERATIONS[op],
-        _fingerprint_header(value_fingerprint),
-    )
+    operation, fingerprint = operation_headers(op, value_fingerprint)
+    return commit_lsn_header(commit_lsn), operation, fingerprint
+
+
+def operation_headers(
+    op: Operation, value_fingerprint: Fingerprint
+) -> tuple[tuple[str, bytes], tuple[str, bytes]]:
+    """The ``op`` and schema fingerprint headers, the same for every record of one
+    operation and table version, whatever its transaction."""
+    return _OPERATIONS[op], _fingerprint_header(value_fingerprint)
+
+
+def commit_lsn_header(commit_lsn: Lsn) -> tuple[str, bytes]:
+    """The ``commit_lsn`` header, the same for every record of one transaction."""
+    return _commit_lsn_header(commit_lsn)
 
 
 def headers_at(shared: SharedHeaders, change_lsn_text: bytes) -> Headers:

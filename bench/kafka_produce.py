@@ -1,0 +1,130 @@
+"""What one ``Producer.produce`` call costs the calling thread, by what it carries.
+
+Usage: ``.venv/bin/python -m bench.kafka_produce [--records N] [--rounds R]``
+
+Capture produces every record from one Python thread; with the compiled row encoder the
+record itself is cheap, and the produce call is what is left. This measures that call
+alone on the local stack's broker, with capture's producer settings
+(``capture.publisher.producer_conf``: idempotent, ``acks=all``, lz4, 5 ms linger), a
+topic of 3 partitions, 150-byte values and 12-byte keys:
+
+- ``plain``: key and value (the baseline);
+- ``headers``: plus the four headers every change record carries (two LSNs, the
+  operation, the schema fingerprint);
+- ``headers + report``: plus a per-record delivery callback (a ``functools.partial``, as
+  capture's publisher makes), served by ``poll(0)`` every 200 records as capture's loop
+  does.
+
+CPU is the calling thread's (``RUSAGE_THREAD``), so librdkafka's own threads are not in
+it: the produce calls, the callbacks, and the final ``flush``. Best of ``--rounds``
+rounds, each on a topic of its own, printed as microseconds per record and against the
+baseline of the same round. The topics are deleted at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import secrets
+from collections.abc import Callable
+from functools import partial
+
+from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
+
+from capture.publisher import producer_conf
+from capture.settings import KafkaSettings
+from deploy.local import stack
+
+PARTITIONS = 3
+HEADERS: list[tuple[str, str | bytes | None]] = [
+    ("pgdelta.commit_lsn", b"4/6F758E60"),
+    ("pgdelta.change_lsn", b"4/6F758F18"),
+    ("pgdelta.op", b"u"),
+    ("pgdelta.schema_fingerprint", b"9c2f8e61d0a4b7c3"),
+]
+MODES = ("plain", "headers", "headers + report")
+
+
+def _thread_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_THREAD)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _round(producer: Producer, topic: str, mode: str, records: int) -> float:
+    """CPU seconds of the calling thread to produce ``records`` records and flush."""
+    value = os.urandom(150)
+    keys = [os.urandom(12) for _ in range(1000)]
+    delivered = 0
+
+    def report(_ordinal: int, err: KafkaError | None, msg: Message) -> None:
+        nonlocal delivered
+        if err is None and msg.offset() is not None:
+            delivered += 1
+
+    produce: Callable[[int], None]
+    if mode == "plain":
+
+        def produce(i: int) -> None:
+            producer.produce(topic, value, keys[i % 1000])
+
+    elif mode == "headers":
+
+        def produce(i: int) -> None:
+            producer.produce(topic, value, keys[i % 1000], headers=HEADERS)
+
+    else:
+
+        def produce(i: int) -> None:
+            producer.produce(
+                topic, value, keys[i % 1000], headers=HEADERS, on_delivery=partial(report, i)
+            )
+            if i % 200 == 0:
+                producer.poll(0)
+
+    started = _thread_cpu_s()
+    for i in range(records):
+        produce(i)
+    if producer.flush(60):
+        raise SystemExit("records still undelivered after 60 s")
+    spent = _thread_cpu_s() - started
+    if mode == "headers + report" and delivered != records:
+        raise SystemExit(f"{delivered} delivery reports for {records} records")
+    return spent
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--records", type=int, default=200_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    state = stack.up()
+    bootstrap = state.kafka.bootstrap_servers
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    producer = Producer(producer_conf(KafkaSettings(bootstrap_servers=bootstrap)))
+    prefix = f"bench_produce_{secrets.token_hex(4)}"
+    topics: list[str] = []
+    best = dict.fromkeys(MODES, float("inf"))
+    try:
+        for round_ in range(args.rounds):
+            for mode in MODES:
+                topic = f"{prefix}.{round_}.{mode.replace(' + ', '_')}"
+                admin.create_topics([NewTopic(topic, PARTITIONS, 1)])[topic].result(30)
+                topics.append(topic)
+                micros = _round(producer, topic, mode, args.records) / args.records * 1e6
+                best[mode] = min(best[mode], micros)
+    finally:
+        if topics:
+            for future in admin.delete_topics(topics).values():
+                future.result(30)
+    print(f"{args.records} records per round, best of {args.rounds} rounds")
+    print(f"{'produce':<20}{'us/record':>10}{'vs plain':>10}")
+    for mode in MODES:
+        print(f"{mode:<20}{best[mode]:>10.2f}{best[mode] / best['plain']:>9.2f}x")
+    print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
+if __name__ == "__main__":
+    main()
