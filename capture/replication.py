@@ -191,6 +191,20 @@ class ReplicationStream:
             self._watched_at = time.monotonic()
         return parse_copy_data(data)
 
+    def read_buffered(self) -> Frame | None:
+        """The next frame if it is already received (in libpq's buffer), else None,
+        without waiting or a system call: the rest of a burst after :meth:`read`, which
+        noted that the server was heard and checked the shutdown watch."""
+        try:
+            size, data = self._pgconn.get_copy_data(1)
+        except psycopg.OperationalError as exc:
+            raise TransientError(f"replication stream broke: {exc}") from exc
+        if size == 0:
+            return None
+        if size < 0:
+            raise TransientError("the server ended the replication stream")
+        return parse_copy_data(data)
+
     def _check_silence(self) -> None:
         asked = self._asked_at
         if asked is not None and time.monotonic() - asked > self._silence_timeout_s:

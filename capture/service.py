@@ -78,6 +78,8 @@ from schemas.lsn import Lsn, format_lsn
 log = logging.getLogger(__name__)
 _READ_TIMEOUT_S = 0.1
 _POLL_INTERVAL_S = 0.005
+_BURST_FRAMES = 128
+"""Frames handled back to back before the loop's periodic checks run."""
 
 
 def check_slot_history(
@@ -405,51 +407,67 @@ class CaptureService:
                 frame = None if paused else stream.read(timeout)
                 if paused:
                     publisher.poll(_READ_TIMEOUT_S)
-                if isinstance(frame, PrimaryKeepalive):
-                    book.keepalive(frame.wal_end)
-                    reply = frame.reply_requested
-                    position.last_keepalive = time.monotonic()
-                    if not book.in_transaction and frame.wal_end > position.received_lsn:
-                        # Between transactions the server has decoded this far.
-                        position.received_lsn = frame.wal_end
+                idle = frame is None
+                # Frames already received are handled in a burst, the loop's periodic
+                # checks below once per burst: per frame they cost a good part of what
+                # handling a small change does. A burst is short (a few milliseconds),
+                # ends as soon as nothing is buffered, and stops where the loop would.
+                burst = _BURST_FRAMES
+                while frame is not None:
+                    if isinstance(frame, PrimaryKeepalive):
+                        book.keepalive(frame.wal_end)
+                        reply = reply or frame.reply_requested
+                        position.last_keepalive = time.monotonic()
+                        if not book.in_transaction and frame.wal_end > position.received_lsn:
+                            # Between transactions the server has decoded this far.
+                            position.received_lsn = frame.wal_end
+                        if (
+                            self._stop_at is not None
+                            and frame.wal_end >= self._stop_at
+                            and not book.in_transaction
+                            and not flow.busy
+                        ):
+                            # Between transactions the server has decoded past the target, so
+                            # nothing before it is left to receive.
+                            self._stop.set()
+                    else:
+                        for out in changes.handle_frame(frame.payload, frame.wal_start):
+                            if isinstance(out, OutgoingRecord):
+                                flow.route(out, commit_lsn)
+                            elif isinstance(out, SchemaRecord):
+                                publisher.publish_schema(out)
+                            elif isinstance(out, TransactionStarted):
+                                commit_lsn = out.commit_lsn
+                                book.begin(out.commit_lsn)
+                            elif isinstance(out, ChangeFailed):
+                                flow.route_failure(out, commit_lsn)
+                            elif isinstance(out, RelationChanged):
+                                reason = _resync_reason(catalog, out)
+                                if reason is not None:
+                                    flow.resync(out.table, reason, commit_lsn)
+                            elif isinstance(out, TransactionCommitted):
+                                book.commit(out.end_lsn)
+                                position.received_lsn = out.end_lsn
+                                if (
+                                    self._stop_at is not None
+                                    and out.end_lsn >= self._stop_at
+                                    and not flow.busy
+                                ):
+                                    self._stop.set()
+                    burst -= 1
                     if (
-                        self._stop_at is not None
-                        and frame.wal_end >= self._stop_at
-                        and not book.in_transaction
-                        and not flow.busy
+                        burst == 0
+                        or self._stop.is_set()
+                        or book.in_flight_records >= settings.max_in_flight_records
+                        or book.in_flight_bytes >= settings.max_in_flight_bytes
                     ):
-                        # Between transactions the server has decoded past the target, so
-                        # nothing before it is left to receive.
-                        self._stop.set()
-                elif frame is not None:
-                    for out in changes.handle_frame(frame.payload, frame.wal_start):
-                        if isinstance(out, OutgoingRecord):
-                            flow.route(out, commit_lsn)
-                        elif isinstance(out, SchemaRecord):
-                            publisher.publish_schema(out)
-                        elif isinstance(out, TransactionStarted):
-                            commit_lsn = out.commit_lsn
-                            book.begin(out.commit_lsn)
-                        elif isinstance(out, ChangeFailed):
-                            flow.route_failure(out, commit_lsn)
-                        elif isinstance(out, RelationChanged):
-                            reason = _resync_reason(catalog, out)
-                            if reason is not None:
-                                flow.resync(out.table, reason, commit_lsn)
-                        elif isinstance(out, TransactionCommitted):
-                            book.commit(out.end_lsn)
-                            position.received_lsn = out.end_lsn
-                            if (
-                                self._stop_at is not None
-                                and out.end_lsn >= self._stop_at
-                                and not flow.busy
-                            ):
-                                self._stop.set()
+                        break
+                    frame = stream.read_buffered()
                 now = time.monotonic()
                 # Delivery reports and control messages are served every few milliseconds,
                 # not per frame: at full speed a frame is a few microseconds of work, and
                 # polling both clients per frame cost more than decoding it.
-                if frame is None or now - last_poll >= _POLL_INTERVAL_S:
+                if idle or now - last_poll >= _POLL_INTERVAL_S:
                     publisher.poll(0)
                     control.poll(book)
                     if not paused:
