@@ -40,7 +40,7 @@ def test_a_burst_reads_every_frame_of_a_transaction_once_and_in_order(
     services: Services, pg: psycopg.Connection[tuple[object, ...]], slot: str
 ) -> None:
     pg.execute(
-        f"INSERT INTO {slot} SELECT i, repeat('x', i % 50) FROM generate_series(1, %s) i",
+        f"INSERT INTO {slot} SELECT i, repeat('x', i %% 50) FROM generate_series(1, %s) i",
         [ROWS],
     )
     stream = ReplicationStream.start(
