@@ -283,6 +283,7 @@ class ControlState:
 
 
 _UNKNOWN_TOPIC = (KafkaError._UNKNOWN_TOPIC, KafkaError.UNKNOWN_TOPIC_OR_PART)
+_CONTROL_METADATA_WAIT_S = 30.0
 
 
 class ControlTopicMissingError(ConfigError):
@@ -317,25 +318,42 @@ class ControlReader:
             error_cb=errors,
         )
         self._topic = settings.control_topic
-        try:
-            metadata = self._consumer.list_topics(settings.control_topic, timeout=10)
-        except KafkaException as exc:
-            self._consumer.poll(0)  # serves the error callback: a refused login says so
-            self._consumer.close()
-            errors.check()
-            raise TransientError(f"cannot read the control topic's metadata: {exc}") from exc
-        found = metadata.topics.get(settings.control_topic)
-        missing = (
-            found is None
-            or not found.partitions
-            or (found.error is not None and found.error.code() in _UNKNOWN_TOPIC)
-        )
-        if topics is None and missing:
-            self._consumer.close()
-            raise ControlTopicMissingError(
-                f"capture has not started yet (no control topic {settings.control_topic})"
+        # A topic created a moment ago may not be in the metadata yet (a broker that just
+        # started shows it without partitions for a while): assigning no partitions would
+        # read nothing, ever, and the slot would never advance. So the service, which
+        # created it, waits for its partitions.
+        deadline = time.monotonic() + _CONTROL_METADATA_WAIT_S
+        while True:
+            try:
+                metadata = self._consumer.list_topics(settings.control_topic, timeout=10)
+            except KafkaException as exc:
+                self._consumer.poll(0)  # serves the error callback: a refused login says so
+                self._consumer.close()
+                errors.check()
+                raise TransientError(f"cannot read the control topic's metadata: {exc}") from exc
+            found = metadata.topics.get(settings.control_topic)
+            partitions = [] if found is None else sorted(found.partitions)
+            unknown = (
+                found is not None
+                and found.error is not None
+                and found.error.code() in _UNKNOWN_TOPIC
             )
-        self._partitions = [] if found is None else sorted(found.partitions)
+            if partitions and not unknown:
+                break
+            if topics is None:
+                self._consumer.close()
+                raise ControlTopicMissingError(
+                    f"capture has not started yet (no control topic {settings.control_topic})"
+                )
+            if time.monotonic() > deadline:
+                self._consumer.close()
+                raise TransientError(
+                    f"the control topic {settings.control_topic} has no partitions in the "
+                    f"cluster's metadata {_CONTROL_METADATA_WAIT_S:.0f} s after it was "
+                    "created; retrying"
+                )
+            time.sleep(0.2)
+        self._partitions = partitions
         self._consumer.assign(
             [TopicPartition(settings.control_topic, p, 0) for p in self._partitions]
         )
