@@ -46,7 +46,7 @@ from capture.pgoutput import (
     decode,
     pg_micros_to_unix_micros,
 )
-from capture.pgoutput.messages import INSERT, UPDATE, frozen_constructor
+from capture.pgoutput.messages import DELETE, INSERT, UPDATE, frozen_constructor
 from capture.schema_registration import Framer, single_object
 from capture.typemap import ColumnMapping
 from schemas.change_record import (
@@ -141,8 +141,16 @@ Output = (
 )
 
 
-_ENCODED_OPERATIONS = {INSERT: Operation.INSERT, UPDATE: Operation.UPDATE}
+_ENCODED_OPERATIONS = {
+    INSERT: Operation.INSERT,
+    UPDATE: Operation.UPDATE,
+    DELETE: Operation.DELETE,
+}
 """Message tags the compiled encoder may take whole, and the operation they publish."""
+_ENCODED_WITHOUT_TOMBSTONES = {
+    tag: op for tag, op in _ENCODED_OPERATIONS.items() if op is not Operation.DELETE
+}
+"""The same where a DELETE is followed by a tombstone, which the Python path adds."""
 _UNCHANGED = ColumnKind.UNCHANGED_TOAST
 _BINARY = ColumnKind.BINARY
 
@@ -271,9 +279,9 @@ version and operation."""
 _TransactionParts = tuple[bytes, bytes, tuple[str, bytes]]
 """``commit_lsn``, then ``xid`` and ``commit_ts``, encoded, and the ``commit_lsn``
 header, of one transaction."""
-_RecordShape = tuple[bytes, bytes, SharedHeaders]
-"""What the records of one transaction, table version and operation share around their
-``change_lsn``: the value's start and middle
+_RecordShape = tuple[bytes, bytes, bytes, SharedHeaders]
+"""What the records of one transaction, table version and operation share: the key's
+header, the value's start and middle around ``change_lsn``
 (:meth:`~schemas.change_record.ChangeEncoder.value_around_change_lsn`) and the headers
 but ``change_lsn``."""
 
@@ -343,13 +351,15 @@ class ChangeStream:
 
     def handle_frame(self, payload: bytes | memoryview, change_lsn: Lsn) -> Iterator[Output]:
         """:meth:`handle` of the pgoutput message in an XLogData ``payload`` (outside a
-        streamed transaction): an Insert, or an Update with only its new tuple, of a
-        table with a compiled encoder goes from its bytes to its record without being
-        decoded into objects; anything else is decoded and handled as usual, so the
-        outputs are the same either way (``tests/unit/capture/test_native_rows.py``)."""
+        streamed transaction): an Insert, an Update with only its new tuple, or a Delete
+        (without tombstones) of a table with a compiled encoder goes from its bytes to
+        its record without being decoded into objects; anything else is decoded and
+        handled as usual, so the outputs are the same either way
+        (``tests/unit/capture/test_native_rows.py``)."""
         data = bytes(payload)
         tag = data[0] if data else -1
-        operation = _ENCODED_OPERATIONS.get(tag)
+        encoded_operations = _ENCODED_WITHOUT_TOMBSTONES if self.tombstones else _ENCODED_OPERATIONS
+        operation = encoded_operations.get(tag)
         tx = self._tx
         if operation is not None and tx is not None:
             codec = self.codecs.get(int.from_bytes(data[1:5]))
@@ -358,10 +368,10 @@ class ChangeStream:
                 if shape is None:
                     shape = self._shape(codec, tag, operation, tx)
                     tx.shapes[(codec, tag)] = shape
-                value_start, value_middle, shared = shape
+                key_header, value_start, value_middle, shared = shape
                 encoded = codec.compiled.encode_change(
                     data,
-                    codec.encoder.key_header,
+                    key_header,
                     value_start,
                     change_lsn,
                     value_middle,
@@ -411,7 +421,12 @@ class ChangeStream:
             codec.record_prefixes[tag] = prefix
         value_prefix, operation, fingerprint_header = prefix
         commit, transaction, commit_header = parts
-        return value_prefix + commit, transaction, (commit_header, operation, fingerprint_header)
+        return (
+            codec.encoder.key_header,
+            value_prefix + commit,
+            transaction,
+            (commit_header, operation, fingerprint_header),
+        )
 
     def _relation(self, relation: Relation, out: list[Output]) -> None:
         relation = self.rekey(relation)

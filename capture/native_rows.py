@@ -32,11 +32,6 @@ class RowEncoder(Protocol):
         """``(row fields, key fields)`` without headers, or None: take the Python path."""
         ...
 
-    def encode_row_message(self, message: bytes, /) -> tuple[bytes, bytes] | None:
-        """``(row fields, key fields)`` of a pgoutput Insert, or of an Update with only
-        its new tuple; None: decode the message in Python."""
-        ...
-
     def encode_change(  # noqa: PLR0917 -- the compiled method takes positions only
         self,
         message: bytes,
@@ -47,10 +42,10 @@ class RowEncoder(Protocol):
         ordinal: int,
         /,
     ) -> tuple[bytes, bytes, bytes] | None:
-        """The whole record of a row message :meth:`encode_row_message` takes: ``(key,
-        value, change LSN text)``, the value ``value_start``, ``change_lsn``,
-        ``value_middle``, ``ordinal``, then the after-only image; None: decode the
-        message in Python."""
+        """The whole record of a pgoutput Insert, of an Update with only its new tuple,
+        or of a Delete: ``(key, value, change LSN text)``, the value ``value_start``,
+        ``change_lsn``, ``value_middle``, ``ordinal``, then the images; None: decode
+        the message in Python."""
         ...
 
     def encode_copy(

@@ -33,8 +33,12 @@ use pyo3::types::{PyBytes, PyList, PyTuple};
 /// pgoutput message tags (<https://www.postgresql.org/docs/current/protocol-logicalrep-message-formats.html>).
 const INSERT: u8 = b'I';
 const UPDATE: u8 = b'U';
-/// Before a tuple: the new row (as opposed to `K`, a key, or `O`, an old row).
+const DELETE: u8 = b'D';
+/// Before a tuple: the new row, the replica identity's key columns (the others null),
+/// or the whole old row (`REPLICA IDENTITY FULL`).
 const NEW_TUPLE: u8 = b'N';
+const KEY_TUPLE: u8 = b'K';
+const OLD_TUPLE: u8 = b'O';
 /// A tuple column's kind: NULL, or its text (`u`, unchanged TOAST, and `b`, binary, are
 /// left to the Python path).
 const COLUMN_NULL: u8 = b'n';
@@ -47,8 +51,54 @@ const COPY_ROW_END: u8 = b'\n';
 
 /// Branch 0 of a `["null", T]` union: null, nothing follows.
 const NULL: u8 = 0x00;
-/// A `boolean` false.
+/// A `boolean` false, and true.
 const FALSE: u8 = 0x00;
+const TRUE: u8 = 0x01;
+/// An empty Avro array: a block count of 0 ends it.
+const EMPTY_ARRAY: u8 = 0x00;
+
+/// Which image of the change record a row message's tuple is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Image {
+    /// The new row of an Insert or of an Update without an old part: `after`.
+    After,
+    /// A Delete's replica identity key, the other columns null: `before`, key only.
+    KeyBefore,
+    /// A Delete's whole old row: `before`.
+    OldBefore,
+}
+
+impl Image {
+    /// The image of a row message's only tuple, from its tag and the byte before the
+    /// tuple; None for any other shape (an Update with an old part, another message).
+    fn of(tag: u8, tuple: u8) -> Option<Image> {
+        match (tag, tuple) {
+            (INSERT | UPDATE, NEW_TUPLE) => Some(Image::After),
+            (DELETE, KEY_TUPLE) => Some(Image::KeyBefore),
+            (DELETE, OLD_TUPLE) => Some(Image::OldBefore),
+            _ => None,
+        }
+    }
+
+    /// The record's fields after `ordinal`: `before_key_only`, `before`, `after` and
+    /// `unchanged_columns` (none: only an Update with unchanged TOAST has some, and
+    /// those are left to the Python path).
+    fn write(self, value: &mut Vec<u8>, row: &[u8]) {
+        match self {
+            Image::After => {
+                value.extend_from_slice(&[FALSE, NULL, NON_NULL]);
+                value.extend_from_slice(row);
+                value.push(EMPTY_ARRAY);
+            }
+            Image::KeyBefore | Image::OldBefore => {
+                let key_only = if self == Image::KeyBefore { TRUE } else { FALSE };
+                value.extend_from_slice(&[key_only, NON_NULL]);
+                value.extend_from_slice(row);
+                value.extend_from_slice(&[NULL, EMPTY_ARRAY]);
+            }
+        }
+    }
+}
 /// Branch 1 of a `["null", T]` union: the value follows.
 const NON_NULL: u8 = 0x02;
 
@@ -371,12 +421,9 @@ impl TextRowEncoder {
         fields.next().is_none()
     }
 
-    /// The row fields and key fields of a row message [`encode_row_message`] takes.
-    fn row_message_fields(&self, message: &[u8]) -> Option<(Vec<u8>, Vec<u8>)> {
-        if !matches!(message.first(), Some(&INSERT | &UPDATE)) || message.get(5) != Some(&NEW_TUPLE)
-        {
-            return None;
-        }
+    /// The row fields, key fields and image of a row message [`encode_change`] takes.
+    fn row_message_fields(&self, message: &[u8]) -> Option<(Vec<u8>, Vec<u8>, Image)> {
+        let image = Image::of(*message.first()?, *message.get(5)?)?;
         let columns = u16::from_be_bytes(message.get(6..8)?.try_into().ok()?);
         if usize::from(columns) != self.kinds.len() {
             return None;
@@ -410,7 +457,7 @@ impl TextRowEncoder {
         if !self.key_fields(&row, &spans, &mut key) {
             return None;
         }
-        Some((row, key))
+        Some((row, key, image))
     }
 
     /// The key record's fields from a row's fields; false when a non-null key field is
@@ -554,10 +601,7 @@ impl TextRowEncoder {
                 value.clear();
                 value.extend_from_slice(value_head);
                 write_long(&mut value, ordinal);
-                // before_key_only false, no before image, then the after image.
-                value.extend_from_slice(&[FALSE, NULL, NON_NULL]);
-                value.extend_from_slice(&row);
-                value.push(NULL); // no unchanged columns
+                Image::After.write(&mut value, &row);
                 let mut framed = Vec::with_capacity(key_header.len() + key.len());
                 framed.extend_from_slice(key_header);
                 framed.extend_from_slice(&key);
@@ -571,33 +615,27 @@ impl TextRowEncoder {
         Ok((keys, values, PyBytes::new(py, &data[complete..])))
     }
 
-    /// `(row fields, key fields)` of a pgoutput row message as the server sends it
-    /// outside a streamed transaction: an Insert (`I`, relation oid, `N`, tuple), or an
-    /// Update that carries only its new tuple (`U`, relation oid, `N`, tuple: no `K` or
-    /// `O` part). The tuple's columns must be text or NULL. `None` for anything else --
-    /// another message, an old tuple, an unchanged TOAST or binary column, a text this
-    /// module does not take, bytes that do not parse to exactly the message's end: the
-    /// caller then decodes the message in Python, which reads it or says what is wrong
-    /// (`capture.pgoutput.decode`). The relation oid is the caller's to check.
-    fn encode_row_message<'py>(
-        &self,
-        py: Python<'py>,
-        message: &[u8],
-    ) -> Option<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)> {
-        let (row, key) = self.row_message_fields(message)?;
-        Some((PyBytes::new(py, &row), PyBytes::new(py, &key)))
-    }
-
-    /// The whole record of a row message that [`encode_row_message`] takes, as the
-    /// stream publishes it: `(key, value, change LSN text)`. The key is `key_header`
-    /// then the key fields. The value is `value_start`, the zig-zag `change_lsn`,
-    /// `value_middle`, the zig-zag `ordinal`, then an after-only image (no `before`, the
-    /// row, no unchanged columns): the caller's two parts are what the change record
-    /// holds before and after `change_lsn` (header, `op`, `commit_lsn`; `xid`,
-    /// `commit_ts`), the same for every record of a transaction, table version and
-    /// operation. The text is `change_lsn` as PostgreSQL prints an LSN (`%X/%X`), for
-    /// the record's `change_lsn` header. One call instead of the row fields and then
-    /// the record's assembly in Python, which cost more than the row itself.
+    /// The whole record of a row message as the stream publishes it: `(key, value,
+    /// change LSN text)`. The message is one the server sends outside a streamed
+    /// transaction with a single tuple: an Insert (`I`, relation oid, `N`, tuple), an
+    /// Update with only its new tuple (`U`, relation oid, `N`, tuple), or a Delete
+    /// (`D`, relation oid, `K` or `O`, tuple). The tuple's columns must be text or NULL.
+    ///
+    /// The key is `key_header` then the key fields. The value is `value_start`, the
+    /// zig-zag `change_lsn`, `value_middle`, the zig-zag `ordinal`, then the images: the
+    /// new row as `after`, or the Delete's tuple as `before` (key only for `K`), no
+    /// unchanged columns. The caller's two parts are what the change record holds before
+    /// and after `change_lsn` (header, `op`, `commit_lsn`; `xid`, `commit_ts`), the same
+    /// for every record of a transaction, table version and operation. The text is
+    /// `change_lsn` as PostgreSQL prints an LSN (`%X/%X`), for the record's
+    /// `change_lsn` header. One call instead of the row fields and then the record's
+    /// assembly in Python, which cost more than the row itself.
+    ///
+    /// `None` for anything else -- another message or shape, an unchanged TOAST or
+    /// binary column, a text this module does not take, bytes that do not parse to
+    /// exactly the message's end: the caller then decodes the message in Python, which
+    /// reads it or says what is wrong (`capture.pgoutput.decode`). The relation oid is
+    /// the caller's to check.
     #[allow(clippy::too_many_arguments)]
     fn encode_change<'py>(
         &self,
@@ -613,7 +651,7 @@ impl TextRowEncoder {
         Bound<'py, PyBytes>,
         Bound<'py, PyBytes>,
     )> {
-        let (row, key_fields) = self.row_message_fields(message)?;
+        let (row, key_fields, image) = self.row_message_fields(message)?;
         let mut key = Vec::with_capacity(key_header.len() + key_fields.len());
         key.extend_from_slice(key_header);
         key.extend_from_slice(&key_fields);
@@ -624,9 +662,7 @@ impl TextRowEncoder {
         write_long(&mut value, i64::try_from(change_lsn).ok()?);
         value.extend_from_slice(value_middle);
         write_long(&mut value, ordinal);
-        value.extend_from_slice(&[FALSE, NULL, NON_NULL]);
-        value.extend_from_slice(&row);
-        value.push(NULL); // no unchanged columns
+        image.write(&mut value, &row);
         let lsn_text = format!("{:X}/{:X}", change_lsn >> 32, change_lsn & 0xFFFF_FFFF);
         Some((
             PyBytes::new(py, &key),

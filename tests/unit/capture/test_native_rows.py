@@ -590,6 +590,74 @@ def test_a_record_written_whole_carries_the_change_lsn_as_the_python_path_writes
     assert text == format_lsn(Lsn(lsn)).encode()
 
 
+@pytest.mark.parametrize("tuple_tag", [b"K", b"O"])
+def test_a_delete_written_whole_is_the_record_the_python_path_writes(tuple_tag: bytes) -> None:
+    """A Delete's tuple becomes its ``before`` image, key only when the server sent the
+    replica identity's key (the other columns null) rather than the whole old row."""
+    relation = _relation([("id", 20, True), ("name", 25, False), ("at", 1082, False)])
+    codec = _codec(relation, True)
+    assert codec.compiled is not None
+    values: list[bytes | None] = (
+        [b"-12", None, None] if tuple_tag == b"K" else [b"-12", b"gone", b"2024-02-29"]
+    )
+    message = b"D" + relation.oid.to_bytes(4, "big") + tuple_tag + _tuple_bytes(values)
+    start, middle = codec.encoder.value_around_change_lsn(
+        op=Operation.DELETE, commit_lsn=Lsn(0x5000), xid=9, commit_ts=10
+    )
+    encoded = codec.compiled.encode_change(
+        message, codec.encoder.key_header, start, 0x4FF0, middle, 2
+    )
+    assert encoded is not None
+    key, value, text = encoded
+    before, _ = codec.row(TupleData((T, N, N) if tuple_tag == b"K" else (T, T, T), tuple(values)))
+    assert key == codec.encoder.encode_row_key(before)
+    assert value == codec.encoder.encode_fields(
+        op=Operation.DELETE,
+        commit_lsn=Lsn(0x5000),
+        change_lsn=Lsn(0x4FF0),
+        xid=9,
+        commit_ts=10,
+        ordinal=2,
+        before=before,
+        after=None,
+        unchanged_columns=(),
+        before_key_only=tuple_tag == b"K",
+    )
+    assert text == b"0/4FF0"
+
+
+def test_deletes_from_frames_with_tombstones_are_followed_by_theirs() -> None:
+    """With tombstones on, a Delete takes the Python path, which adds the tombstone;
+    without, it is written whole: the outputs match decoding's either way."""
+    relation = _relation([("id", 20, True), ("name", 25, False)])
+    oid = relation.oid.to_bytes(4, "big")
+    messages = [
+        _relation_message(relation),
+        b"B" + (0x2000).to_bytes(8, "big") + bytes(8) + (7).to_bytes(4, "big"),
+        b"I" + oid + b"N" + _tuple_bytes([b"1", b"a"]),
+        b"D" + oid + b"K" + _tuple_bytes([b"1", None]),
+        b"D" + oid + b"O" + _tuple_bytes([b"2", b"b"]),
+        b"C" + bytes(1) + (0x2000).to_bytes(8, "big") + (0x2030).to_bytes(8, "big") + bytes(8),
+    ]
+    for tombstones in (False, True):
+        outputs = []
+        for frames in (True, False):
+            stream = ChangeStream(_describe, "cdc", tombstones=tombstones)
+            out: list[Output] = []
+            for i, payload in enumerate(messages):
+                lsn = Lsn(0x1000 + i)
+                if frames:
+                    out += stream.handle_frame(payload, lsn)
+                else:
+                    out += stream.handle(decode(payload), lsn)
+            outputs.append(out)
+        assert outputs[0] == outputs[1]
+        records = [o for o in outputs[0] if isinstance(o, OutgoingRecord)]
+        assert [r.value is None for r in records] == (
+            [False, False, True, False, True] if tombstones else [False, False, False]
+        )
+
+
 def test_an_lsn_past_the_signed_range_is_left_to_the_python_path() -> None:
     relation = _relation([("id", 20, True)])
     codec = _codec(relation, True)
@@ -616,7 +684,16 @@ def test_a_malformed_row_message_raises_what_decoding_raises() -> None:
     list(stream.handle_frame(_relation_message(relation), Lsn(1)))
     list(stream.handle(Begin(Lsn(0x2000), 0, 7), Lsn(2)))
     good = b"I" + oid + b"N" + _tuple_bytes([b"1", b"a"])
-    for bad in (good[:-1], good + b"x", good.replace(b"N", b"Q", 1)):
+    delete = b"D" + oid + b"K" + _tuple_bytes([b"1", None])
+    bad_messages = (
+        good[:-1],
+        good + b"x",
+        good.replace(b"N", b"Q", 1),
+        delete[:-1],
+        delete + b"x",
+        b"D" + oid + b"N" + _tuple_bytes([b"1", None]),
+    )
+    for bad in bad_messages:
         with pytest.raises(DecodeError) as from_frame:
             list(stream.handle_frame(bad, Lsn(3)))
         with pytest.raises(DecodeError) as decoded:
