@@ -77,6 +77,7 @@ from capture.settings import CaptureSettings, KafkaSettings, PostgresSettings
 from deploy.local import stack
 from deploy.local.postgres import find_bindir
 from deploy.local.process import read_pid
+from runtime import gc_tuning
 from schemas.control import AppliedProgress
 from schemas.lsn import Lsn, format_lsn, parse_lsn
 from schemas.naming import schema_topic, table_topic
@@ -654,8 +655,10 @@ def capture_child(settings_json: str, stop_at: str) -> None:
     settings = CaptureSettings.model_validate_json(settings_json)
     threads = ThreadCpu()
     threads.start()
+    service = CaptureService(settings, threading.Event(), stop_at=parse_lsn(stop_at))
+    gc_tuning.tune_for_streaming()  # as ``python -m capture`` does before it runs
     try:
-        CaptureService(settings, threading.Event(), stop_at=parse_lsn(stop_at)).run()
+        service.run()
     finally:
         threads.stop()
         print(f"capture CPU by thread: {threads.summary()}", file=sys.stderr)

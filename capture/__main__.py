@@ -22,7 +22,7 @@ from capture.errors import ConfigError, ProtocolError, TransientError
 from capture.metrics import CaptureMetrics
 from capture.service import CaptureService
 from capture.settings import CaptureSettings
-from runtime import logs
+from runtime import gc_tuning, logs
 from runtime.retry import run_with_retry
 from runtime.settings_table import settings_table
 from runtime.telemetry import Health, serve
@@ -89,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         log.error("configuration error: %s", exc)  # noqa: TRY400
         return 2
+    gc_tuning.tune_for_streaming()
     try:
         run_with_retry(service.run, should_stop=stop.is_set, sleep=interruptible_sleep)
     except ConfigError as exc:
