@@ -4,10 +4,8 @@ stream's frames, in order, none lost or repeated, on the real server."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import psycopg
-import pytest
 
 from capture.pgoutput import Begin, Commit, Insert, decode
 from capture.replication import ReplicationStream
@@ -19,35 +17,18 @@ from tests.plugins.services import Services
 ROWS = 2000
 
 
-@pytest.fixture
-def slot(pg: psycopg.Connection[tuple[object, ...]], unique_name: str) -> Iterator[str]:
-    pg.execute(f"CREATE TABLE {unique_name} (id int PRIMARY KEY, label text)")
-    pg.execute(f"CREATE PUBLICATION {unique_name} FOR TABLE {unique_name}")
-    pg.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", [unique_name])
-    yield unique_name
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            pg.execute("SELECT pg_drop_replication_slot(%s)", [unique_name])
-            break
-        except psycopg.errors.ObjectInUse:  # the walsender may take a moment to exit
-            time.sleep(0.5)
-    pg.execute(f"DROP PUBLICATION {unique_name}")
-    pg.execute(f"DROP TABLE {unique_name}")
-
-
 def test_a_burst_reads_every_frame_of_a_transaction_once_and_in_order(
-    services: Services, pg: psycopg.Connection[tuple[object, ...]], slot: str
+    services: Services, pg: psycopg.Connection[tuple[object, ...]], pgoutput_slot: str
 ) -> None:
     pg.execute(
-        f"INSERT INTO {slot} SELECT i, repeat('x', i %% 50) FROM generate_series(1, %s) i",
+        f"INSERT INTO {pgoutput_slot} SELECT i, repeat('x', i %% 50) FROM generate_series(1, %s) i",
         [ROWS],
     )
     stream = ReplicationStream.start(
         services.postgres_dsn,
         password=None,
-        slot=slot,
-        publication=slot,
+        slot=pgoutput_slot,
+        publication=pgoutput_slot,
         start_lsn=Lsn(0),
         settings=SESSION_SETTINGS,
         silence_timeout_s=60.0,

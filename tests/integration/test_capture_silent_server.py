@@ -12,7 +12,6 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 
-import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
@@ -26,23 +25,6 @@ from tests.plugins.tcp_proxy import Cut, TcpProxy
 pytestmark = pytest.mark.slow
 
 SILENCE_S = 3.0
-
-
-@pytest.fixture
-def slot(pg: psycopg.Connection[tuple[object, ...]], unique_name: str) -> Iterator[str]:
-    pg.execute(f"CREATE TABLE {unique_name} (id int PRIMARY KEY)")
-    pg.execute(f"CREATE PUBLICATION {unique_name} FOR TABLE {unique_name}")
-    pg.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", [unique_name])
-    yield unique_name
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            pg.execute("SELECT pg_drop_replication_slot(%s)", [unique_name])
-            break
-        except psycopg.errors.ObjectInUse:  # the walsender of a dropped proxy connection
-            time.sleep(0.5)
-    pg.execute(f"DROP PUBLICATION {unique_name}")
-    pg.execute(f"DROP TABLE {unique_name}")
 
 
 @pytest.fixture
@@ -65,13 +47,13 @@ def _stream_for(stream: ReplicationStream, seconds: float) -> None:
 
 
 def test_a_quiet_server_answers_and_a_silent_one_is_taken_as_dead(
-    services: Services, proxy: TcpProxy, slot: str
+    services: Services, proxy: TcpProxy, pgoutput_slot: str
 ) -> None:
     stream = ReplicationStream.start(
         _through(services, proxy),
         password=None,
-        slot=slot,
-        publication=slot,
+        slot=pgoutput_slot,
+        publication=pgoutput_slot,
         start_lsn=Lsn(0),
         settings=SESSION_SETTINGS,
         silence_timeout_s=SILENCE_S,

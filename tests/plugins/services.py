@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -114,6 +115,26 @@ def pg(services: Services) -> Iterator[psycopg.Connection[tuple[object, ...]]]:
     """An autocommit connection to the test database."""
     with psycopg.connect(services.postgres_dsn, autocommit=True) as conn:
         yield conn
+
+
+@pytest.fixture
+def pgoutput_slot(pg: psycopg.Connection[tuple[object, ...]], unique_name: str) -> Iterator[str]:
+    """A table ``(id int PRIMARY KEY, label text)``, a publication of it and a pgoutput
+    slot, all named ``unique_name``; dropped after the test, the slot once its walsender
+    has exited (a test's replication connection may take a moment to go)."""
+    pg.execute(f"CREATE TABLE {unique_name} (id int PRIMARY KEY, label text)")
+    pg.execute(f"CREATE PUBLICATION {unique_name} FOR TABLE {unique_name}")
+    pg.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", [unique_name])
+    yield unique_name
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            pg.execute("SELECT pg_drop_replication_slot(%s)", [unique_name])
+            break
+        except psycopg.errors.ObjectInUse:
+            time.sleep(0.5)
+    pg.execute(f"DROP PUBLICATION {unique_name}")
+    pg.execute(f"DROP TABLE {unique_name}")
 
 
 @pytest.fixture
