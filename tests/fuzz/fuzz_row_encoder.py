@@ -7,7 +7,7 @@ Usage::
 
 An input picks what it is: a row of a table with a column of every kind the encoder
 reads, a single column of one kind, a piece of COPY text for that wide table, or a
-pgoutput Insert or Update of it (now and then cut short or overlong), which
+pgoutput Insert, Update or Delete of it (now and then cut short or overlong), which
 ``ChangeStream.handle_frame`` must handle exactly as decoding it and handling the
 message does, errors included. Column
 texts come from a small grammar of the forms PostgreSQL prints for each type (dates with
@@ -215,6 +215,9 @@ def _check_frame(message: bytes) -> None:
         raise AssertionError(f"{message!r}: from bytes {from_frame!r}, decoded {decoded!r}")
 
 
+_ROW_MESSAGE_SHAPES = ((b"I", b"N"), (b"U", b"N"), (b"D", b"K"), (b"D", b"O"))
+
+
 def test_one_input(data: bytes) -> None:
     provider = atheris.FuzzedDataProvider(data)
     mode = provider.ConsumeIntInRange(0, 3)
@@ -223,8 +226,9 @@ def test_one_input(data: bytes) -> None:
             None if provider.ConsumeIntInRange(0, 15) == 0 else _text(provider, o)
             for o in TYPE_OIDS
         ]
-        tag = b"I" if provider.ConsumeBool() else b"U"
-        message = tag + WIDE.relation.oid.to_bytes(4, "big") + b"N" + _tuple_bytes(texts)
+        # An Insert, an Update with its new tuple, or a Delete with its key or old row.
+        tag, part = _ROW_MESSAGE_SHAPES[provider.ConsumeIntInRange(0, len(_ROW_MESSAGE_SHAPES) - 1)]
+        message = tag + WIDE.relation.oid.to_bytes(4, "big") + part + _tuple_bytes(texts)
         cut = provider.ConsumeIntInRange(-3, 3)  # now and then cut short or overlong
         message = message[:cut] if cut < 0 else message + bytes(provider.ConsumeBytes(cut))
         _check_frame(message)
