@@ -141,13 +141,13 @@ Output = (
 )
 
 
-_ENCODED_OPERATIONS = {
+_ENCODED_OPERATIONS: dict[int, Operation] = {
     INSERT: Operation.INSERT,
     UPDATE: Operation.UPDATE,
     DELETE: Operation.DELETE,
 }
 """Message tags the compiled encoder may take whole, and the operation they publish."""
-_ENCODED_WITHOUT_TOMBSTONES = {
+_ENCODED_WITHOUT_TOMBSTONES: dict[int, Operation] = {
     tag: op for tag, op in _ENCODED_OPERATIONS.items() if op is not Operation.DELETE
 }
 """The same where a DELETE is followed by a tombstone, which the Python path adds."""
@@ -326,6 +326,13 @@ class ChangeStream:
     (:mod:`capture.native_rows`); off only to measure or test the Python path."""
     _published_schemas: set[int] = field(default_factory=set)
     _tx: _Transaction | None = None
+    _encoded_operations: dict[int, Operation] = field(init=False, repr=False)
+    """What :meth:`handle_frame` may write whole: fixed by ``tombstones``, chosen once."""
+
+    def __post_init__(self) -> None:
+        self._encoded_operations = (
+            _ENCODED_WITHOUT_TOMBSTONES if self.tombstones else _ENCODED_OPERATIONS
+        )
 
     def handle(self, message: Message, change_lsn: Lsn) -> Iterator[Output]:
         """Outputs for one message; ``change_lsn`` is its XLogData ``wal_start``."""
