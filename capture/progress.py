@@ -77,12 +77,17 @@ class _Pin:
 
 @dataclass(frozen=True, slots=True)
 class RecordTicket:
-    """Handed out when a record is produced; handed back with its delivery report.
+    """Handed out when records are produced; handed back with the delivery report that
+    covers them: one record's, or the last of a run of ``records`` records produced one
+    after another to one partition (a snapshot batch's, whose publisher checked the run
+    is whole), which end at the reported offset.
 
-    ``transaction`` is a transaction id (>= 0) or a pin id (< 0)."""
+    ``transaction`` is a transaction id (>= 0) or a pin id (< 0); ``encoded_bytes`` is
+    the size of the records it covers, together."""
 
     transaction: int
     encoded_bytes: int
+    records: int = 1
 
 
 class ProgressBook:
@@ -109,8 +114,9 @@ class ProgressBook:
         self._confirmable = start
         self._in_flight_records = 0
         self._in_flight_bytes = 0
-        # Delivered, not yet applied records per partition, in offset order: (offset, bytes).
-        self._unapplied: dict[TopicPartition, deque[tuple[int, int]]] = {}
+        # Delivered, not yet applied records per partition, in offset order: (the highest
+        # offset of a report's records, how many, their bytes).
+        self._unapplied: dict[TopicPartition, deque[tuple[int, int, int]]] = {}
         self._pins: dict[int, _Pin] = {}
         self._next_pin = -1
 
@@ -164,17 +170,20 @@ class ProgressBook:
         self._in_flight_bytes += encoded_bytes
         return RecordTicket(pin_id, encoded_bytes)
 
-    def produced_batch_under(self, pin_id: int, sizes: Sequence[int]) -> dict[int, RecordTicket]:
-        """:meth:`produced_under` of records of these encoded sizes, in one call: the
-        ticket of each distinct size. Records of one size share it: a ticket is a value,
-        and a snapshot's rows are often all one size."""
+    def produced_runs_under(
+        self, pin_id: int, runs: Sequence[tuple[int, int]]
+    ) -> list[RecordTicket]:
+        """Runs of records belonging to ``pin_id`` were handed to the producer, each run
+        ``(records, encoded bytes)`` to be reported by one delivery report: a ticket per
+        run, in order."""
         pin = self._pins.get(pin_id)
         if pin is None or pin.sealed:
             raise ValueError(f"pin {pin_id} is released or sealed")
-        pin.pending_deliveries += len(sizes)
-        self._in_flight_records += len(sizes)
-        self._in_flight_bytes += sum(sizes)
-        return {size: RecordTicket(pin_id, size) for size in set(sizes)}
+        tickets = [RecordTicket(pin_id, size, records) for records, size in runs]
+        pin.pending_deliveries += len(tickets)
+        self._in_flight_records += sum(records for records, _ in runs)
+        self._in_flight_bytes += sum(size for _, size in runs)
+        return tickets
 
     def seal(self, pin_id: int) -> None:
         """No more records come under ``pin_id``; it goes once they are all applied."""
@@ -209,13 +218,13 @@ class ProgressBook:
             if offset > owner.high_offsets.get(key, -1):
                 owner.high_offsets[key] = offset
         if offset < self._applied.get(key, 0):
-            self._release(ticket.encoded_bytes)
+            self._release(ticket.records, ticket.encoded_bytes)
         else:
             # Offsets of one partition are delivered in order (idempotent producer).
             waiting = self._unapplied.get(key)
             if waiting is None:
                 waiting = self._unapplied[key] = deque()
-            waiting.append((offset, ticket.encoded_bytes))
+            waiting.append((offset, ticket.records, ticket.encoded_bytes))
         # Only the delivery that completes its owner can let confirmation move: the
         # others leave the checks below as they were (one per record, at full speed).
         if pending != 0:
@@ -232,7 +241,8 @@ class ProgressBook:
             self._applied[key] = next_offset
             waiting = self._unapplied.get(key)
             while waiting and waiting[0][0] < next_offset:
-                self._release(waiting.popleft()[1])
+                _, records, encoded_bytes = waiting.popleft()
+                self._release(records, encoded_bytes)
             self._advance()
             self._release_pins()
 
@@ -272,8 +282,8 @@ class ProgressBook:
             raise ValueError(f"delivery report for unknown transaction {transaction_id}")
         return self._transactions[index][1]
 
-    def _release(self, encoded_bytes: int) -> None:
-        self._in_flight_records -= 1
+    def _release(self, records: int, encoded_bytes: int) -> None:
+        self._in_flight_records -= records
         self._in_flight_bytes -= encoded_bytes
 
     def _release_pins(self) -> None:

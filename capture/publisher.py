@@ -13,7 +13,7 @@ is produced, so a consumer that reads the schema topic first can always decode.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import cast
@@ -25,6 +25,7 @@ from confluent_kafka.cimpl import NewTopic, TopicPartition
 from capture.change_stream import OutgoingRecord, SchemaRecord
 from capture.errors import ConfigError, TransientError
 from capture.metrics import CaptureMetrics
+from capture.partitioning import key_partitions
 from capture.progress import ProgressBook, RecordTicket
 from capture.settings import KafkaSettings
 from runtime.kafka_client import (
@@ -47,6 +48,7 @@ from schemas.lsn import Lsn
 _SETTING = "CAPTURE_KAFKA"
 _COMPACTED = {"cleanup.policy": "compact"}
 _FLUSH_TIMEOUT_S = 30.0
+_TOPIC_METADATA_WAIT_S = 30.0
 
 
 def client_conf(settings: KafkaSettings) -> KafkaConf:
@@ -76,13 +78,14 @@ def producer_conf(settings: KafkaSettings) -> KafkaConf:
 
 
 class Topics:
-    """Creates topics on first use with the configured partitions and replication."""
+    """Creates topics on first use with the configured partitions and replication, and
+    knows how many partitions each topic it ensured has."""
 
     def __init__(self, settings: KafkaSettings) -> None:
         self._settings = settings
         self._errors = ConnectionErrors(_SETTING)
         self._admin = AdminClient(client_conf(settings), error_cb=self._errors)
-        self._known: set[str] = set()
+        self._partitions: dict[str, int] = {}
 
     def serve_callbacks(self) -> None:
         """With an error callback set, librdkafka queues each connection error until
@@ -90,15 +93,15 @@ class Topics:
         self._admin.poll(0)
 
     def ensure(self, topic: str, *, compacted: bool = False, partitions: int | None = None) -> None:
-        if topic in self._known:
+        if topic in self._partitions:
             return
         try:
-            existing = self._admin.list_topics(topic=topic, timeout=10).topics
-            metadata = existing.get(topic)
-            if metadata is None or metadata.error is not None:
+            count = self._partition_count(topic)
+            if count is None:
+                count = partitions or self._settings.partitions
                 new = NewTopic(
                     topic,
-                    partitions or self._settings.partitions,
+                    count,
                     self._settings.replication_factor,
                     config=_COMPACTED if compacted else {},
                 )
@@ -111,7 +114,34 @@ class Topics:
                 self._admin.poll(0)  # serves the error callback: a refused login says so
                 self._errors.check()
                 raise TransientError(f"cannot create Kafka topic {topic}: {exc}") from exc
-        self._known.add(topic)
+            # Created by someone else meanwhile: its partitions are theirs, and a topic
+            # created a moment ago may show none for a while.
+            count = self._await_partitions(topic)
+        self._partitions[topic] = count
+
+    def partitions(self, topic: str) -> int:
+        """How many partitions ``topic`` has (ensuring it first). Read once per topic and
+        process: partitions added while capture runs are used after its next start."""
+        self.ensure(topic)
+        return self._partitions[topic]
+
+    def _partition_count(self, topic: str) -> int | None:
+        """The topic's partitions in the cluster's metadata; None: it has none (yet)."""
+        metadata = self._admin.list_topics(topic=topic, timeout=10).topics.get(topic)
+        if metadata is None or not metadata.partitions:
+            return None
+        return len(metadata.partitions)
+
+    def _await_partitions(self, topic: str) -> int:
+        deadline = time.monotonic() + _TOPIC_METADATA_WAIT_S
+        while (count := self._partition_count(topic)) is None:
+            if time.monotonic() > deadline:
+                raise TransientError(
+                    f"Kafka topic {topic} exists but shows no partitions after "
+                    f"{_TOPIC_METADATA_WAIT_S:.0f} s; retrying"
+                )
+            time.sleep(0.2)
+        return count
 
 
 class ChangePublisher:
@@ -199,30 +229,58 @@ class ChangePublisher:
         topic: str,
         table: str,
         headers: Headers,
-        keys: Sequence[bytes],
+        keys: list[bytes],
         values: Sequence[bytes],
         *,
         pin: int,
     ) -> None:
         """:meth:`publish` of records ``keys[i]``/``values[i]`` of ``table`` on ``topic``
         that share ``headers`` (a snapshot batch) under ``pin``: the per-record work
-        that does not depend on the record (topic, metrics, headers) is done once."""
-        self._topics.ensure(topic)
+        that does not depend on the record (topic, metrics, headers) is done once.
+
+        Each record goes to its key's partition, computed here (capture/partitioning.py),
+        and only the first and the last record of each partition's run ask for a
+        delivery report: a report costs as much as the ``produce`` call, and a batch's
+        records of one partition are one run in the log. The two reports' offsets tell
+        whether the run is whole (:class:`_Run`), so no record can be lost unseen."""
         sizes = [len(key) + len(value) for key, value in zip(keys, values, strict=True)]
+        partitions = key_partitions(keys, self._topics.partitions(topic))
         if self._metrics is not None:
             self._metrics.records_produced(table, headers, len(sizes), sum(sizes))
+        # Each partition's run: its first and last record, its count and its bytes.
+        firsts: dict[int, int] = {}
+        lasts: dict[int, int] = {}
+        counts: dict[int, int] = {}
+        run_bytes: dict[int, int] = {}
+        for index, (partition, size) in enumerate(zip(partitions, sizes, strict=True)):
+            if partition not in firsts:
+                firsts[partition] = index
+                counts[partition] = 0
+                run_bytes[partition] = 0
+            lasts[partition] = index
+            counts[partition] += 1
+            run_bytes[partition] += size
+        tickets = self._book.produced_runs_under(pin, [(counts[p], run_bytes[p]) for p in firsts])
+        reports: dict[int, Callable[[KafkaError | None, Message], None]] = {}
+        for partition, ticket in zip(firsts, tickets, strict=True):
+            if ticket.records == 1:
+                reports[firsts[partition]] = partial(self._report, ticket)
+            else:
+                run = Run(ticket)
+                reports[firsts[partition]] = partial(self._run_report, run, True)
+                reports[lasts[partition]] = partial(self._run_report, run, False)
         shared: list[tuple[str, str | bytes | None]] = list(headers)
         produce = self._producer.produce
-        # One ticket and one report callable per distinct size: records share them.
-        reports = {
-            size: partial(self._report, ticket)
-            for size, ticket in self._book.produced_batch_under(pin, sizes).items()
-        }
-        for key, value, size in zip(keys, values, sizes, strict=True):
-            on_delivery = reports[size]
+        for index, (key, value, partition) in enumerate(zip(keys, values, partitions, strict=True)):
+            on_delivery = reports.get(index)
             while True:
                 try:
-                    produce(topic, value, key, headers=shared, on_delivery=on_delivery)
+                    if on_delivery is None:
+                        produce(topic, value, key, partition, headers=shared)
+                    else:
+                        produce(
+                            topic, value, key, partition, headers=shared, on_delivery=on_delivery
+                        )
                 except BufferError:
                     self._producer.poll(0.1)  # the local queue is full: make room
                 else:
@@ -249,6 +307,24 @@ class ChangePublisher:
             return
         self._book.delivered(ticket, topic, partition, offset)
 
+    def _run_report(self, run: Run, first: bool, err: KafkaError | None, msg: Message) -> None:
+        """The report of a run's first or last record (in either order); the run is
+        booked once both came and show it whole."""
+        if err is not None:
+            self.failure = self.failure or f"delivery to {msg.topic()} failed: {err.str()}"
+            return
+        topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+        if topic is None or partition is None or offset is None:
+            self.failure = self.failure or "a delivery report without a position"
+            return
+        try:
+            whole = run.reported(first=first, offset=offset)
+        except BrokenRunError as exc:
+            self.failure = self.failure or f"{topic} [{partition}]: {exc}"
+            return
+        if whole:
+            self._book.delivered(run.ticket, topic, partition, offset)
+
     def _schema_report(self, err: KafkaError | None, _msg: Message) -> None:
         if err is not None:
             self.failure = self.failure or f"schema publication failed: {err.str()}"
@@ -263,6 +339,45 @@ class ChangePublisher:
             raise TransientError(
                 f"{self.failure}; stopping so the restart re-reads it from the slot"
             )
+
+
+class BrokenRunError(Exception):
+    """A run's two delivery reports show its records were not written one after another."""
+
+
+@dataclass(slots=True)
+class Run:
+    """A run of a snapshot batch's records produced one after another to one partition,
+    of which only the first and the last ask for a delivery report.
+
+    The idempotent producer writes a partition's records in produce order, so a run of
+    n records takes n consecutive offsets unless some were lost (a record that timed out
+    in the producer's queue leaves a gap, even with idempotence: librdkafka's
+    INTRODUCTION.md, "Message timeout considerations") or another producer wrote in
+    between. Either way the run cannot be vouched for, so any other span fails it."""
+
+    ticket: RecordTicket
+    first_offset: int | None = None
+    last_offset: int | None = None
+
+    def reported(self, *, first: bool, offset: int) -> bool:
+        """Take the first or the last record's offset; True once both came and the run
+        is whole. Raises :class:`BrokenRunError` when they show it is not."""
+        if first:
+            self.first_offset = offset
+        else:
+            self.last_offset = offset
+        if self.first_offset is None or self.last_offset is None:
+            return False
+        records = self.ticket.records
+        span = self.last_offset - self.first_offset + 1
+        if span != records:
+            raise BrokenRunError(
+                f"{records} records produced one after another were written across "
+                f"{span} offsets ({self.first_offset} to {self.last_offset}): some may "
+                "be lost, or another producer writes to capture's topics"
+            )
+        return True
 
 
 @dataclass(frozen=True, slots=True)

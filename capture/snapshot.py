@@ -139,7 +139,8 @@ class SnapshotRecords:
     schemas: tuple[SchemaRecord, ...]
     topic: str
     headers: Headers
-    keys: Sequence[bytes]
+    keys: list[bytes]
+    """A list, as the compiled partitioner reads it (capture/partitioning.py)."""
     values: Sequence[bytes]
 
     @property

@@ -677,9 +677,60 @@ impl TextRowEncoder {
     }
 }
 
+/// Kafka's murmur2 of `data` (the Java client's `Utils.murmur2`, which librdkafka's
+/// `murmur2_random` partitioner reproduces): 32-bit arithmetic that wraps, seed
+/// `0x9747b28c`, the tail bytes mixed in little-endian order.
+fn murmur2(data: &[u8]) -> u32 {
+    const M: u32 = 0x5bd1_e995;
+    let mut h: u32 = 0x9747_b28c ^ (data.len() as u32);
+    let mut blocks = data.chunks_exact(4);
+    for block in &mut blocks {
+        let mut k = u32::from_le_bytes([block[0], block[1], block[2], block[3]]);
+        k = k.wrapping_mul(M);
+        k ^= k >> 24;
+        k = k.wrapping_mul(M);
+        h = h.wrapping_mul(M);
+        h ^= k;
+    }
+    let tail = blocks.remainder();
+    if tail.len() >= 3 {
+        h ^= u32::from(tail[2]) << 16;
+    }
+    if tail.len() >= 2 {
+        h ^= u32::from(tail[1]) << 8;
+    }
+    if !tail.is_empty() {
+        h ^= u32::from(tail[0]);
+        h = h.wrapping_mul(M);
+    }
+    h ^= h >> 13;
+    h = h.wrapping_mul(M);
+    h ^= h >> 15;
+    h
+}
+
+/// The partition of each key among `count`: `(murmur2(key) & 0x7fffffff) % count`, what
+/// the Java client's default partitioner and librdkafka's `murmur2_random` choose for a
+/// record with a key (`capture/partitioning.py`, the Python twin, says why capture
+/// computes it itself).
+#[pyfunction]
+fn key_partitions(keys: &Bound<'_, PyList>, count: u32) -> PyResult<Vec<u32>> {
+    if count == 0 {
+        return Err(PyValueError::new_err("a topic has at least one partition"));
+    }
+    let mut partitions = Vec::with_capacity(keys.len());
+    for key in keys.iter() {
+        // Read in place: a snapshot batch's keys are not copied to be hashed.
+        let key = key.cast::<PyBytes>()?;
+        partitions.push((murmur2(key.as_bytes()) & 0x7fff_ffff) % count);
+    }
+    Ok(partitions)
+}
+
 #[pymodule]
 fn capture_native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<TextRowEncoder>()?;
+    module.add_function(wrap_pyfunction!(key_partitions, module)?)?;
     Ok(())
 }
 
@@ -691,6 +742,22 @@ mod tests {
         let mut out = Vec::new();
         write_long(&mut out, value);
         out
+    }
+
+    #[test]
+    fn murmur2_gives_the_java_clients_hashes() {
+        // Apache Kafka's own vectors (UtilsTest.testMurmur2), as the Java client's signed ints.
+        let cases: [(&[u8], i32); 6] = [
+            (b"21", -973_932_308),
+            (b"foobar", -790_332_482),
+            (b"a-little-bit-long-string", -985_981_536),
+            (b"a-little-bit-longer-string", -1_486_304_829),
+            (b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8", -58_897_971),
+            (b"abc", 479_470_107),
+        ];
+        for (data, expected) in cases {
+            assert_eq!(murmur2(data) as i32, expected);
+        }
     }
 
     #[test]

@@ -185,26 +185,38 @@ def test_a_sealed_pin_takes_no_more_records() -> None:
         book.produced_under(pin, 1)
 
 
-def test_a_batch_under_a_pin_counts_every_record_and_shares_tickets_by_size() -> None:
+def test_runs_under_a_pin_count_every_record_and_are_released_by_their_last_offset() -> None:
+    """A run's one report covers its records: none of them is released before the
+    applied offset passes the run's last one, and then all of them are."""
     book = ProgressBook(Lsn(10))
     pin = book.pin()
-    sizes = [30, 30, 31, 30]
-    tickets = book.produced_batch_under(pin, sizes)
-    assert tickets == {30: RecordTicket(pin, 30), 31: RecordTicket(pin, 31)}
+    tickets = book.produced_runs_under(pin, [(3, 91), (1, 30)])
+    assert tickets == [RecordTicket(pin, 91, 3), RecordTicket(pin, 30, 1)]
     assert (book.in_flight_records, book.in_flight_bytes) == (4, 121)
-    for offset, size in enumerate(sizes):
-        book.delivered(tickets[size], U, 0, offset)
+    book.delivered(tickets[0], U, 0, 2)  # offsets 0..2 of partition 0
+    book.delivered(tickets[1], U, 1, 0)
     book.seal(pin)
     book.keepalive(Lsn(90))
     assert book.confirmable == 10, "delivered, not applied"
+    book.applied(U, 0, 2)
+    assert book.in_flight_records == 4, "the run's last record is not applied yet"
     book.applied(U, 0, 3)
-    assert book.in_flight_records == 1
-    assert book.confirmable == 10, "the fourth row is not applied yet"
-    book.applied(U, 0, 4)
+    assert (book.in_flight_records, book.in_flight_bytes) == (1, 30)
+    assert book.confirmable == 10, "partition 1's record is not applied yet"
+    book.applied(U, 1, 1)
     assert (book.in_flight_records, book.in_flight_bytes) == (0, 0)
     assert book.confirmable == 90
     with pytest.raises(ValueError, match="sealed"):
-        book.produced_batch_under(pin, [1])
+        book.produced_runs_under(pin, [(1, 1)])
+
+
+def test_a_run_delivered_below_the_applied_offset_is_released_at_once() -> None:
+    book = ProgressBook(Lsn(10))
+    pin = book.pin()
+    book.applied(U, 0, 100)
+    (ticket,) = book.produced_runs_under(pin, [(5, 50)])
+    book.delivered(ticket, U, 0, 40)
+    assert (book.in_flight_records, book.in_flight_bytes) == (0, 0)
 
 
 def test_deliveries_in_any_order_confirm_once_the_last_one_of_each_transaction_is_in() -> None:

@@ -1,0 +1,122 @@
+"""On the real broker: capture's partitions are librdkafka's, and a snapshot batch,
+produced with delivery reports for the first and last record of each partition's run
+only, is booked whole and lands in its keys' partitions in order."""
+
+from __future__ import annotations
+
+import random
+
+from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
+
+from capture.partitioning import key_partitions
+from capture.progress import ProgressBook
+from capture.publisher import ChangePublisher, Topics, producer_conf
+from capture.settings import KafkaSettings
+from schemas.lsn import Lsn
+from tests.plugins.services import Services
+
+PARTITIONS = 5
+
+
+def _settings(services: Services, name: str) -> KafkaSettings:
+    return KafkaSettings(
+        bootstrap_servers=services.kafka_bootstrap_servers,
+        topic_prefix=name,
+        control_topic=f"{name}._control",
+        schema_topic=f"{name}._schemas",
+        partitions=PARTITIONS,
+    )
+
+
+def test_capture_computes_the_partition_librdkafkas_partitioner_chooses(
+    services: Services, unique_name: str
+) -> None:
+    """Records produced with no partition, by capture's producer settings: the
+    partition each delivery reports is the one capture computes for its key."""
+    settings = _settings(services, unique_name)
+    topic = f"{unique_name}.keys"
+    Topics(settings).ensure(topic)
+    generator = random.Random(7)
+    keys = [generator.randbytes(generator.randrange(1, 30)) for _ in range(1000)]
+    chosen: dict[bytes, int] = {}
+
+    def delivered(err: KafkaError | None, msg: Message) -> None:
+        assert err is None, err
+        key, partition = msg.key(), msg.partition()
+        assert key is not None
+        assert partition is not None
+        chosen[key] = partition
+
+    producer = Producer(producer_conf(settings))
+    for key in keys:
+        producer.produce(topic, b"v", key, on_delivery=delivered)
+    assert producer.flush(30) == 0
+    assert len(chosen) == len(set(keys))
+    assert key_partitions(keys, PARTITIONS) == [chosen[key] for key in keys]
+    assert len(set(chosen.values())) == PARTITIONS, "the keys spread over every partition"
+
+
+def test_a_snapshot_batch_is_booked_whole_from_two_reports_per_partition(
+    services: Services, unique_name: str
+) -> None:
+    settings = _settings(services, unique_name)
+    topic = f"{unique_name}.public.accounts"
+    book = ProgressBook(Lsn(16))
+    topics = Topics(settings)
+    publisher = ChangePublisher(settings, book, topics, start=Lsn(16))
+    pin = book.pin()
+    headers = [("pgdelta.op", b"r")]
+    batches = [[f"k{b}-{i}".encode() for i in range(n)] for b, n in enumerate((500, 1, 37))]
+    for keys in batches:
+        values = [b"value of " + key for key in keys]
+        publisher.publish_batch(topic, "public.accounts", headers, keys, values, pin=pin)
+    book.seal(pin)
+    publisher.flush()
+    produced = sum(len(keys) for keys in batches)
+    assert book.in_flight_records == produced, "delivered, not applied yet"
+    assert book.pinned
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": services.kafka_bootstrap_servers,
+            "group.id": unique_name,
+            "enable.auto.commit": False,
+        }
+    )
+    ends: dict[int, int] = {}
+    by_partition: dict[int, list[bytes]] = {p: [] for p in range(PARTITIONS)}
+    try:
+        for partition in range(PARTITIONS):
+            watermarks = consumer.get_watermark_offsets(
+                TopicPartition(topic, partition), timeout=10
+            )
+            assert watermarks is not None
+            ends[partition] = watermarks[1]
+        consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
+        while sum(len(keys) for keys in by_partition.values()) < produced:
+            messages = consumer.consume(1000, timeout=10)
+            assert messages, "the topic holds fewer records than were produced"
+            for message in messages:
+                assert message.error() is None, message.error()
+                key, landed = message.key(), message.partition()
+                assert key is not None
+                assert landed is not None
+                by_partition[landed].append(key)
+    finally:
+        consumer.close()
+    every_key = [key for keys in batches for key in keys]
+    expected: dict[int, list[bytes]] = {p: [] for p in range(PARTITIONS)}
+    for key, partition in zip(every_key, key_partitions(every_key, PARTITIONS), strict=True):
+        expected[partition].append(key)
+    assert by_partition == expected, "each key in its partition, in produce order"
+
+    # Applying a partition up to all but its last record keeps its records in flight;
+    # applying all of them releases every record and the pin.
+    for partition in range(PARTITIONS):
+        book.applied(topic, partition, ends[partition] - 1)
+    assert book.pinned
+    assert book.in_flight_records > 0
+    for partition in range(PARTITIONS):
+        book.applied(topic, partition, ends[partition])
+    assert (book.in_flight_records, book.in_flight_bytes) == (0, 0)
+    assert not book.pinned
