@@ -15,6 +15,17 @@ Invariants:
   same key land in one partition, where their order holds.
   ``tests/integration/test_capture_partitioning.py`` checks this against librdkafka on
   the real broker, and the unit tests against Kafka's own murmur2 vectors.
+- Explicit partitions beside the partitioner. A topic gets snapshot records with an
+  explicit partition and streamed changes through the partitioner. librdkafka queues
+  the latter apart only until it knows the topic's partitions (its INTRODUCTION.md,
+  "Partitioner considerations"), so in a partition both keep their produce order once
+  it does. A snapshot batch follows either nothing of its topic (a table's first
+  snapshot holds its streamed changes back until it is in Kafka) or changes produced
+  long before (a resync, whose snapshot is taken at a later point: apply drops those
+  older changes as replays, or its per-key dedup keeps the newer snapshot row).
+- Partitions are counted once per topic and process (``Topics.partitions``). Adding
+  partitions to a change topic moves keys between partitions for every keyed
+  producer; capture uses the new count after its next start.
 - The compiled ``capture_native.key_partitions`` and :func:`partition_of` give the same
   answer; without the extension the Python one serves (slower, never different).
 """

@@ -242,7 +242,7 @@ class ChangePublisher:
         and only the first and the last record of each partition's run ask for a
         delivery report: a report costs as much as the ``produce`` call, and a batch's
         records of one partition are one run in the log. The two reports' offsets tell
-        whether the run is whole (:class:`_Run`), so no record can be lost unseen."""
+        whether the run is whole (:class:`PartitionRun`), so no record can be lost unseen."""
         sizes = [len(key) + len(value) for key, value in zip(keys, values, strict=True)]
         partitions = key_partitions(keys, self._topics.partitions(topic))
         if self._metrics is not None:
@@ -266,7 +266,7 @@ class ChangePublisher:
             if ticket.records == 1:
                 reports[firsts[partition]] = partial(self._report, ticket)
             else:
-                run = Run(ticket)
+                run = PartitionRun(ticket)
                 reports[firsts[partition]] = partial(self._run_report, run, True)
                 reports[lasts[partition]] = partial(self._run_report, run, False)
         shared: list[tuple[str, str | bytes | None]] = list(headers)
@@ -307,7 +307,9 @@ class ChangePublisher:
             return
         self._book.delivered(ticket, topic, partition, offset)
 
-    def _run_report(self, run: Run, first: bool, err: KafkaError | None, msg: Message) -> None:
+    def _run_report(
+        self, run: PartitionRun, first: bool, err: KafkaError | None, msg: Message
+    ) -> None:
         """The report of a run's first or last record (in either order); the run is
         booked once both came and show it whole."""
         if err is not None:
@@ -346,7 +348,7 @@ class BrokenRunError(Exception):
 
 
 @dataclass(slots=True)
-class Run:
+class PartitionRun:
     """A run of a snapshot batch's records produced one after another to one partition,
     of which only the first and the last ask for a delivery report.
 
