@@ -377,7 +377,9 @@ class PartitionRun:
             raise BrokenRunError(
                 f"{records} records produced one after another were written across "
                 f"{span} offsets ({self.first_offset} to {self.last_offset}): some may "
-                "be lost, or another producer writes to capture's topics"
+                "be lost (refused by the broker, e.g. larger than the topic's "
+                "max.message.bytes, or timed out in the producer), or another producer "
+                "writes to capture's topics"
             )
         return True
 

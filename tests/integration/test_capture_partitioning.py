@@ -1,13 +1,18 @@
 """On the real broker: capture's partitions are librdkafka's, and a snapshot batch,
 produced with delivery reports for the first and last record of each partition's run
-only, is booked whole and lands in its keys' partitions in order."""
+only, is booked whole and lands in its keys' partitions in order, or, when a record of
+a run is lost, not booked at all."""
 
 from __future__ import annotations
 
 import random
 
+import pytest
 from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
 
+from capture.errors import TransientError
 from capture.partitioning import key_partitions
 from capture.progress import ProgressBook
 from capture.publisher import ChangePublisher, Topics, producer_conf
@@ -120,3 +125,33 @@ def test_a_snapshot_batch_is_booked_whole_from_two_reports_per_partition(
         book.applied(topic, partition, ends[partition])
     assert (book.in_flight_records, book.in_flight_bytes) == (0, 0)
     assert not book.pinned
+
+
+def test_a_record_lost_inside_a_run_fails_the_publisher_and_books_nothing(
+    services: Services, unique_name: str
+) -> None:
+    """The broker refuses the middle record of a run (larger than the topic allows) and
+    the producer writes the last one after it: the last record's report alone would
+    vouch for a record that is not in the log. The run's two offsets show the gap."""
+    topic = f"{unique_name}.public.accounts"
+    admin = AdminClient({"bootstrap.servers": services.kafka_bootstrap_servers})
+    admin.create_topics([NewTopic(topic, 1, 1, config={"max.message.bytes": "1000"})])[
+        topic
+    ].result(30)
+    # One record per request, uncompressed, so the big record fails on its own.
+    settings = _settings(services, unique_name).model_copy(
+        update={"producer": {"batch.size": "300", "linger.ms": "0", "compression.type": "none"}}
+    )
+    book = ProgressBook(Lsn(16))
+    publisher = ChangePublisher(settings, book, Topics(settings), start=Lsn(16))
+    pin = book.pin()
+    values = [b"x" * 100, random.Random(3).randbytes(3000), b"y" * 100]
+    publisher.publish_batch(
+        topic, "public.accounts", [("pgdelta.op", b"r")], [b"a", b"b", b"c"], values, pin=pin
+    )
+    with pytest.raises(TransientError, match=r"3 records .* across 2 offsets \(0 to 1\)"):
+        publisher.flush()
+    book.seal(pin)
+    book.applied(topic, 0, 2)
+    assert book.in_flight_records == 3, "nothing of the run was booked as delivered"
+    assert book.pinned, "the slot keeps waiting for the snapshot"
