@@ -456,12 +456,20 @@ class WalSenderCpu(threading.Thread):
 
 
 class AppliedFeeder(threading.Thread):
-    """Stands in for the apply job: every APPLIED_INTERVAL_S, reports each change-topic
-    partition as applied up to its high watermark, as apply does after a Delta commit."""
+    """Stands in for the apply job: every ``interval_s`` (APPLIED_INTERVAL_S), reports
+    each change-topic partition as applied up to its high watermark, as apply does after
+    a Delta commit."""
 
-    def __init__(self, bootstrap: str, names: Names, tables: Sequence[str] = TABLES) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        names: Names,
+        tables: Sequence[str] = TABLES,
+        interval_s: float = APPLIED_INTERVAL_S,
+    ) -> None:
         super().__init__(daemon=True)
         self._names = names
+        self._interval_s = interval_s
         self._tables = tables
         self._done = threading.Event()
         conf = {"bootstrap.servers": bootstrap}
@@ -472,7 +480,7 @@ class AppliedFeeder(threading.Thread):
     def run(self) -> None:
         topics = self._names.change_topics(self._tables)
         existing: dict[str, str] = {}
-        while not self._done.wait(APPLIED_INTERVAL_S):
+        while not self._done.wait(self._interval_s):
             if len(existing) < len(topics):
                 # Watermarks only of topics the broker lists: after a query for a topic
                 # that does not exist yet, the client kept failing for that topic for

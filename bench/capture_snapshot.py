@@ -1,10 +1,16 @@
 """Capture's initial snapshot of a big table against a plain COPY of the same table.
 
 Usage: ``.venv/bin/python -m bench.capture_snapshot [--rows N] [--workers N [N ...]]
-[--kill-at F] [--python-rows]``
+[--pace kafka|lake [...]] [--applied-every S] [--kill-at F] [--python-rows]``
 
 ``--python-rows``: capture with ``compiled_rows=false`` (every row encoded by the Python
 path, as without the compiled row encoder), to compare the two run against run.
+
+``--pace``: ``snapshot_pace`` values to run, each with every ``--workers`` value (the
+first run is the one the others are compared with). ``--applied-every``: how often the
+apply stand-in reports what it applied (1 s by default; a real apply job commits a
+micro-batch every few seconds at best, so paced by the lake a snapshot cannot read more
+than ``max_in_flight_records`` rows per interval).
 
 On the local stack, in a fresh schema: a table shaped like pgbench's ``accounts`` (``aid
 int`` primary key, ``bid int``, ``abalance int``, ``filler char(84)``) filled with N
@@ -21,7 +27,8 @@ rows, and nothing else. Then, in the same run:
   RSS are the child's; its CPU includes its snapshot worker processes (it reaps them,
   and ``wait4`` counts reaped descendants), its peak RSS does not. This process
   stands in for the apply job as in :mod:`bench.capture_drain` (applied offsets on the
-  control topic every second): snapshot rows count against the in-flight bound.
+  control topic every ``--applied-every`` seconds): snapshot rows count against the
+  in-flight bound until delivered, or with ``--pace lake`` until applied.
 
 The topic must hold exactly N records afterwards. Everything created is dropped.
 
@@ -133,17 +140,20 @@ def _delete_change_topic(bootstrap: str, names: Names) -> None:
 
 
 def _settings(
-    dsn: str, bootstrap: str, names: Names, workers: int, compiled_rows: bool
+    dsn: str, bootstrap: str, names: Names, workers: int, compiled_rows: bool, pace: str = "kafka"
 ) -> CaptureSettings:
     settings = names.capture_settings(
         dsn, bootstrap, [TABLE], partitions=3, snapshot_mode="initial"
     )
-    return settings.model_copy(update={"snapshot_workers": workers, "compiled_rows": compiled_rows})
+    return settings.model_copy(
+        update={"snapshot_workers": workers, "compiled_rows": compiled_rows, "snapshot_pace": pace}
+    )
 
 
 @dataclass(frozen=True, slots=True)
 class Run:
     workers: int
+    pace: str
     copy_s: float
     copied: int
     usage: Usage
@@ -161,7 +171,9 @@ class Prepared:
 
 
 @contextlib.contextmanager
-def _prepared(dsn: str, bootstrap: str, rows: int) -> Iterator[Prepared]:
+def _prepared(
+    dsn: str, bootstrap: str, rows: int, applied_every_s: float = 1.0
+) -> Iterator[Prepared]:
     """A loaded table, the control topic, the apply stand-in and the WAL ticker; all of it
     dropped or stopped at the end."""
     names = Names.unique()
@@ -183,13 +195,13 @@ def _prepared(dsn: str, bootstrap: str, rows: int) -> Iterator[Prepared]:
         stop_at = parse_lsn(str(row[0]))
         # On an idle database the server has nothing to report: WAL written while the
         # child runs moves its decoding position past stop_at, so the child can stop.
-        # And an apply stand-in: snapshot rows count against the in-flight bound too, so
-        # without applied offsets on the control topic the snapshot would pause for good.
+        # And an apply stand-in: without applied offsets on the control topic the slot
+        # would never move (and a snapshot paced by the lake would pause for good).
         kafka_admin = AdminClient({"bootstrap.servers": bootstrap})
         kafka_admin.create_topics(
             [NewTopic(names.control_topic, 1, 1, config={"cleanup.policy": "compact"})]
         )[names.control_topic].result(30)
-        feeder = AppliedFeeder(bootstrap, names, (TABLE,))
+        feeder = AppliedFeeder(bootstrap, names, (TABLE,), applied_every_s)
         feeder.start()
         cleanup.callback(feeder.close)
         ticking = threading.Event()
@@ -241,24 +253,26 @@ def _measure(
     workers: int,
     compiled_rows: bool,
     pids: tuple[int | None, int | None],
+    pace: str = "kafka",
+    applied_every_s: float = 1.0,
 ) -> Run:
     """One table loaded, read by the COPY baseline, then snapshotted by capture with
     ``workers`` snapshot workers; everything created is dropped. ``pids``: the Kafka
     broker's and the postmaster's, whose CPU during capture's run is recorded."""
     kafka_pid, postmaster = pids
-    with _prepared(dsn, bootstrap, rows) as prepared:
+    with _prepared(dsn, bootstrap, rows, applied_every_s) as prepared:
         names = prepared.names
         print("baseline: COPY to nowhere...")
         copy_s, copied = _copy_baseline(dsn, names)
-        print(f"capture: initial snapshot to Kafka, {workers} snapshot workers...")
-        settings = _settings(dsn, bootstrap, names, workers, compiled_rows)
+        print(f"capture: initial snapshot to Kafka, {workers} snapshot workers, {pace} pace...")
+        settings = _settings(dsn, bootstrap, names, workers, compiled_rows, pace)
         broker = None if kafka_pid is None else _proc_cpu_seconds(kafka_pid)
         cluster = None if postmaster is None else _cluster_cpu_seconds(postmaster)
         usage = _run_measured("capture", _capture_argv(settings, prepared.stop_at))
         broker = _spent(broker, None if kafka_pid is None else _proc_cpu_seconds(kafka_pid))
         cluster = _spent(cluster, None if postmaster is None else _cluster_cpu_seconds(postmaster))
         records = _records_in(bootstrap, names, (TABLE,))
-    return Run(workers, copy_s, copied, usage, records, broker, cluster)
+    return Run(workers, pace, copy_s, copied, usage, records, broker, cluster)
 
 
 @dataclass(frozen=True, slots=True)
@@ -320,6 +334,20 @@ def main() -> None:
         "the other, each on a table of its own, compared with the first",
     )
     parser.add_argument(
+        "--pace",
+        nargs="+",
+        choices=["kafka", "lake"],
+        default=["kafka"],
+        help="snapshot_pace values; each runs with every --workers value",
+    )
+    parser.add_argument(
+        "--applied-every",
+        type=float,
+        default=1.0,
+        metavar="S",
+        help="seconds between the apply stand-in's reports of applied offsets",
+    )
+    parser.add_argument(
         "--kill-at",
         type=float,
         default=None,
@@ -342,32 +370,39 @@ def main() -> None:
         print("capture_native is not built (make native): rows take the Python path")
     print(f"rows encoded by the {'compiled row encoder' if compiled else 'Python path'}")
     pids = (read_pid(state.kafka.pid_file), state.postgres.postmaster_pid())
-    runs = [_measure(dsn, bootstrap, args.rows, w, compiled, pids) for w in args.workers]
+    runs = [
+        _measure(dsn, bootstrap, args.rows, w, compiled, pids, pace, args.applied_every)
+        for pace in args.pace
+        for w in args.workers
+    ]
     resumed = (
         None
         if args.kill_at is None
         else _resume(dsn, bootstrap, args.rows, args.workers[-1], args.kill_at, compiled)
     )
     print(
-        f"\n{'run':<24}{'wall s':>8}{'rows/s':>10}{'vs base':>9}{'vs first':>9}"
+        f"\n{'run':<30}{'wall s':>8}{'rows/s':>10}{'vs base':>9}{'vs first':>9}"
         f"{'CPU us/row':>11}{'peak RSS MB':>12}"
     )
     first_rate = args.rows / runs[0].usage.wall_s
     for run in runs:
         base_rate, rate = run.copied / run.copy_s, args.rows / run.usage.wall_s
-        print(f"{'COPY to nowhere (base)':<24}{run.copy_s:>8.1f}{base_rate:>10.0f}{'1.00x':>9}")
-        label = f"capture, {run.workers} worker{'s' if run.workers > 1 else ''}"
+        print(f"{'COPY to nowhere (base)':<30}{run.copy_s:>8.1f}{base_rate:>10.0f}{'1.00x':>9}")
+        label = f"capture, {run.workers} worker{'s' if run.workers > 1 else ''}, {run.pace}"
         print(
-            f"{label:<24}{run.usage.wall_s:>8.1f}{rate:>10.0f}{rate / base_rate:>8.2f}x"
+            f"{label:<30}{run.usage.wall_s:>8.1f}{rate:>10.0f}{rate / base_rate:>8.2f}x"
             f"{rate / first_rate:>8.2f}x{run.usage.cpu_s / args.rows * 1e6:>11.1f}"
             f"{run.usage.max_rss_bytes / 1e6:>12.1f}"
         )
-    print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(
+        f"apply stand-in every {args.applied_every:g} s; load average at the end: "
+        f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}"
+    )
     _print_machine_share(runs, args.rows)
     failed = False
     for run in runs:
         print(
-            f"{run.workers} workers: {run.records} records in the change topic "
+            f"{run.workers} workers, {run.pace} pace: {run.records} records in the change topic "
             f"(expected {args.rows})"
         )
         if run.usage.returncode != 0 or run.records != args.rows or run.copied != args.rows:
@@ -411,7 +446,10 @@ def _print_machine_share(runs: list[Run], rows: int) -> None:
     )
     for run in runs:
         if run.broker_cpu_s is None or run.postgres_cpu_s is None:
-            print(f"{run.workers} workers: the broker's or the server's process was not found")
+            print(
+                f"{run.workers} workers, {run.pace}: the broker's or the server's process "
+                "was not found"
+            )
             continue
         capture_us = run.usage.cpu_s / rows * 1e6
         broker_us = run.broker_cpu_s / rows * 1e6
@@ -420,7 +458,8 @@ def _print_machine_share(runs: list[Run], rows: int) -> None:
         ceiling = cores / total_us * 1e6
         rate = rows / run.usage.wall_s
         print(
-            f"{run.workers} workers: {capture_us:.1f} + {broker_us:.1f} + {server_us:.1f} = "
+            f"{run.workers} workers, {run.pace}: {capture_us:.1f} + {broker_us:.1f} + "
+            f"{server_us:.1f} = "
             f"{total_us:.1f} us/row; {cores} cores allow {ceiling:,.0f} rows/s; reached "
             f"{rate:,.0f} ({rate / ceiling:.0%})"
         )

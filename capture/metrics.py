@@ -128,7 +128,8 @@ class _StreamCollector(Collector):
             ),
             "records": GaugeMetricFamily(
                 f"{PREFIX}in_flight_records",
-                "records produced to Kafka and not yet applied to the lake",
+                "streamed records produced and not yet applied to the lake, plus snapshot "
+                "rows not yet in Kafka (until applied with snapshot_pace=lake)",
             ),
             "bytes": GaugeMetricFamily(
                 f"{PREFIX}in_flight_bytes", "encoded bytes of the in-flight records"

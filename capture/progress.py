@@ -17,10 +17,22 @@ decoded, and every transaction that committed before it was either sent to us (a
 applied) or had nothing for our publication. Confirming it keeps a quiet database, or a
 publication whose tables are idle, from pinning WAL forever.
 
-Backpressure counts records, not transactions: a record is in flight from the moment it
-is produced until its partition's applied offset passes it. Counting per transaction
-would deadlock on a transaction larger than the bound: reading would pause before its
-commit arrives, and an uncommitted transaction is never released.
+Backpressure counts records, not transactions: a streamed change's record is in flight
+from the moment it is produced until its partition's applied offset passes it. Counting
+per transaction would deadlock on a transaction larger than the bound: reading would
+pause before its commit arrives, and an uncommitted transaction is never released.
+
+A record produced under a pin (a snapshot row, a change held back behind a snapshot) is
+in flight only until Kafka has it. Its pin still keeps the slot where it was until it
+is applied, but reading the snapshot is not paced by the lake: paced, a snapshot would
+read the source only as fast as apply merges it, and the snapshot's exported
+transaction would hold back the source's vacuum horizon (and the table's changes wait
+in the spool) for as long as the lake takes. Kafka is where the rows wait instead; the
+book keeps nothing per such record once delivered, so its memory does not grow with
+the table. The bound still caps what the producer holds undelivered. The price is that
+a row may wait in Kafka as long as apply takes for the whole table, which the topics'
+retention must allow; ``snapshot_pace=lake`` (``pins_paced_by_lake``) paces pins by the
+lake instead, for topics whose retention cannot.
 
 A table being snapshotted *pins* the book (:meth:`ProgressBook.pin`): its streamed
 changes are held back until its snapshot is in Kafka, so the transactions carrying them
@@ -102,11 +114,15 @@ class ProgressBook:
         "_next_pin",
         "_open",
         "_pins",
+        "_pins_paced_by_lake",
         "_transactions",
         "_unapplied",
     )
 
-    def __init__(self, start: Lsn) -> None:
+    def __init__(self, start: Lsn, *, pins_paced_by_lake: bool = False) -> None:
+        """``pins_paced_by_lake``: records produced under a pin stay in flight until
+        applied, like streamed ones (``snapshot_pace=lake``), not only until delivered."""
+        self._pins_paced_by_lake = pins_paced_by_lake
         self._transactions: deque[tuple[int, _Transaction]] = deque()
         self._open: _Transaction | None = None
         self._next_id = 0
@@ -114,8 +130,8 @@ class ProgressBook:
         self._confirmable = start
         self._in_flight_records = 0
         self._in_flight_bytes = 0
-        # Delivered, not yet applied records per partition, in offset order: (the highest
-        # offset of a report's records, how many, their bytes).
+        # Delivered, not yet applied streamed records per partition, in offset order: (the
+        # highest offset of a report's records, how many, their bytes).
         self._unapplied: dict[TopicPartition, deque[tuple[int, int, int]]] = {}
         self._pins: dict[int, _Pin] = {}
         self._next_pin = -1
@@ -217,7 +233,10 @@ class ProgressBook:
             owner.pending_deliveries = pending = owner.pending_deliveries - 1
             if offset > owner.high_offsets.get(key, -1):
                 owner.high_offsets[key] = offset
-        if offset < self._applied.get(key, 0):
+        if offset < self._applied.get(key, 0) or (
+            ticket.transaction < 0 and not self._pins_paced_by_lake
+        ):
+            # A pin's records leave the bound once in Kafka (see the module docstring).
             self._release(ticket.records, ticket.encoded_bytes)
         else:
             # Offsets of one partition are delivered in order (idempotent producer).

@@ -270,7 +270,10 @@ class CaptureService:
                     len(capturable),
                     len(states.in_state(TableState.PENDING)),
                 )
-                book = ProgressBook(slot.confirmed_flush)
+                book = ProgressBook(
+                    slot.confirmed_flush,
+                    pins_paced_by_lake=self._settings.snapshot_pace == "lake",
+                )
                 for (topic, partition), next_offset in state.applied.items():
                     book.applied(topic, partition, next_offset)
                 self.metrics.book = book

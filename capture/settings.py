@@ -138,6 +138,16 @@ class CaptureSettings(BaseSettings):
     max_in_flight_bytes: int = Field(
         256 * 1024 * 1024, ge=1, description="same bound in encoded bytes"
     )
+    snapshot_pace: Literal["kafka", "lake"] = Field(
+        "kafka",
+        description=(
+            "kafka: a snapshot row leaves the in-flight bound once Kafka has it, so the "
+            "source is read as fast as Kafka takes the rows and the lake catches up from "
+            "the topic; lake: once it is applied, so no snapshot row waits in Kafka much "
+            "longer than apply takes for one bound (for change topics whose retention is "
+            "shorter than the time apply needs for a whole table)"
+        ),
+    )
     snapshot_mode: Literal["initial", "never"] = Field(
         "initial",
         description=(

@@ -239,8 +239,10 @@ def test_kill_9_of_capture_mid_snapshot_resumes_and_ends_equal(
         capture_overrides={
             "CAPTURE_SNAPSHOT_WORKERS": "2",
             "CAPTURE_SNAPSHOT_CHUNK_ROWS": "2500",
-            # The snapshot goes at apply's pace (four chunks ahead of it at most), so it
-            # is still part-way through when the test sees five chunks recorded.
+            # Paced by the lake, the snapshot goes at apply's pace (four chunks ahead of
+            # it at most), so it is still part-way through when the test sees five chunks
+            # recorded.
+            "CAPTURE_SNAPSHOT_PACE": "lake",
             "CAPTURE_MAX_IN_FLIGHT_RECORDS": "10000",
         },
     )

@@ -317,9 +317,10 @@ def test_a_snapshot_cut_short_is_taken_again_with_a_truncate(
     # depends on whether autovacuum has analyzed the table yet.
     settings = settings.model_copy(update={"snapshot_chunk_rows": 100_000_000})
     topic = f"{name}.{name}.big"
-    # Nothing reports records applied, so the first run holds at 2,000 records in flight:
-    # its snapshot cannot end before the stop, however fast it reads.
-    held = settings.model_copy(update={"max_in_flight_records": 2000})
+    # Paced by the lake, where nothing reports records applied, the first run holds at
+    # 2,000 records in flight: its snapshot cannot end before the stop, however fast it
+    # reads.
+    held = settings.model_copy(update={"max_in_flight_records": 2000, "snapshot_pace": "lake"})
     runner = CaptureThread(held)
     try:
         runner.start(pg)

@@ -54,7 +54,13 @@ from capture.snapshot_chunks import CHUNK_ORDINALS
 from schemas.change_record import RecordFraming, TableSchemas
 from schemas.control import TableState
 from schemas.reader import ContractReader
-from tests.plugins.capture import CaptureThread, capture_settings, slot_active
+from tests.plugins.capture import (
+    CaptureThread,
+    capture_settings,
+    confirmed_lsn,
+    current_lsn,
+    slot_active,
+)
 from tests.plugins.services import Services
 from tests.plugins.topics import (
     assert_positions_increase,
@@ -241,9 +247,9 @@ def _workers() -> list[multiprocessing.process.BaseProcess]:
 
 
 def _stalled_snapshot(services: Services, pg: Connection, name: str) -> tuple[CaptureSettings, str]:
-    """A 60,000-row table and settings under which its snapshot stalls: nothing applies
-    the records, so the snapshot stops at the in-flight bound with its workers busy, and
-    whatever stops it finds them in the middle of their chunks."""
+    """A 60,000-row table and settings under which its snapshot stalls: paced by the lake,
+    where nothing applies the records, the snapshot stops at the in-flight bound with its
+    workers busy, and whatever stops it finds them in the middle of their chunks."""
     big = sql.Identifier(name, "big")
     pg.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(name)))
     pg.execute(sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, v text)").format(big))
@@ -256,6 +262,7 @@ def _stalled_snapshot(services: Services, pg: Connection, name: str) -> tuple[Ca
         capture_settings(services, name, [f"{name}.big"], snapshot_mode="initial"),
         snapshot_chunk_rows=2000,
         max_in_flight_records=3000,
+        snapshot_pace="lake",
     )
     return settings, f"{name}.{name}.big"
 
@@ -293,6 +300,44 @@ def test_a_capture_stopped_mid_snapshot_leaves_no_worker_behind(
         assert not _workers(), "every worker ended with the capture"
         assert all(not Path(f"/proc/{pid}").exists() for pid in pids), "and was reaped"
         _wait(lambda: _copies(pg, name) == 0, "a worker's COPY outlived it on the server", 30)
+    finally:
+        runner.close(pg)
+
+
+def test_paced_by_kafka_a_snapshot_bigger_than_the_bound_ends_with_nothing_applied(
+    services: Services, pg: Connection, unique_name: str
+) -> None:
+    """The default pace: the 60,000-row snapshot goes past its in-flight bound of 3,000
+    rows to its end although nothing applies them (they wait in Kafka, not behind the
+    source's exported snapshot), and the slot still waits until the lake has them."""
+    name = unique_name
+    settings, topic = _stalled_snapshot(services, pg, name)
+    settings = settings.model_copy(update={"snapshot_pace": "kafka"})
+    bootstrap, slot = services.kafka_bootstrap_servers, settings.postgres.slot
+    runner = CaptureThread(settings)
+    try:
+        runner.start(pg)
+        start = confirmed_lsn(pg, slot)
+        _wait(
+            lambda: _state(settings, f"{name}.big") is TableState.STREAMING,
+            "the snapshot stopped at the in-flight bound",
+        )
+        assert _records(bootstrap, topic) == 60_000
+        pg.execute(
+            sql.SQL("INSERT INTO {} VALUES (60001, 'new')").format(sql.Identifier(name, "big"))
+        )
+        written = current_lsn(pg)
+        _wait(lambda: _records(bootstrap, topic) == 60_001, "the streamed insert never arrived")
+        time.sleep(2 * settings.status_interval_s)
+        assert not runner.errors, runner.errors
+        assert confirmed_lsn(pg, slot) == start, "nothing is applied: the slot waits"
+
+        def confirmed_once_applied() -> bool:
+            report_applied(bootstrap, settings.kafka.control_topic, read_to_end(bootstrap, topic))
+            return confirmed_lsn(pg, slot) >= written
+
+        _wait(confirmed_once_applied, "applied, the slot never moved past the insert", 60)
+        assert not runner.errors, runner.errors
     finally:
         runner.close(pg)
 

@@ -150,6 +150,8 @@ def test_a_snapshot_killed_midway_resumes_after_its_published_chunks(
             "snapshot_workers": WORKERS,
             "snapshot_chunk_rows": CHUNK_ROWS,
             "max_in_flight_records": 3000,
+            # Paced by the lake, so the test's applying (or not) decides where it stalls.
+            "snapshot_pace": "lake",
         }
     )
     bootstrap, topic = services.kafka_bootstrap_servers, f"{name}.{name}.big"

@@ -145,14 +145,14 @@ def test_a_pin_holds_the_slot_until_its_records_are_applied() -> None:
     snapshot_row = book.produced_under(pin, 50)
     book.applied(T, 0, 1)
     assert book.confirmable == 10, "a change of the pinned table may be held in that transaction"
+    assert book.in_flight_records == 1, "produced, not delivered yet"
     book.delivered(snapshot_row, U, 0, 0)
     book.seal(pin)
     assert book.confirmable == 10, "sealed, but the snapshot row is not applied yet"
-    assert book.in_flight_records == 1
+    assert book.in_flight_records == 0, "in Kafka: reading goes on, the pin holds the slot"
     book.applied(U, 0, 1)
     assert book.confirmable == 108
     assert not book.pinned
-    assert book.in_flight_records == 0
 
 
 def test_a_pin_also_caps_idle_confirmation() -> None:
@@ -185,29 +185,64 @@ def test_a_sealed_pin_takes_no_more_records() -> None:
         book.produced_under(pin, 1)
 
 
-def test_runs_under_a_pin_count_every_record_and_are_released_by_their_last_offset() -> None:
-    """A run's one report covers its records: none of them is released before the
-    applied offset passes the run's last one, and then all of them are."""
+def test_runs_under_a_pin_leave_the_bound_when_delivered_and_hold_the_slot_until_applied() -> None:
+    """A run's one report covers its records: all of them leave the bound with it, and
+    the pin holds the slot until the applied offset passes the run's last one."""
     book = ProgressBook(Lsn(10))
     pin = book.pin()
     tickets = book.produced_runs_under(pin, [(3, 91), (1, 30)])
     assert tickets == [RecordTicket(pin, 91, 3), RecordTicket(pin, 30, 1)]
     assert (book.in_flight_records, book.in_flight_bytes) == (4, 121)
     book.delivered(tickets[0], U, 0, 2)  # offsets 0..2 of partition 0
+    assert (book.in_flight_records, book.in_flight_bytes) == (1, 30)
     book.delivered(tickets[1], U, 1, 0)
+    assert (book.in_flight_records, book.in_flight_bytes) == (0, 0)
     book.seal(pin)
     book.keepalive(Lsn(90))
     assert book.confirmable == 10, "delivered, not applied"
     book.applied(U, 0, 2)
+    assert book.confirmable == 10, "the run's last record is not applied yet"
+    book.applied(U, 0, 3)
+    assert book.confirmable == 10, "partition 1's record is not applied yet"
+    book.applied(U, 1, 1)
+    assert book.confirmable == 90
+    assert not book.pinned
+    with pytest.raises(ValueError, match="sealed"):
+        book.produced_runs_under(pin, [(1, 1)])
+
+
+def test_delivered_streamed_records_stay_in_flight_beside_delivered_snapshot_rows() -> None:
+    """Only the lake releases a streamed change (the bound keeps capture within reach of
+    apply); a snapshot row leaves the bound once Kafka has it."""
+    book = ProgressBook(Lsn(10))
+    pin = book.pin()
+    book.begin(Lsn(100))
+    change = book.produced(7)
+    book.commit(Lsn(108))
+    (rows,) = book.produced_runs_under(pin, [(500, 5000)])
+    book.delivered(change, T, 0, 0)
+    book.delivered(rows, U, 0, 499)
+    assert (book.in_flight_records, book.in_flight_bytes) == (1, 7)
+    book.applied(T, 0, 1)
+    assert (book.in_flight_records, book.in_flight_bytes) == (0, 0)
+    assert book.confirmable == 10, "the pin holds the slot until the rows are applied"
+
+
+def test_paced_by_the_lake_a_pins_records_stay_in_flight_until_applied() -> None:
+    """``snapshot_pace=lake``: a run's records leave the bound only when the applied
+    offset passes its last one."""
+    book = ProgressBook(Lsn(10), pins_paced_by_lake=True)
+    pin = book.pin()
+    first, second = book.produced_runs_under(pin, [(3, 91), (1, 30)])
+    book.delivered(first, U, 0, 2)
+    book.delivered(second, U, 1, 0)
+    assert (book.in_flight_records, book.in_flight_bytes) == (4, 121)
+    book.applied(U, 0, 2)
     assert book.in_flight_records == 4, "the run's last record is not applied yet"
     book.applied(U, 0, 3)
     assert (book.in_flight_records, book.in_flight_bytes) == (1, 30)
-    assert book.confirmable == 10, "partition 1's record is not applied yet"
     book.applied(U, 1, 1)
     assert (book.in_flight_records, book.in_flight_bytes) == (0, 0)
-    assert book.confirmable == 90
-    with pytest.raises(ValueError, match="sealed"):
-        book.produced_runs_under(pin, [(1, 1)])
 
 
 def test_a_run_delivered_below_the_applied_offset_is_released_at_once() -> None:
