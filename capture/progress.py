@@ -102,6 +102,18 @@ class RecordTicket:
     records: int = 1
 
 
+@dataclass(frozen=True, slots=True)
+class RunSegment:
+    """The records of one transaction inside a run of streamed records that one delivery
+    report pair covers (:meth:`ProgressBook.delivered_run`): how many, their bytes, and
+    the position of the last of them in the run (0 for the run's first record)."""
+
+    transaction: int
+    records: int
+    encoded_bytes: int
+    last: int
+
+
 class ProgressBook:
     """Tracks produced-but-unapplied records and answers "what may be confirmed"."""
 
@@ -252,6 +264,34 @@ class ProgressBook:
             self._advance()
         else:
             self._release_pins()
+
+    def delivered_run(
+        self, segments: Sequence[RunSegment], topic: str, partition: int, first_offset: int
+    ) -> None:
+        """A run of streamed records produced one after another to one partition was
+        delivered whole from ``first_offset`` on (its publisher checked the span): each
+        segment is the records of one transaction in the run, and ends at
+        ``first_offset + segment.last``."""
+        key = (topic, partition)
+        applied = self._applied.get(key, 0)
+        completed = False
+        for segment in segments:
+            owner = self._find(segment.transaction)
+            offset = first_offset + segment.last
+            owner.pending_deliveries -= segment.records
+            if owner.pending_deliveries == 0:
+                completed = True
+            if offset > owner.high_offsets.get(key, -1):
+                owner.high_offsets[key] = offset
+            if offset < applied:
+                self._release(segment.records, segment.encoded_bytes)
+            else:
+                waiting = self._unapplied.get(key)
+                if waiting is None:
+                    waiting = self._unapplied[key] = deque()
+                waiting.append((offset, segment.records, segment.encoded_bytes))
+        if completed:
+            self._advance()
 
     def applied(self, topic: str, partition: int, next_offset: int) -> None:
         """The apply job has applied every offset below ``next_offset`` of that partition."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from capture.progress import ProgressBook, RecordTicket
+from capture.progress import ProgressBook, RecordTicket, RunSegment
 from schemas.lsn import Lsn
 
 T = "cdc.public.orders"
@@ -294,3 +294,41 @@ def test_records_of_a_transaction_share_a_ticket_by_size_and_never_across_transa
     book.delivered(d, T, 0, 3)
     book.applied(T, 0, 4)
     assert book.confirmable == 208
+
+
+def test_a_run_spanning_transactions_books_each_at_its_last_offset_in_the_run() -> None:
+    """One report pair covers a partition's run across a burst of transactions: each
+    transaction's records in it are delivered, its high offset is its last record's."""
+    book = ProgressBook(Lsn(0))
+    book.begin(Lsn(100))
+    a = [book.produced(10), book.produced(10)]
+    book.commit(Lsn(108))
+    book.begin(Lsn(200))
+    b = [book.produced(12)]
+    book.commit(Lsn(208))
+    assert (a[0].transaction, b[0].transaction) == (0, 1)
+    # Partition 0 got, from offset 40: a's two records, then b's.
+    book.delivered_run((RunSegment(0, 2, 20, 1), RunSegment(1, 1, 12, 2)), T, 0, 40)
+    assert book.confirmable == 0, "delivered, not applied"
+    assert (book.in_flight_records, book.in_flight_bytes) == (3, 32)
+    book.applied(T, 0, 42)
+    assert book.confirmable == 108, "the first transaction ends at offset 41"
+    assert (book.in_flight_records, book.in_flight_bytes) == (1, 12)
+    book.applied(T, 0, 43)
+    assert book.confirmable == 208
+    assert (book.in_flight_records, book.in_flight_bytes) == (0, 0)
+
+
+def test_a_transaction_split_over_runs_waits_for_all_of_them() -> None:
+    book = ProgressBook(Lsn(0))
+    book.begin(Lsn(100))
+    for _ in range(3):
+        book.produced(5)
+    book.commit(Lsn(108))
+    book.applied(T, 0, 1000)
+    book.applied(T, 1, 1000)
+    book.delivered_run((RunSegment(0, 2, 10, 1),), T, 0, 7)
+    assert book.confirmable == 0, "its record in partition 1 is not delivered"
+    book.delivered_run((RunSegment(0, 1, 5, 0),), T, 1, 3)
+    assert book.confirmable == 108
+    assert (book.in_flight_records, book.in_flight_bytes) == (0, 0), "below the applied offsets"
