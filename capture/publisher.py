@@ -4,7 +4,10 @@ The producer is idempotent with ``acks=all``, so a record is either in the log o
 in order, or its delivery report says it failed. A failed delivery stops the service
 (:class:`~capture.errors.TransientError`): the slot has not moved past that record, so a
 restart re-reads it from PostgreSQL. Partitioning uses ``murmur2_random``, the Java
-client's default, so other producers and consumers agree on which partition a key is in.
+client's default, so other producers and consumers agree on which partition a key is in;
+capture computes the same partition itself (``capture/partitioning.py``) for the records
+it produces in runs: snapshot batches, and streamed records a burst at a time
+(:meth:`ChangePublisher.send`), with two delivery reports per partition's run.
 
 Writer schemas are flushed to the schema topic before the first record that uses them
 is produced, so a consumer that reads the schema topic first can always decode.
@@ -16,7 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import cast
+from typing import Any, cast
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
 from confluent_kafka.admin import AdminClient
@@ -266,7 +269,7 @@ class ChangePublisher:
         firsts: dict[int, int] = {}
         lasts: dict[int, int] = {}
         lengths: dict[int, int] = {}
-        segments: dict[int, list[list[int]]] = {}
+        segments: dict[int, list[RunSegment]] = {}
         for index, (partition, ticket) in enumerate(zip(partitions, tickets, strict=True)):
             run = segments.get(partition)
             if run is None:
@@ -290,14 +293,15 @@ class ChangePublisher:
             if length == 1:
                 reports[first] = partial(self._report, tickets[first])
                 continue
-            run_segments = tuple(RunSegment(*segment) for segment in segments[partition])
-            booked = PartitionRun(length, run_segments)
+            booked = PartitionRun(length, segments[partition])
             reports[first] = partial(self._run_report, booked, True)
             reports[lasts[partition]] = partial(self._run_report, booked, False)
         produce = self._producer.produce
         for index, (record, partition) in enumerate(zip(records, partitions, strict=True)):
             on_delivery = reports.get(index)
-            headers = cast("list[tuple[str, str | bytes | None]]", record.headers)
+            # Passed as it is (a list of (str, bytes) pairs, which produce takes); typed
+            # here rather than cast, which is a call per record.
+            headers: Any = record.headers
             while True:
                 try:
                     if on_delivery is None:
@@ -463,7 +467,7 @@ class PartitionRun:
     between. Either way the run cannot be vouched for, so any other span fails it."""
 
     records: int
-    booking: RecordTicket | tuple[RunSegment, ...]
+    booking: RecordTicket | list[RunSegment]
     first_offset: int | None = None
     last_offset: int | None = None
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from capture.progress import ProgressBook, RecordTicket, RunSegment
+from capture.progress import ProgressBook, RecordTicket
 from schemas.lsn import Lsn
 
 T = "cdc.public.orders"
@@ -308,12 +308,12 @@ def test_a_run_spanning_transactions_books_each_at_its_last_offset_in_the_run() 
     book.commit(Lsn(208))
     assert (a[0].transaction, b[0].transaction) == (0, 1)
     # Partition 0 got, from offset 40: a's two records, then b's.
-    book.delivered_run((RunSegment(0, 2, 20, 1), RunSegment(1, 1, 12, 2)), T, 0, 40)
+    book.delivered_run([[0, 2, 20, 1], [1, 1, 12, 2]], T, 0, 40)
     assert book.confirmable == 0, "delivered, not applied"
     assert (book.in_flight_records, book.in_flight_bytes) == (3, 32)
     book.applied(T, 0, 42)
     assert book.confirmable == 108, "the first transaction ends at offset 41"
-    assert (book.in_flight_records, book.in_flight_bytes) == (1, 12)
+    assert (book.in_flight_records, book.in_flight_bytes) == (3, 32), "released with the run"
     book.applied(T, 0, 43)
     assert book.confirmable == 208
     assert (book.in_flight_records, book.in_flight_bytes) == (0, 0)
@@ -327,8 +327,8 @@ def test_a_transaction_split_over_runs_waits_for_all_of_them() -> None:
     book.commit(Lsn(108))
     book.applied(T, 0, 1000)
     book.applied(T, 1, 1000)
-    book.delivered_run((RunSegment(0, 2, 10, 1),), T, 0, 7)
+    book.delivered_run([[0, 2, 10, 1]], T, 0, 7)
     assert book.confirmable == 0, "its record in partition 1 is not delivered"
-    book.delivered_run((RunSegment(0, 1, 5, 0),), T, 1, 3)
+    book.delivered_run([[0, 1, 5, 0]], T, 1, 3)
     assert book.confirmable == 108
     assert (book.in_flight_records, book.in_flight_bytes) == (0, 0), "below the applied offsets"
