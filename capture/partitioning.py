@@ -2,12 +2,11 @@
 
 The producer is configured with ``partitioner=murmur2_random``, the Java client's
 default for a record with a key: ``(murmur2(key) & 0x7fffffff) % partitions``. For
-snapshot batches and for the streamed records of a burst capture computes that
-partition itself and produces each record to it explicitly, because it needs to know,
-when producing, which records share a partition: it then asks for the delivery reports
-of only the first and the last record of each partition's run and checks the run is
-whole from their offsets (``ChangePublisher.publish_batch`` and ``send``), instead of
-taking a report per record.
+snapshot batches capture computes that partition itself and produces each record to it
+explicitly, because it needs to know, when producing, which of a batch's records share a
+partition: it then asks for the delivery reports of only the first and the last record
+of each partition's run and checks the run is whole from their offsets
+(``ChangePublisher.publish_batch``), instead of taking a report per record.
 
 Invariants:
 
@@ -16,16 +15,14 @@ Invariants:
   same key land in one partition, where their order holds.
   ``tests/integration/test_capture_partitioning.py`` checks this against librdkafka on
   the real broker, and the unit tests against Kafka's own murmur2 vectors.
-- Explicit partitions beside the partitioner. A topic gets snapshot records and
-  streamed changes with an explicit partition, and the changes held behind a snapshot
-  (released one by one after it) through the partitioner. librdkafka queues the latter
-  apart only until it knows the topic's partitions (its INTRODUCTION.md, "Partitioner
-  considerations"), and held changes are released only once their table's snapshot is
-  flushed to the topic, when the producer knows it: in a partition all keep their
-  produce order. A snapshot batch follows either nothing of its topic (a table's
-  first snapshot holds its streamed changes back until it is in Kafka) or changes
-  produced long before (a resync, whose snapshot is taken at a later point: apply drops
-  those older changes as replays, or its per-key dedup keeps the newer snapshot row).
+- Explicit partitions beside the partitioner. A topic gets snapshot records with an
+  explicit partition and streamed changes through the partitioner. librdkafka queues
+  the latter apart only until it knows the topic's partitions (its INTRODUCTION.md,
+  "Partitioner considerations"), so in a partition both keep their produce order once
+  it does. A snapshot batch follows either nothing of its topic (a table's first
+  snapshot holds its streamed changes back until it is in Kafka) or changes produced
+  long before (a resync, whose snapshot is taken at a later point: apply drops those
+  older changes as replays, or its per-key dedup keeps the newer snapshot row).
 - Partitions are counted once per topic and process (``Topics.partitions``). Adding
   partitions to a change topic moves keys between partitions for every keyed
   producer; capture uses the new count after its next start.

@@ -102,15 +102,6 @@ class RecordTicket:
     records: int = 1
 
 
-RunSegment = list[int]
-"""The records of one transaction inside a run of streamed records that one delivery
-report pair covers (:meth:`ProgressBook.delivered_run`): ``[transaction, records,
-encoded bytes, position of the last of them in the run]`` (0: the run's first record).
-A list the publisher extends while it groups a burst, not an object: a burst of small
-transactions has about one segment per record, and making an object of each cost as
-much as the delivery reports the runs save."""
-
-
 class ProgressBook:
     """Tracks produced-but-unapplied records and answers "what may be confirmed"."""
 
@@ -261,38 +252,6 @@ class ProgressBook:
             self._advance()
         else:
             self._release_pins()
-
-    def delivered_run(
-        self, segments: Sequence[RunSegment], topic: str, partition: int, first_offset: int
-    ) -> None:
-        """A run of streamed records produced one after another to one partition was
-        delivered whole from ``first_offset`` on (its publisher checked the span): each
-        segment is the records of one transaction in the run. The run's records leave
-        the bound together, once the applied offset passes its last one."""
-        key = (topic, partition)
-        completed = False
-        records = encoded_bytes = last = 0
-        find = self._find
-        for transaction, count, size, position in segments:
-            owner = find(transaction)
-            owner.pending_deliveries -= count
-            if owner.pending_deliveries == 0:
-                completed = True
-            offset = first_offset + position
-            if offset > owner.high_offsets.get(key, -1):
-                owner.high_offsets[key] = offset
-            records += count
-            encoded_bytes += size
-            last = offset
-        if last < self._applied.get(key, 0):
-            self._release(records, encoded_bytes)
-        else:
-            waiting = self._unapplied.get(key)
-            if waiting is None:
-                waiting = self._unapplied[key] = deque()
-            waiting.append((last, records, encoded_bytes))
-        if completed:
-            self._advance()
 
     def applied(self, topic: str, partition: int, next_offset: int) -> None:
         """The apply job has applied every offset below ``next_offset`` of that partition."""

@@ -4,10 +4,7 @@ The producer is idempotent with ``acks=all``, so a record is either in the log o
 in order, or its delivery report says it failed. A failed delivery stops the service
 (:class:`~capture.errors.TransientError`): the slot has not moved past that record, so a
 restart re-reads it from PostgreSQL. Partitioning uses ``murmur2_random``, the Java
-client's default, so other producers and consumers agree on which partition a key is in;
-capture computes the same partition itself (``capture/partitioning.py``) for the records
-it produces in runs: snapshot batches, and streamed records a burst at a time
-(:meth:`ChangePublisher.send`), with two delivery reports per partition's run.
+client's default, so other producers and consumers agree on which partition a key is in.
 
 Writer schemas are flushed to the schema topic before the first record that uses them
 is produced, so a consumer that reads the schema topic first can always decode.
@@ -19,7 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, cast
+from typing import cast
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
 from confluent_kafka.admin import AdminClient
@@ -29,7 +26,7 @@ from capture.change_stream import OutgoingRecord, SchemaRecord
 from capture.errors import ConfigError, TransientError
 from capture.metrics import CaptureMetrics
 from capture.partitioning import key_partitions
-from capture.progress import ProgressBook, RecordTicket, RunSegment
+from capture.progress import ProgressBook, RecordTicket
 from capture.settings import KafkaSettings
 from runtime.kafka_client import (
     ConnectionErrors,
@@ -166,9 +163,6 @@ class ChangePublisher:
         self._errors = ConnectionErrors(_SETTING)
         self._producer = Producer(producer_conf(settings), error_cb=self._errors)
         self.failure: str | None = None
-        # Streamed records published and not produced yet, per topic: the records and
-        # their tickets (see publish).
-        self._buffered: dict[str, tuple[list[OutgoingRecord], list[RecordTicket]]] = {}
         self._checkpoint_sent = start
         self.durable_checkpoint = start
         """The highest slot checkpoint known to be in the control topic; the slot is never
@@ -209,28 +203,13 @@ class ChangePublisher:
         self.flush()
 
     def publish(self, record: OutgoingRecord, *, pin: int | None = None) -> None:
-        """Publish ``record`` as part of the open transaction, or of ``pin`` (a change held
-        back behind a snapshot; see ProgressBook.pin).
-
-        A record of the open transaction is booked at once but produced by the next
-        :meth:`send` (the loop calls it after each burst of frames), in runs
-        (:meth:`_produce_runs`). A pinned record is produced at once, after what is
-        buffered: records reach Kafka in the order they were published."""
+        """Produce ``record`` as part of the open transaction, or of ``pin`` (a snapshot
+        record, or a change held back behind one; see ProgressBook.pin)."""
+        self._topics.ensure(record.topic)
         size = len(record.key) + (len(record.value) if record.value is not None else 0)
+        ticket = self._book.produced(size) if pin is None else self._book.produced_under(pin, size)
         if self._metrics is not None:
             self._metrics.record_produced(record.table, record.headers, record.value, size)
-        if pin is None:
-            ticket = self._book.produced(size)
-            buffered = self._buffered.get(record.topic)
-            if buffered is None:
-                buffered = self._buffered[record.topic] = ([], [])
-            buffered[0].append(record)
-            buffered[1].append(ticket)
-            return
-        if self._buffered:
-            self.send()
-        self._topics.ensure(record.topic)
-        ticket = self._book.produced_under(pin, size)
         report = partial(self._report, ticket)
         # A list of (str, bytes) pairs, as produce takes it: passed as it is, not copied.
         headers = cast("list[tuple[str, str | bytes | None]]", record.headers)
@@ -244,81 +223,6 @@ class ChangePublisher:
                 self._producer.poll(0.1)
             else:
                 return
-
-    def send(self) -> None:
-        """Produce the records :meth:`publish` buffered, topic by topic, each topic's in
-        the order they were published."""
-        buffered = self._buffered
-        if not buffered:
-            return
-        self._buffered = {}
-        for topic, (records, tickets) in buffered.items():
-            self._produce_runs(topic, records, tickets)
-
-    def _produce_runs(
-        self, topic: str, records: list[OutgoingRecord], tickets: list[RecordTicket]
-    ) -> None:
-        """Produce streamed records of ``topic`` with two delivery reports per partition,
-        as :meth:`publish_batch` does for a snapshot batch. A run here may span several
-        transactions: its report pair books each transaction's records in it
-        (:class:`~capture.progress.RunSegment`), so a burst of small transactions costs
-        two reports per partition, not one per record."""
-        partitions = key_partitions([r.key for r in records], self._topics.partitions(topic))
-        # Each partition's run: its first and last record, its length, and its records
-        # by transaction as [transaction, records, bytes, position of the last in the run].
-        firsts: dict[int, int] = {}
-        lasts: dict[int, int] = {}
-        lengths: dict[int, int] = {}
-        segments: dict[int, list[RunSegment]] = {}
-        for index, (partition, ticket) in enumerate(zip(partitions, tickets, strict=True)):
-            run = segments.get(partition)
-            if run is None:
-                firsts[partition] = index
-                lengths[partition] = 1
-                segments[partition] = [[ticket.transaction, 1, ticket.encoded_bytes, 0]]
-                continue
-            position = lengths[partition]
-            lengths[partition] = position + 1
-            lasts[partition] = index
-            segment = run[-1]
-            if segment[0] == ticket.transaction:
-                segment[1] += 1
-                segment[2] += ticket.encoded_bytes
-                segment[3] = position
-            else:
-                run.append([ticket.transaction, 1, ticket.encoded_bytes, position])
-        reports: dict[int, Callable[[KafkaError | None, Message], None]] = {}
-        for partition, first in firsts.items():
-            length = lengths[partition]
-            if length == 1:
-                reports[first] = partial(self._report, tickets[first])
-                continue
-            booked = PartitionRun(length, segments[partition])
-            reports[first] = partial(self._run_report, booked, True)
-            reports[lasts[partition]] = partial(self._run_report, booked, False)
-        produce = self._producer.produce
-        for index, (record, partition) in enumerate(zip(records, partitions, strict=True)):
-            on_delivery = reports.get(index)
-            # Passed as it is (a list of (str, bytes) pairs, which produce takes); typed
-            # here rather than cast, which is a call per record.
-            headers: Any = record.headers
-            while True:
-                try:
-                    if on_delivery is None:
-                        produce(topic, record.value, record.key, partition, headers=headers)
-                    else:
-                        produce(
-                            topic,
-                            record.value,
-                            record.key,
-                            partition,
-                            headers=headers,
-                            on_delivery=on_delivery,
-                        )
-                except BufferError:
-                    self._producer.poll(0.1)  # the local queue is full: make room
-                else:
-                    break
 
     def publish_batch(
         self,
@@ -339,8 +243,6 @@ class ChangePublisher:
         delivery report: a report costs as much as the ``produce`` call, and a batch's
         records of one partition are one run in the log. The two reports' offsets tell
         whether the run is whole (:class:`PartitionRun`), so no record can be lost unseen."""
-        if self._buffered:
-            self.send()
         sizes = [len(key) + len(value) for key, value in zip(keys, values, strict=True)]
         partitions = key_partitions(keys, self._topics.partitions(topic))
         if self._metrics is not None:
@@ -364,7 +266,7 @@ class ChangePublisher:
             if ticket.records == 1:
                 reports[firsts[partition]] = partial(self._report, ticket)
             else:
-                run = PartitionRun(ticket.records, ticket)
+                run = PartitionRun(ticket)
                 reports[firsts[partition]] = partial(self._run_report, run, True)
                 reports[lasts[partition]] = partial(self._run_report, run, False)
         shared: list[tuple[str, str | bytes | None]] = list(headers)
@@ -385,13 +287,11 @@ class ChangePublisher:
                     break
 
     def poll(self, timeout_s: float = 0.0) -> None:
-        self.send()
         self._producer.poll(timeout_s)
         self._topics.serve_callbacks()
         self._raise_on_failure()
 
     def flush(self, timeout_s: float = _FLUSH_TIMEOUT_S) -> None:
-        self.send()
         remaining = self._producer.flush(timeout_s)
         self._raise_on_failure()
         if remaining:
@@ -426,13 +326,9 @@ class ChangePublisher:
         except BrokenRunError as exc:
             self.failure = self.failure or f"{topic} [{partition}]: {exc}"
             return
-        if span is None:
-            return
-        booking = run.booking
-        if isinstance(booking, RecordTicket):
-            self._book.delivered(booking, topic, partition, span[1])
-        else:
-            self._book.delivered_run(booking, topic, partition, span[0])
+        if span is not None:
+            # The run ends at its last record's offset, whichever report came second.
+            self._book.delivered(run.ticket, topic, partition, span[1])
 
     def _schema_report(self, err: KafkaError | None, _msg: Message) -> None:
         if err is not None:
@@ -456,9 +352,8 @@ class BrokenRunError(Exception):
 
 @dataclass(slots=True)
 class PartitionRun:
-    """A run of ``records`` records produced one after another to one partition, of
-    which only the first and the last ask for a delivery report: a snapshot batch's
-    (booked by one ticket) or streamed records' (booked by transaction, ``RunSegment``).
+    """A run of a snapshot batch's records produced one after another to one partition,
+    of which only the first and the last ask for a delivery report.
 
     The idempotent producer writes a partition's records in produce order, so a run of
     n records takes n consecutive offsets unless some were lost (a record that timed out
@@ -466,8 +361,7 @@ class PartitionRun:
     INTRODUCTION.md, "Message timeout considerations") or another producer wrote in
     between. Either way the run cannot be vouched for, so any other span fails it."""
 
-    records: int
-    booking: RecordTicket | list[RunSegment]
+    ticket: RecordTicket
     first_offset: int | None = None
     last_offset: int | None = None
 
@@ -481,7 +375,7 @@ class PartitionRun:
             self.last_offset = offset
         if self.first_offset is None or self.last_offset is None:
             return None
-        records = self.records
+        records = self.ticket.records
         span = self.last_offset - self.first_offset + 1
         if span != records:
             raise BrokenRunError(

@@ -466,8 +466,6 @@ class CaptureService:
                     ):
                         break
                     frame = stream.read_buffered()
-                # The burst's records go to Kafka now, in runs (ChangePublisher.publish).
-                publisher.send()
                 now = time.monotonic()
                 # Delivery reports and control messages are served every few milliseconds,
                 # not per frame: at full speed a frame is a few microseconds of work, and

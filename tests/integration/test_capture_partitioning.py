@@ -1,7 +1,7 @@
-"""On the real broker: capture's partitions are librdkafka's, and a snapshot batch or a
-burst of streamed transactions, produced with delivery reports for the first and last
-record of each partition's run only, is booked whole and lands in its keys' partitions
-in order, or, when a record of a run is lost, not booked at all."""
+"""On the real broker: capture's partitions are librdkafka's, and a snapshot batch,
+produced with delivery reports for the first and last record of each partition's run
+only, is booked whole and lands in its keys' partitions in order, or, when a record of
+a run is lost, not booked at all."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartit
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
-from capture.change_stream import OutgoingRecord
 from capture.errors import TransientError
 from capture.partitioning import key_partitions
 from capture.progress import ProgressBook
@@ -154,103 +153,3 @@ def test_a_record_lost_inside_a_run_fails_the_publisher_and_books_nothing(
     book.applied(topic, 0, 2)
     assert book.in_flight_records == 3, "nothing of the run was booked as delivered"
     assert book.pinned, "the slot keeps waiting for the snapshot"
-
-
-def _landed(
-    bootstrap: str, group: str, topics: list[str], records: int
-) -> dict[tuple[str, int], list[bytes]]:
-    """The keys in each partition of ``topics``, in offset order, once ``records`` are read."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
-    landed: dict[tuple[str, int], list[bytes]] = {}
-    try:
-        consumer.assign([TopicPartition(t, p, 0) for t in topics for p in range(PARTITIONS)])
-        read = 0
-        while read < records:
-            messages = consumer.consume(1000, timeout=10)
-            assert messages, f"the topics hold {read} records, fewer than {records}"
-            for message in messages:
-                assert message.error() is None, message.error()
-                topic, partition, key = message.topic(), message.partition(), message.key()
-                assert topic is not None
-                assert partition is not None
-                assert key is not None
-                landed.setdefault((topic, partition), []).append(key)
-                read += 1
-    finally:
-        consumer.close()
-    return landed
-
-
-def test_a_burst_of_streamed_transactions_goes_out_in_runs_and_confirms_one_by_one(
-    services: Services, unique_name: str
-) -> None:
-    """60 transactions of 7 records over two topics, published and then sent as one
-    burst: each record lands in its key's partition in publish order, and applying every
-    partition up to a transaction's last record confirms exactly that transaction."""
-    settings = _settings(services, unique_name)
-    topics = [f"{unique_name}.public.a", f"{unique_name}.public.b"]
-    book = ProgressBook(Lsn(16))
-    publisher = ChangePublisher(settings, book, Topics(settings), start=Lsn(16))
-    generator = random.Random(11)
-    published: list[tuple[str, bytes, int]] = []  # topic, key, transaction
-    ends: list[Lsn] = []
-    for transaction in range(60):
-        commit = Lsn(1000 + 100 * transaction)
-        book.begin(commit)
-        for _ in range(7):
-            topic, key = generator.choice(topics), generator.randbytes(8)
-            publisher.publish(OutgoingRecord(topic, key, b"v", [("pgdelta.op", b"c")], "t"))
-            published.append((topic, key, transaction))
-        ends.append(Lsn(commit + 50))
-        book.commit(ends[-1])
-    assert book.in_flight_records == 420, "booked when published"
-    publisher.flush()
-    assert book.confirmable == 16, "delivered, not applied"
-
-    partitions = {
-        topic: key_partitions([k for t, k, _ in published if t == topic], PARTITIONS)
-        for topic in topics
-    }
-    expected: dict[tuple[str, int], list[bytes]] = {}
-    owners: dict[tuple[str, int], list[int]] = {}
-    seen = dict.fromkeys(topics, 0)
-    for topic, key, transaction in published:
-        partition = partitions[topic][seen[topic]]
-        seen[topic] += 1
-        expected.setdefault((topic, partition), []).append(key)
-        owners.setdefault((topic, partition), []).append(transaction)
-    assert _landed(services.kafka_bootstrap_servers, unique_name, topics, 420) == expected
-
-    for last in (0, 29, 58, 59):
-        for (topic, partition), transactions in owners.items():
-            book.applied(topic, partition, sum(1 for t in transactions if t <= last))
-        assert book.confirmable == ends[last]
-    assert (book.in_flight_records, book.in_flight_bytes) == (0, 0)
-
-
-def test_a_record_lost_inside_a_streamed_run_fails_the_publisher_and_confirms_nothing(
-    services: Services, unique_name: str
-) -> None:
-    """As for a snapshot batch, with a run that spans three transactions: the refused
-    record in the middle fails the run, so none of the three is ever confirmed (the
-    restart streams them again from the slot)."""
-    topic = f"{unique_name}.public.accounts"
-    admin = AdminClient({"bootstrap.servers": services.kafka_bootstrap_servers})
-    admin.create_topics([NewTopic(topic, 1, 1, config={"max.message.bytes": "1000"})])[
-        topic
-    ].result(30)
-    settings = _settings(services, unique_name).model_copy(
-        update={"producer": {"batch.size": "300", "linger.ms": "0", "compression.type": "none"}}
-    )
-    book = ProgressBook(Lsn(16))
-    publisher = ChangePublisher(settings, book, Topics(settings), start=Lsn(16))
-    values = [b"x" * 100, random.Random(3).randbytes(3000), b"y" * 100]
-    for number, (key, value) in enumerate(zip([b"a", b"b", b"c"], values, strict=True)):
-        book.begin(Lsn(100 * (number + 1)))
-        publisher.publish(OutgoingRecord(topic, key, value, [("pgdelta.op", b"c")], "t"))
-        book.commit(Lsn(100 * (number + 1) + 50))
-    with pytest.raises(TransientError, match=r"3 records .* across 2 offsets \(0 to 1\)"):
-        publisher.flush()
-    book.applied(topic, 0, 2)
-    assert book.confirmable == 16, "no transaction of the broken run is confirmed"
-    assert book.in_flight_records == 3

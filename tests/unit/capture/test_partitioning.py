@@ -52,7 +52,7 @@ def test_the_compiled_partitions_are_the_python_ones() -> None:
 
 
 def test_a_run_is_booked_once_both_reports_show_consecutive_offsets() -> None:
-    run = PartitionRun(3, RecordTicket(-1, 300, records=3))
+    run = PartitionRun(RecordTicket(-1, 300, records=3))
     assert run.reported(first=False, offset=12) is None, "the last came first: wait for it"
     assert run.reported(first=True, offset=10) == (10, 12)
 
@@ -61,7 +61,7 @@ def test_a_run_is_booked_once_both_reports_show_consecutive_offsets() -> None:
 def test_a_run_whose_reports_do_not_span_its_records_is_broken(first: int, last: int) -> None:
     """Fewer offsets than records: some were lost. More: another producer wrote in
     between, and a lost record could hide behind its record."""
-    run = PartitionRun(3, RecordTicket(-1, 300, records=3))
+    run = PartitionRun(RecordTicket(-1, 300, records=3))
     run.reported(first=True, offset=first)
     span = last - first + 1
     with pytest.raises(BrokenRunError, match=rf"3 records .* across {span} offsets \({first} to"):
