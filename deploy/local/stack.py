@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import stat
 import tempfile
 from dataclasses import asdict, dataclass, replace
@@ -113,6 +114,7 @@ def up(
     resolve("kafka")
     state = load(root)
     if state is None:
+        clear_orphaned_cluster(root)
         state = StackState(
             postgres_root=str(_postgres_root(root)),
             postgres_port=free_port(),
@@ -141,8 +143,6 @@ def down(root: Path = STATE_ROOT, *, wipe: bool = False, env_file: Path | None =
     """Stop the stack; with ``wipe``, delete its data too, and ``env_file`` if given (a
     stack of a test's own never deletes the developer's ``.local/stack.env``). Returns
     what was stopped."""
-    import shutil  # noqa: PLC0415
-
     state = load(root)
     if state is None:
         return []
@@ -167,6 +167,19 @@ def write_env(state: StackState, env_file: Path) -> None:
     ]
     lines += [f"{k}={v}" for k, v in state.env().items()]
     env_file.write_text("\n".join(lines) + "\n")
+
+
+def clear_orphaned_cluster(root: Path) -> None:
+    """Remove the PostgreSQL cluster a stack at ``root`` would use, when nothing at
+    ``root`` records it: as root the cluster lives outside ``root``
+    (:func:`_postgres_root`), so deleting ``root`` (``rm -rf .local``, or pytest reusing a
+    ``--basetemp``) leaves it behind, and a new stack there would start the old cluster,
+    tables and slots included, beside a new, empty Kafka. Stopped first if a killed run
+    left it running."""
+    cluster = _postgres_root(root)
+    if cluster.exists():
+        LocalPostgres(root=cluster, port=0).stop()
+        shutil.rmtree(cluster)
 
 
 def _postgres_root(root: Path) -> Path:

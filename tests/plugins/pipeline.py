@@ -35,7 +35,6 @@ from deploy.local import stack
 from deploy.local.postgres import find_bindir
 from deploy.local.process import free_port, read_pid
 from schemas.lsn import Lsn, parse_lsn
-from tests.plugins.services import clear_stale_postgres
 from tests.plugins.tcp_proxy import TcpProxy
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,7 +55,6 @@ def wait_for(predicate: Callable[[], bool], what: str, timeout_s: float = 120) -
 def own_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[stack.StackState]:
     """A PostgreSQL and a Kafka for this module alone (they get stopped and killed)."""
     root = tmp_path_factory.mktemp("own-stack")
-    clear_stale_postgres(root)
     state = stack.up(root, env_file=None)
     try:
         yield state
@@ -84,7 +82,6 @@ def proxied_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxiedS
     import shutil  # noqa: PLC0415
 
     root = tmp_path_factory.mktemp("proxied-stack")
-    clear_stale_postgres(root)
     kafka_port = free_port()
     with TcpProxy("127.0.0.1", kafka_port) as proxy:
         # The proxy forwards before the broker starts: its readiness probe goes through it.

@@ -137,21 +137,10 @@ def pgoutput_slot(pg: psycopg.Connection[tuple[object, ...]], unique_name: str) 
     pg.execute(f"DROP TABLE {unique_name}")
 
 
-def clear_stale_postgres(stack_root: Path) -> None:
-    """Remove the cluster an earlier run left for ``stack_root``. As root the cluster
-    lives outside the stack's folder (``stack._postgres_root``), where pytest's cleanup of
-    its temporary folders never reaches; a run with the same ``--basetemp`` gets the same
-    folders again, and would start the earlier run's cluster, tables and slots included."""
-    cluster = stack._postgres_root(stack_root)
-    if cluster.exists():
-        LocalPostgres(root=cluster, port=0).stop()  # one a killed run left running
-        shutil.rmtree(cluster)
-
-
 @pytest.fixture
 def private_postgres(tmp_path: Path) -> Iterator[LocalPostgres]:
     """A PostgreSQL of this test's own, for tests that shut it down or break its WAL."""
-    clear_stale_postgres(tmp_path)
+    stack.clear_orphaned_cluster(tmp_path)
     server = LocalPostgres(root=stack._postgres_root(tmp_path), port=free_port())
     server.start()
     try:
