@@ -1,7 +1,11 @@
 """Capture's initial snapshot of a big table against a plain COPY of the same table.
 
 Usage: ``.venv/bin/python -m bench.capture_snapshot [--rows N] [--workers N [N ...]]
-[--pace kafka|lake [...]] [--applied-every S] [--kill-at F] [--python-rows]``
+[--pace kafka|lake [...]] [--producer compiled|confluent [...]] [--applied-every S]
+[--kill-at F] [--python-rows]``
+
+``--producer``: the producers to run with (``compiled_producer``), each with every
+``--pace`` and ``--workers`` value; ``confluent`` is confluent-kafka's producer.
 
 ``--python-rows``: capture with ``compiled_rows=false`` (every row encoded by the Python
 path, as without the compiled row encoder), to compare the two run against run.
@@ -140,13 +144,24 @@ def _delete_change_topic(bootstrap: str, names: Names) -> None:
 
 
 def _settings(
-    dsn: str, bootstrap: str, names: Names, workers: int, compiled_rows: bool, pace: str = "kafka"
+    dsn: str,
+    bootstrap: str,
+    names: Names,
+    workers: int,
+    compiled_rows: bool,
+    pace: str = "kafka",
+    producer: str = "compiled",
 ) -> CaptureSettings:
     settings = names.capture_settings(
         dsn, bootstrap, [TABLE], partitions=3, snapshot_mode="initial"
     )
     return settings.model_copy(
-        update={"snapshot_workers": workers, "compiled_rows": compiled_rows, "snapshot_pace": pace}
+        update={
+            "snapshot_workers": workers,
+            "compiled_rows": compiled_rows,
+            "snapshot_pace": pace,
+            "compiled_producer": producer == "compiled",
+        }
     )
 
 
@@ -154,6 +169,7 @@ def _settings(
 class Run:
     workers: int
     pace: str
+    producer: str
     copy_s: float
     copied: int
     usage: Usage
@@ -255,6 +271,7 @@ def _measure(
     pids: tuple[int | None, int | None],
     pace: str = "kafka",
     applied_every_s: float = 1.0,
+    producer: str = "compiled",
 ) -> Run:
     """One table loaded, read by the COPY baseline, then snapshotted by capture with
     ``workers`` snapshot workers; everything created is dropped. ``pids``: the Kafka
@@ -264,15 +281,18 @@ def _measure(
         names = prepared.names
         print("baseline: COPY to nowhere...")
         copy_s, copied = _copy_baseline(dsn, names)
-        print(f"capture: initial snapshot to Kafka, {workers} snapshot workers, {pace} pace...")
-        settings = _settings(dsn, bootstrap, names, workers, compiled_rows, pace)
+        print(
+            f"capture: initial snapshot to Kafka, {workers} snapshot workers, {pace} pace, "
+            f"{producer} producer..."
+        )
+        settings = _settings(dsn, bootstrap, names, workers, compiled_rows, pace, producer)
         broker = None if kafka_pid is None else _proc_cpu_seconds(kafka_pid)
         cluster = None if postmaster is None else _cluster_cpu_seconds(postmaster)
         usage = _run_measured("capture", _capture_argv(settings, prepared.stop_at))
         broker = _spent(broker, None if kafka_pid is None else _proc_cpu_seconds(kafka_pid))
         cluster = _spent(cluster, None if postmaster is None else _cluster_cpu_seconds(postmaster))
         records = _records_in(bootstrap, names, (TABLE,))
-    return Run(workers, pace, copy_s, copied, usage, records, broker, cluster)
+    return Run(workers, pace, producer, copy_s, copied, usage, records, broker, cluster)
 
 
 @dataclass(frozen=True, slots=True)
@@ -356,6 +376,14 @@ def main() -> None:
         "with the last --workers value (e.g. 0.5)",
     )
     parser.add_argument(
+        "--producer",
+        nargs="+",
+        choices=("compiled", "confluent"),
+        default=["compiled"],
+        help="compiled_producer values (confluent: confluent-kafka's producer); each runs "
+        "with every --pace and --workers value",
+    )
+    parser.add_argument(
         "--python-rows",
         action="store_true",
         help="capture with compiled_rows=false: every row encoded by the Python path",
@@ -371,7 +399,8 @@ def main() -> None:
     print(f"rows encoded by the {'compiled row encoder' if compiled else 'Python path'}")
     pids = (read_pid(state.kafka.pid_file), state.postgres.postmaster_pid())
     runs = [
-        _measure(dsn, bootstrap, args.rows, w, compiled, pids, pace, args.applied_every)
+        _measure(dsn, bootstrap, args.rows, w, compiled, pids, pace, args.applied_every, producer)
+        for producer in args.producer
         for pace in args.pace
         for w in args.workers
     ]
@@ -381,16 +410,18 @@ def main() -> None:
         else _resume(dsn, bootstrap, args.rows, args.workers[-1], args.kill_at, compiled)
     )
     print(
-        f"\n{'run':<30}{'wall s':>8}{'rows/s':>10}{'vs base':>9}{'vs first':>9}"
+        f"\n{'run':<38}{'wall s':>8}{'rows/s':>10}{'vs base':>9}{'vs first':>9}"
         f"{'CPU us/row':>11}{'peak RSS MB':>12}"
     )
     first_rate = args.rows / runs[0].usage.wall_s
     for run in runs:
         base_rate, rate = run.copied / run.copy_s, args.rows / run.usage.wall_s
-        print(f"{'COPY to nowhere (base)':<30}{run.copy_s:>8.1f}{base_rate:>10.0f}{'1.00x':>9}")
+        print(f"{'COPY to nowhere (base)':<38}{run.copy_s:>8.1f}{base_rate:>10.0f}{'1.00x':>9}")
         label = f"capture, {run.workers} worker{'s' if run.workers > 1 else ''}, {run.pace}"
+        if len(args.producer) > 1:
+            label += f", {run.producer}"
         print(
-            f"{label:<30}{run.usage.wall_s:>8.1f}{rate:>10.0f}{rate / base_rate:>8.2f}x"
+            f"{label:<38}{run.usage.wall_s:>8.1f}{rate:>10.0f}{rate / base_rate:>8.2f}x"
             f"{rate / first_rate:>8.2f}x{run.usage.cpu_s / args.rows * 1e6:>11.1f}"
             f"{run.usage.max_rss_bytes / 1e6:>12.1f}"
         )

@@ -17,7 +17,7 @@ import threading
 
 from pydantic import ValidationError
 
-from capture import admin, native_rows
+from capture import admin, native_producer, native_rows
 from capture.errors import ConfigError, ProtocolError, TransientError
 from capture.metrics import CaptureMetrics
 from capture.service import CaptureService
@@ -75,6 +75,14 @@ def main(argv: list[str] | None = None) -> int:
         log.warning(
             "capture_native is not installed: rows are encoded in Python, with the same "
             "bytes and more CPU per row; build it with `make native` (Rust toolchain)"
+        )
+    if settings.compiled_producer and native_producer.library() is not None:
+        log.info("records are produced by the compiled producer (capture_native)")
+    elif settings.compiled_producer:
+        log.warning(
+            "the compiled producer cannot run here (capture_native not built, or not "
+            "Linux): records are produced by confluent-kafka's producer, with the same "
+            "guarantees and more CPU per record"
         )
     health = Health(settings.metrics.not_ready_after_s)
     metrics = CaptureMetrics(health=health)

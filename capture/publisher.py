@@ -13,7 +13,7 @@ is produced, so a consumer that reads the schema topic first can always decode.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import cast
@@ -22,9 +22,11 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic, TopicPartition
 
+from capture import native_producer
 from capture.change_stream import OutgoingRecord, SchemaRecord
 from capture.errors import ConfigError, TransientError
 from capture.metrics import CaptureMetrics
+from capture.native_producer import Delivery, NativeProducer, RecordProducer, Report
 from capture.partitioning import key_partitions
 from capture.progress import ProgressBook, RecordTicket
 from capture.settings import KafkaSettings
@@ -155,13 +157,23 @@ class ChangePublisher:
         *,
         start: Lsn,
         metrics: CaptureMetrics | None = None,
+        compiled: bool = True,
     ) -> None:
+        """``compiled``: produce through :class:`NativeProducer` where this process can
+        (:func:`capture.native_producer.library`); otherwise, or when false,
+        confluent-kafka's producer does, with the same records and guarantees."""
         self._settings = settings
         self._book = book
         self._metrics = metrics
         self._topics = topics
         self._errors = ConnectionErrors(_SETTING)
-        self._producer = Producer(producer_conf(settings), error_cb=self._errors)
+        self._native: NativeProducer | None = None
+        self._producer: RecordProducer
+        if compiled and native_producer.library() is not None:
+            self._native = NativeProducer(producer_conf(settings), error_cb=self._errors)
+            self._producer = self._native
+        else:
+            self._producer = Producer(producer_conf(settings), error_cb=self._errors)
         self.failure: str | None = None
         self._checkpoint_sent = start
         self.durable_checkpoint = start
@@ -175,7 +187,7 @@ class ChangePublisher:
         self._checkpoint_sent = lsn
         message = SlotCheckpoint(slot, lsn)
 
-        def delivered(err: KafkaError | None, _msg: Message) -> None:
+        def delivered(err: KafkaError | None, _msg: Delivery) -> None:
             if err is not None:
                 self.failure = self.failure or f"slot checkpoint not written: {err.str()}"
             elif lsn > self.durable_checkpoint:
@@ -261,7 +273,7 @@ class ChangePublisher:
             counts[partition] += 1
             run_bytes[partition] += size
         tickets = self._book.produced_runs_under(pin, [(counts[p], run_bytes[p]) for p in firsts])
-        reports: dict[int, Callable[[KafkaError | None, Message], None]] = {}
+        reports: dict[int, Report] = {}
         for partition, ticket in zip(firsts, tickets, strict=True):
             if ticket.records == 1:
                 reports[firsts[partition]] = partial(self._report, ticket)
@@ -270,6 +282,11 @@ class ChangePublisher:
                 reports[firsts[partition]] = partial(self._run_report, run, True)
                 reports[lasts[partition]] = partial(self._run_report, run, False)
         shared: list[tuple[str, str | bytes | None]] = list(headers)
+        if self._native is not None:
+            # The whole batch in one call: the per-record loop below is most of a
+            # snapshot row's cost in the capture loop.
+            self._native.produce_batch(topic, partitions, keys, list(values), shared, reports)
+            return
         produce = self._producer.produce
         for index, (key, value, partition) in enumerate(zip(keys, values, partitions, strict=True)):
             on_delivery = reports.get(index)
@@ -297,7 +314,7 @@ class ChangePublisher:
         if remaining:
             raise TransientError(f"{remaining} records still undelivered after {timeout_s:.0f}s")
 
-    def _report(self, ticket: RecordTicket, err: KafkaError | None, msg: Message) -> None:
+    def _report(self, ticket: RecordTicket, err: KafkaError | None, msg: Delivery) -> None:
         # Called once per streamed record: its checks are written out here, not shared
         # with _run_report through a helper (a call and a tuple more per record).
         if err is not None:
@@ -310,7 +327,7 @@ class ChangePublisher:
         self._book.delivered(ticket, topic, partition, offset)
 
     def _run_report(
-        self, run: PartitionRun, first: bool, err: KafkaError | None, msg: Message
+        self, run: PartitionRun, first: bool, err: KafkaError | None, msg: Delivery
     ) -> None:
         """The report of a run's first or last record (in either order); the run is
         booked once both came and show it whole."""
@@ -330,15 +347,17 @@ class ChangePublisher:
             # The run ends at its last record's offset, whichever report came second.
             self._book.delivered(run.ticket, topic, partition, span[1])
 
-    def _schema_report(self, err: KafkaError | None, _msg: Message) -> None:
+    def _schema_report(self, err: KafkaError | None, _msg: Delivery) -> None:
         if err is not None:
             self.failure = self.failure or f"schema publication failed: {err.str()}"
 
-    def _status_report(self, err: KafkaError | None, _msg: Message) -> None:
+    def _status_report(self, err: KafkaError | None, _msg: Delivery) -> None:
         if err is not None:
             self.failure = self.failure or f"table status not written: {err.str()}"
 
     def _raise_on_failure(self) -> None:
+        if self.failure is None and self._native is not None and self._native.unreported_failure:
+            self.failure = self._native.unreported_failure
         if self.failure is not None:
             self._errors.check()  # credentials rotated away under a running producer
             raise TransientError(

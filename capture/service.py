@@ -329,7 +329,14 @@ class CaptureService:
         metrics = self.metrics
         position = metrics.position
         start = book.confirmable
-        publisher = ChangePublisher(settings.kafka, book, topics, start=start, metrics=metrics)
+        publisher = ChangePublisher(
+            settings.kafka,
+            book,
+            topics,
+            start=start,
+            metrics=metrics,
+            compiled=settings.compiled_producer,
+        )
         slot_name = settings.postgres.slot
         for status in statuses:
             publisher.publish_status(status)

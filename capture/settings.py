@@ -187,6 +187,14 @@ class CaptureSettings(BaseSettings):
             "more CPU (to rule the encoder out when diagnosing)"
         ),
     )
+    compiled_producer: bool = Field(
+        True,
+        description=(
+            "produce change records through the compiled producer (capture_native), which "
+            "drives the librdkafka confluent-kafka loaded with the same properties; false: "
+            "confluent-kafka's producer, same records and guarantees, more CPU per record"
+        ),
+    )
     table_refresh_s: float = Field(
         30.0,
         ge=0,

@@ -21,3 +21,37 @@ class TextRowEncoder:
     def __len__(self) -> int: ...
 
 def key_partitions(keys: list[bytes], count: int, /) -> list[int]: ...
+
+class KafkaProducer:
+    def __init__(self, library: str, config: list[tuple[str, str]], /) -> None: ...
+    def produce(
+        self,
+        topic: str,
+        partition: int,
+        key: bytes,
+        value: bytes | None,
+        headers: list[tuple[str, str | bytes | None]],
+        report: int,
+        /,
+    ) -> int: ...
+    def produce_batch(
+        self,
+        topic: str,
+        partitions: list[int],
+        keys: list[bytes],
+        values: list[bytes],
+        headers: list[tuple[str, str | bytes | None]],
+        reports: list[tuple[int, int]],
+        start: int,
+        /,
+    ) -> tuple[int, int]: ...
+    def poll(
+        self, timeout_ms: int, /
+    ) -> tuple[
+        list[tuple[int, int, int, int]], list[tuple[int, str, int]], list[tuple[int, str]]
+    ]: ...
+    def flush(self, timeout_ms: int, /) -> int: ...
+    def fatal_error(self) -> tuple[int, str] | None: ...
+    def error_text(self, code: int, /) -> str: ...
+    def library_version(self) -> str: ...
+    def __len__(self) -> int: ...

@@ -26,6 +26,8 @@
 //! - **No state.** An encoder is the immutable per-table-version plan; calls share
 //!   nothing, so one encoder serves any thread.
 
+mod producer;
+
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
@@ -730,6 +732,7 @@ fn key_partitions(keys: &Bound<'_, PyList>, count: u32) -> PyResult<Vec<u32>> {
 #[pymodule]
 fn capture_native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<TextRowEncoder>()?;
+    module.add_class::<producer::KafkaProducer>()?;
     module.add_function(wrap_pyfunction!(key_partitions, module)?)?;
     Ok(())
 }

@@ -61,14 +61,20 @@ def test_capture_computes_the_partition_librdkafkas_partitioner_chooses(
     assert len(set(chosen.values())) == PARTITIONS, "the keys spread over every partition"
 
 
+COMPILED = pytest.mark.parametrize(
+    "compiled", [True, False], ids=["compiled producer", "confluent-kafka producer"]
+)
+
+
+@COMPILED
 def test_a_snapshot_batch_is_booked_whole_from_two_reports_per_partition(
-    services: Services, unique_name: str
+    services: Services, unique_name: str, compiled: bool
 ) -> None:
     settings = _settings(services, unique_name)
     topic = f"{unique_name}.public.accounts"
     book = ProgressBook(Lsn(16))
     topics = Topics(settings)
-    publisher = ChangePublisher(settings, book, topics, start=Lsn(16))
+    publisher = ChangePublisher(settings, book, topics, start=Lsn(16), compiled=compiled)
     pin = book.pin()
     headers = [("pgdelta.op", b"r")]
     batches = [[f"k{b}-{i}".encode() for i in range(n)] for b, n in enumerate((500, 1, 37))]
@@ -125,8 +131,9 @@ def test_a_snapshot_batch_is_booked_whole_from_two_reports_per_partition(
     assert not book.pinned
 
 
+@COMPILED
 def test_a_record_lost_inside_a_run_fails_the_publisher_and_books_nothing(
-    services: Services, unique_name: str
+    services: Services, unique_name: str, compiled: bool
 ) -> None:
     """The broker refuses the middle record of a run (larger than the topic allows) and
     the producer writes the last one after it: the last record's report alone would
@@ -141,7 +148,7 @@ def test_a_record_lost_inside_a_run_fails_the_publisher_and_books_nothing(
         update={"producer": {"batch.size": "300", "linger.ms": "0", "compression.type": "none"}}
     )
     book = ProgressBook(Lsn(16))
-    publisher = ChangePublisher(settings, book, Topics(settings), start=Lsn(16))
+    publisher = ChangePublisher(settings, book, Topics(settings), start=Lsn(16), compiled=compiled)
     pin = book.pin()
     values = [b"x" * 100, random.Random(3).randbytes(3000), b"y" * 100]
     publisher.publish_batch(
