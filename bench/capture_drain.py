@@ -36,7 +36,8 @@ machine with few cores those compete with the measured process. ``--profile`` ru
 capture child under cProfile and prints the functions with the most cumulative time; its
 timings are then not comparable. ``--python-rows`` runs capture with
 ``compiled_rows=false`` (every row encoded by the Python path, as without the compiled
-row encoder), for comparing the two paths run against run. ``--debezium`` adds a third
+row encoder), for comparing the two paths run against run; ``--confluent-producer``
+likewise with ``compiled_producer=false`` (confluent-kafka's producer). ``--debezium`` adds a third
 slot, created with the others, and drains it afterwards with Debezium's PostgreSQL
 connector in Kafka Connect (:mod:`bench.debezium_drain`): its start-up and steady drain
 are reported apart, and capture's rows per CPU second are compared with its steady ones.
@@ -605,6 +606,7 @@ def _capture_settings(
     names: Names,
     compiled_rows: bool = True,
     producer: dict[str, str] | None = None,
+    compiled_producer: bool = True,
 ) -> CaptureSettings:
     # The backlog is the measured work: rows that existed before the slot are not part
     # of it, so no initial snapshot.
@@ -612,7 +614,13 @@ def _capture_settings(
         dsn, bootstrap, TABLES, partitions=PARTITIONS, snapshot_mode="never"
     )
     kafka = settings.kafka.model_copy(update={"producer": producer or {}})
-    return settings.model_copy(update={"compiled_rows": compiled_rows, "kafka": kafka})
+    return settings.model_copy(
+        update={
+            "compiled_rows": compiled_rows,
+            "kafka": kafka,
+            "compiled_producer": compiled_producer,
+        }
+    )
 
 
 def _drain_with_capture(
@@ -624,6 +632,7 @@ def _drain_with_capture(
     profile: Path | None,
     compiled_rows: bool = True,
     producer: dict[str, str] | None = None,
+    compiled_producer: bool = True,
 ) -> tuple[Usage, float | None, float | None]:
     """Returns the child's usage, the walsender's CPU and the Kafka broker's CPU."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
@@ -631,7 +640,7 @@ def _drain_with_capture(
     admin.create_topics(
         [NewTopic(names.control_topic, 1, 1, config={"cleanup.policy": "compact"})]
     )[names.control_topic].result(30)
-    settings = _capture_settings(dsn, bootstrap, names, compiled_rows, producer)
+    settings = _capture_settings(dsn, bootstrap, names, compiled_rows, producer, compiled_producer)
     profiler = ["-m", "cProfile", "-o", str(profile)] if profile is not None else []
     argv = [
         sys.executable,
@@ -897,6 +906,11 @@ def main() -> None:
         help="capture with compiled_rows=false: every row encoded by the Python path",
     )
     parser.add_argument(
+        "--confluent-producer",
+        action="store_true",
+        help="capture with compiled_producer=false: confluent-kafka's producer",
+    )
+    parser.add_argument(
         "--debezium",
         action="store_true",
         help="also drain the backlog with Debezium's connector (bench/debezium_drain.py)",
@@ -947,6 +961,7 @@ def main() -> None:
             profile,
             not args.python_rows,
             _producer_properties(args.producer),
+            not args.confluent_producer,
         )
         records = _records_in(bootstrap, names)
         valid = _report(backlog, baseline, ours, records, args.profile)

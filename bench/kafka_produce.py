@@ -14,10 +14,16 @@ topic of 3 partitions, 150-byte values and 12-byte keys:
 - ``headers + report``: plus a per-record delivery callback (a ``functools.partial``, as
   capture's publisher makes), served by ``poll(0)`` every 200 records as capture's loop
   does;
+- ``compiled + report``: ``headers + report`` through the compiled producer
+  (``capture.native_producer.NativeProducer``, docs/capture.md, "The compiled producer");
+- ``compiled batch``: the compiled producer's ``produce_batch``, 500 records a call to
+  the partitions of their keys, reports for the first and last record of each
+  partition's run, as a snapshot batch is produced;
 - ``capture publish``: the same records through capture's own steps around the call --
   ``ChangePublisher.publish`` with the in-flight book (a transaction every 7 records,
   as pgbench's), the metrics and the delivery reports the book takes -- so what capture
-  adds to the bare call is measured apart from the rest of its loop.
+  adds to the bare call is measured apart from the rest of its loop; with the compiled
+  producer, and (``capture publish, confluent``) with confluent-kafka's.
 
 CPU is the calling thread's (``RUSAGE_THREAD``), so librdkafka's own threads are not in
 it: the produce calls, the callbacks, and the final ``flush``. Best of ``--rounds``
@@ -38,8 +44,11 @@ from confluent_kafka import KafkaError, Message, Producer
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
+from capture import native_producer
 from capture.change_stream import OutgoingRecord
 from capture.metrics import CaptureMetrics
+from capture.native_producer import Delivery, NativeProducer, Report
+from capture.partitioning import key_partitions
 from capture.progress import ProgressBook
 from capture.publisher import ChangePublisher, Topics, producer_conf
 from capture.settings import KafkaSettings
@@ -55,7 +64,16 @@ RECORD_HEADERS: list[tuple[str, bytes]] = [
     ("pgdelta.schema_fingerprint", b"9c2f8e61d0a4b7c3"),
 ]
 HEADERS: list[tuple[str, str | bytes | None]] = list(RECORD_HEADERS)
-MODES = ("plain", "headers", "headers + report", "capture publish")
+MODES = (
+    "plain",
+    "headers",
+    "headers + report",
+    "compiled + report",
+    "compiled batch",
+    "capture publish",
+    "capture publish, confluent",
+)
+BATCH = 500
 TRANSACTION_RECORDS = 7
 
 
@@ -64,12 +82,17 @@ def _thread_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _publish_round(bootstrap: str, topic: str, records: int) -> float:
+def _publish_round(bootstrap: str, topic: str, records: int, *, compiled: bool) -> float:
     """:func:`_round` of ``capture publish``: through a ChangePublisher of its own."""
     settings = KafkaSettings(bootstrap_servers=bootstrap)
     book = ProgressBook(Lsn(1))
     publisher = ChangePublisher(
-        settings, book, Topics(settings), start=Lsn(1), metrics=CaptureMetrics()
+        settings,
+        book,
+        Topics(settings),
+        start=Lsn(1),
+        metrics=CaptureMetrics(),
+        compiled=compiled,
     )
     value = os.urandom(150)
     outgoing = [
@@ -104,6 +127,53 @@ def _publish_round(bootstrap: str, topic: str, records: int) -> float:
         book.applied(topic, partition, 1 << 62)
     if book.confirmable != Lsn(lsn - 8) or book.in_flight_records != 0:
         raise SystemExit(f"deliveries missing: {book.in_flight_records} records in flight")
+    return spent
+
+
+def _compiled_round(bootstrap: str, topic: str, mode: str, records: int) -> float:
+    """:func:`_round` of the compiled producer's modes."""
+    producer = NativeProducer(
+        producer_conf(KafkaSettings(bootstrap_servers=bootstrap)), error_cb=lambda _e: None
+    )
+    value = os.urandom(150)
+    keys = [os.urandom(12) for _ in range(1000)]
+    delivered = 0
+
+    def report(_ordinal: int, err: KafkaError | None, msg: Delivery) -> None:
+        nonlocal delivered
+        if err is None and msg.offset() is not None:
+            delivered += 1
+
+    batch_keys = keys[:BATCH]
+    batch_values = [value] * BATCH
+    partitions = key_partitions(batch_keys, PARTITIONS)
+    started = _thread_cpu_s()
+    if mode == "compiled + report":
+        for i in range(records):
+            producer.produce(
+                topic, value, keys[i % 1000], headers=HEADERS, on_delivery=partial(report, i)
+            )
+            if i % 200 == 0:
+                producer.poll(0)
+    else:
+        for b in range(records // BATCH):
+            firsts: dict[int, int] = {}
+            lasts: dict[int, int] = {}
+            for index, partition in enumerate(partitions):
+                firsts.setdefault(partition, index)
+                lasts[partition] = index
+            ends = set(firsts.values()) | set(lasts.values())
+            reports: dict[int, Report] = {i: partial(report, b * BATCH + i) for i in ends}
+            producer.produce_batch(topic, partitions, batch_keys, batch_values, HEADERS, reports)
+            producer.poll(0)
+    if producer.flush(60):
+        raise SystemExit("records still undelivered after 60 s")
+    spent = _thread_cpu_s() - started
+    expected = records if mode == "compiled + report" else None
+    if expected is not None and delivered != expected:
+        raise SystemExit(f"{delivered} delivery reports for {records} records")
+    if producer.unreported_failure is not None:
+        raise SystemExit(producer.unreported_failure)
     return spent
 
 
@@ -155,6 +225,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     gc_tuning.tune_for_streaming()  # as ``python -m capture`` does before it runs
+    if native_producer.library() is None:
+        raise SystemExit("capture_native is not built here (make native): no compiled producer")
     state = stack.up()
     bootstrap = state.kafka.bootstrap_servers
     admin = AdminClient({"bootstrap.servers": bootstrap})
@@ -165,11 +237,15 @@ def main() -> None:
     try:
         for round_ in range(args.rounds):
             for mode in MODES:
-                topic = f"{prefix}.{round_}.{mode.replace(' + ', '_').replace(' ', '_')}"
+                slug = mode.replace(" + ", "_").replace(", ", "_").replace(" ", "_")
+                topic = f"{prefix}.{round_}.{slug}"
                 admin.create_topics([NewTopic(topic, PARTITIONS, 1)])[topic].result(30)
                 topics.append(topic)
-                if mode == "capture publish":
-                    spent = _publish_round(bootstrap, topic, args.records)
+                if mode.startswith("capture publish"):
+                    compiled = mode == "capture publish"
+                    spent = _publish_round(bootstrap, topic, args.records, compiled=compiled)
+                elif mode.startswith("compiled"):
+                    spent = _compiled_round(bootstrap, topic, mode, args.records)
                 else:
                     spent = _round(producer, topic, mode, args.records)
                 micros = spent / args.records * 1e6
@@ -179,9 +255,9 @@ def main() -> None:
             for future in admin.delete_topics(topics).values():
                 future.result(30)
     print(f"{args.records} records per round, best of {args.rounds} rounds")
-    print(f"{'produce':<20}{'us/record':>10}{'vs plain':>10}")
+    print(f"{'produce':<28}{'us/record':>10}{'vs plain':>10}")
     for mode in MODES:
-        print(f"{mode:<20}{best[mode]:>10.2f}{best[mode] / best['plain']:>9.2f}x")
+        print(f"{mode:<28}{best[mode]:>10.2f}{best[mode] / best['plain']:>9.2f}x")
     print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
