@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Protocol
 
 import confluent_kafka
@@ -35,7 +34,8 @@ _QUEUE_FULL = KafkaError._QUEUE_FULL
 
 
 class Delivery(Protocol):
-    """Where a reported record went: ``confluent_kafka.Message`` or :class:`Delivered`."""
+    """Where a reported record went: ``confluent_kafka.Message``, or
+    ``capture_native.Delivered`` from the compiled producer."""
 
     def topic(self) -> str | None: ...
     def partition(self) -> int | None: ...
@@ -44,24 +44,6 @@ class Delivery(Protocol):
 
 Report = Callable[[KafkaError | None, Delivery], None]
 """A delivery callback: the error or None, and where the record went."""
-
-
-@dataclass(frozen=True, slots=True)
-class Delivered:
-    """Where a reported record went, with ``confluent_kafka.Message``'s accessors."""
-
-    _topic: str
-    _partition: int
-    _offset: int
-
-    def topic(self) -> str | None:
-        return self._topic
-
-    def partition(self) -> int | None:
-        return self._partition
-
-    def offset(self) -> int | None:
-        return self._offset if self._offset >= 0 else None
 
 
 @functools.cache
@@ -109,8 +91,6 @@ class NativeProducer:
                 f"uses {expected}"
             )
         self._error_cb = error_cb
-        self._pending: dict[int, tuple[str, Report]] = {}
-        self._next_id = 1
         self.unreported_failure: str | None = None
         """The first failure of a record produced without a report."""
 
@@ -124,14 +104,8 @@ class NativeProducer:
         headers: list[tuple[str, str | bytes | None]] | None = None,
         on_delivery: Report | None = None,
     ) -> None:
-        report = 0
-        if on_delivery is not None:
-            report = self._next_id
-            self._next_id = report + 1
-        code = self._native.produce(topic, partition, key, value, headers or [], report)
+        code = self._native.produce(topic, partition, key, value, headers or [], on_delivery)
         if code == 0:
-            if on_delivery is not None:
-                self._pending[report] = (topic, on_delivery)
             return
         if code == _QUEUE_FULL:
             raise BufferError(self._native.error_text(code))
@@ -149,37 +123,22 @@ class NativeProducer:
         """Produce ``keys[i]``/``values[i]`` to ``partitions[i]``, the records at the
         indexes in ``reports`` with those callbacks; serves reports while the queue is
         full."""
-        ids: list[tuple[int, int]] = []
-        for index in sorted(reports):
-            ids.append((index, self._next_id))
-            self._pending[self._next_id] = (topic, reports[index])
-            self._next_id += 1
+        callbacks = sorted(reports.items())
         start = 0
         while True:
             start, code = self._native.produce_batch(
-                topic, partitions, keys, values, headers, ids, start
+                topic, partitions, keys, values, headers, callbacks, start
             )
             if code == 0:
                 return
             if code != _QUEUE_FULL:
-                for index, report in ids:
-                    if index >= start:
-                        self._pending.pop(report, None)
                 raise KafkaException(KafkaError(code, self._native.error_text(code)))
             self.poll(0.1)
 
     def poll(self, timeout_s: float = 0.0) -> int:
         """Serve callbacks for up to ``timeout_s``: delivery reports, failures of
         records without one, client errors. How many reports were served."""
-        reports, failures, errors = self._native.poll(int(timeout_s * 1000))
-        pending = self._pending
-        for report, code, partition, offset in reports:
-            topic, callback = pending.pop(report)
-            if code == 0:
-                callback(None, Delivered(topic, partition, offset))
-            else:
-                error = KafkaError(code, self._native.error_text(code))
-                callback(error, Delivered(topic, partition, offset))
+        served, failures, errors = self._native.poll(int(timeout_s * 1000))
         for code, topic, partition in failures:
             if self.unreported_failure is None:
                 self.unreported_failure = (
@@ -187,7 +146,7 @@ class NativeProducer:
                 )
         for code, reason in errors:
             self._error_cb(KafkaError(code, reason))
-        return len(reports)
+        return served
 
     def flush(self, timeout_s: float = -1) -> int:
         """Wait for every queued record, serving its report; the records left."""

@@ -1,4 +1,8 @@
-"""Types of the compiled row encoder (src/lib.rs says what it does)."""
+"""Types of the compiled row encoder and producer (src/lib.rs, src/producer.rs say
+what they do)."""
+
+from collections.abc import Callable, Sequence
+from typing import Any
 
 class TextRowEncoder:
     def __init__(
@@ -22,6 +26,12 @@ class TextRowEncoder:
 
 def key_partitions(keys: list[bytes], count: int, /) -> list[int]: ...
 
+class Delivered:
+    def __init__(self, topic: str, partition: int, offset: int, /) -> None: ...
+    def topic(self) -> str: ...
+    def partition(self) -> int: ...
+    def offset(self) -> int | None: ...
+
 class KafkaProducer:
     def __init__(self, library: str, config: list[tuple[str, str]], /) -> None: ...
     def produce(
@@ -31,7 +41,7 @@ class KafkaProducer:
         key: bytes,
         value: bytes | None,
         headers: list[tuple[str, str | bytes | None]],
-        report: int,
+        on_delivery: Callable[[Any, Delivered], object] | None,
         /,
     ) -> int: ...
     def produce_batch(
@@ -41,15 +51,13 @@ class KafkaProducer:
         keys: list[bytes],
         values: list[bytes],
         headers: list[tuple[str, str | bytes | None]],
-        reports: list[tuple[int, int]],
+        reports: Sequence[tuple[int, Callable[[Any, Delivered], object]]],
         start: int,
         /,
     ) -> tuple[int, int]: ...
     def poll(
         self, timeout_ms: int, /
-    ) -> tuple[
-        list[tuple[int, int, int, int]], list[tuple[int, str, int]], list[tuple[int, str]]
-    ]: ...
+    ) -> tuple[int, list[tuple[int, str, int]], list[tuple[int, str]]]: ...
     def flush(self, timeout_ms: int, /) -> int: ...
     def fatal_error(self) -> tuple[int, str] | None: ...
     def error_text(self, code: int, /) -> str: ...

@@ -733,6 +733,7 @@ fn key_partitions(keys: &Bound<'_, PyList>, count: u32) -> PyResult<Vec<u32>> {
 fn capture_native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<TextRowEncoder>()?;
     module.add_class::<producer::KafkaProducer>()?;
+    module.add_class::<producer::Delivered>()?;
     module.add_function(wrap_pyfunction!(key_partitions, module)?)?;
     Ok(())
 }

@@ -12,12 +12,15 @@
 //!   version, the build options (TLS, SASL mechanisms, compression codecs) and therefore
 //!   every client property behave exactly as they do for confluent-kafka's clients. The
 //!   functions are looked up by name at run time; nothing is linked at build time.
-//! - **Reports as numbers.** A record asks for a report with a non-zero id (the
-//!   message's opaque). librdkafka calls [`delivered`] from `rd_kafka_poll` or
-//!   `rd_kafka_flush`, in the calling thread, with the GIL released; it appends `(id,
-//!   error code, partition, offset)` to a list that `poll` hands to Python. A record
-//!   without an id is reported only if it failed ([`Deliveries::unreported_failures`]),
-//!   so a lost record can never go unseen.
+//! - **Reports served as confluent-kafka serves them.** A record that asks for a report
+//!   carries its callback and topic as the message's opaque ([`Pending`], boxed).
+//!   librdkafka calls [`delivered`] from `rd_kafka_poll` or `rd_kafka_flush`, in the
+//!   calling thread, with the GIL released: it only appends the opaque, error code,
+//!   partition and offset to a list. Once the GIL is back, `poll` calls each callback
+//!   with `(error or None, Delivered)`, where [`Delivered`] has the accessors of
+//!   confluent-kafka's `Message` the callbacks read. A record without a report is
+//!   reported only if it failed ([`Deliveries::unreported_failures`]), so a lost record
+//!   can never go unseen.
 //! - **Client errors** (`error_cb`: a refused login, a failed TLS handshake, all brokers
 //!   down) are kept as `(code, reason)` for the caller, as confluent-kafka's `error_cb`
 //!   would receive them.
@@ -185,8 +188,9 @@ unsafe fn text(value: *const c_char) -> String {
 /// What librdkafka's callbacks handed over since the caller last took it.
 #[derive(Default)]
 struct Deliveries {
-    /// `(id, error code, partition, offset)` of every record that asked for a report.
-    reports: Vec<(u64, i32, i32, i64)>,
+    /// `(Pending, error code, partition, offset)` of every record that asked for a
+    /// report, the [`Pending`] as the raw pointer given to librdkafka.
+    reports: Vec<(usize, i32, i32, i64)>,
     /// `(error code, topic, partition)` of records without a report that failed.
     unreported_failures: Vec<(i32, String, i32)>,
     /// `(error code, reason)` from the client's error callback.
@@ -216,15 +220,15 @@ unsafe extern "C" fn delivered(_rk: *mut Rk, message: *const Message, opaque: *m
     }
     let shared = &*(opaque as *const Shared);
     let message = &*message;
-    let id = message.private as u64;
-    if id == 0 {
+    let pending = message.private as usize;
+    if pending == 0 {
         if message.err != NO_ERROR {
             let topic = if message.rkt.is_null() { String::new() } else { text((shared.topic_name)(message.rkt)) };
             shared.deliveries().unreported_failures.push((message.err, topic, message.partition));
         }
         return;
     }
-    shared.deliveries().reports.push((id, message.err, message.partition, message.offset));
+    shared.deliveries().reports.push((pending, message.err, message.partition, message.offset));
 }
 
 unsafe extern "C" fn client_error(_rk: *mut Rk, err: c_int, reason: *const c_char, opaque: *mut c_void) {
@@ -237,6 +241,54 @@ unsafe extern "C" fn client_error(_rk: *mut Rk, err: c_int, reason: *const c_cha
         deliveries.errors.pop_front();
     }
     deliveries.errors.push_back((err, text(reason)));
+}
+
+/// What a record that asked for a report carries through librdkafka (its opaque): the
+/// callback and the topic, for the report.
+struct Pending {
+    callback: Py<PyAny>,
+    topic: Py<PyString>,
+}
+
+impl Pending {
+    fn into_opaque(self) -> usize {
+        Box::into_raw(Box::new(self)) as usize
+    }
+
+    /// SAFETY: `opaque` came from `into_opaque` and is taken back once.
+    unsafe fn from_opaque(opaque: usize) -> Pending {
+        *Box::from_raw(opaque as *mut Pending)
+    }
+}
+
+/// Where a reported record went, with the accessors of `confluent_kafka.Message` that
+/// delivery callbacks read.
+#[pyclass(module = "capture_native", frozen)]
+pub struct Delivered {
+    topic: Py<PyString>,
+    partition: i32,
+    offset: i64,
+}
+
+#[pymethods]
+impl Delivered {
+    #[new]
+    fn new(topic: Py<PyString>, partition: i32, offset: i64) -> Self {
+        Delivered { topic, partition, offset }
+    }
+
+    fn topic(&self, py: Python<'_>) -> Py<PyString> {
+        self.topic.clone_ref(py)
+    }
+
+    fn partition(&self) -> i32 {
+        self.partition
+    }
+
+    /// None when librdkafka has no offset for the record (a failed delivery).
+    fn offset(&self) -> Option<i64> {
+        (self.offset >= 0).then_some(self.offset)
+    }
 }
 
 /// The client handle, passed into code that runs without the GIL.
@@ -302,7 +354,7 @@ impl KafkaProducer {
         key: &[u8],
         value: Option<&[u8]>,
         headers: &[HeaderField<'_>],
-        report: u64,
+        report: usize,
     ) -> c_int {
         let api = &*self.api;
         // SAFETY: every pointer below is valid for the call; librdkafka copies key and
@@ -326,7 +378,7 @@ impl KafkaProducer {
                 Vu { vtype: VTYPE_MSGFLAGS, u: Argument { i: MSG_F_COPY } },
                 Vu { vtype: VTYPE_KEY, u: Argument { mem: Memory { ptr: key.as_ptr() as *const c_void, size: key.len() } } },
                 Vu { vtype: VTYPE_VALUE, u: Argument { mem: Memory { ptr: value_pointer, size: value_size } } },
-                Vu { vtype: VTYPE_OPAQUE, u: Argument { ptr: report as usize as *mut c_void } },
+                Vu { vtype: VTYPE_OPAQUE, u: Argument { ptr: report as *mut c_void } },
                 Vu { vtype: VTYPE_HEADERS, u: Argument { ptr: list } },
                 Vu { vtype: VTYPE_END, u: Argument { pad: [0; 64] } },
             ];
@@ -340,6 +392,14 @@ impl KafkaProducer {
             (api.headers_destroy)(list);
             code
         }
+    }
+}
+
+impl KafkaProducer {
+    /// confluent-kafka's `KafkaError` for a librdkafka error code, as its callbacks get.
+    fn kafka_error(&self, py: Python<'_>, code: c_int) -> PyResult<Py<PyAny>> {
+        let class = py.import("confluent_kafka")?.getattr("KafkaError")?;
+        Ok(class.call1((code, self.api.error_text(code)))?.unbind())
     }
 }
 
@@ -387,48 +447,58 @@ impl KafkaProducer {
         }
     }
 
-    /// Queue one record for `partition` (-1: the configured partitioner), asking for a
-    /// report when `report` is not 0. librdkafka's error code: 0 when queued.
-    #[pyo3(signature = (topic, partition, key, value, headers, report, /))]
+    /// Queue one record for `partition` (-1: the configured partitioner); `on_delivery`,
+    /// if given, is called by a later `poll` as confluent-kafka calls it. librdkafka's
+    /// error code: 0 when queued.
+    #[pyo3(signature = (topic, partition, key, value, headers, on_delivery, /))]
     fn produce(
         &self,
-        topic: &str,
+        topic: &Bound<'_, PyString>,
         partition: i32,
         key: &[u8],
         value: Option<&[u8]>,
         headers: &Bound<'_, PyList>,
-        report: u64,
+        on_delivery: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<i32> {
-        let topic = topic_name(topic)?;
+        let name = topic_name(topic.to_str()?)?;
         let items = header_items(headers)?;
         let fields = header_fields(&items)?;
-        Ok(self.produce_one(&topic, partition, key, value, &fields, report))
+        let report = match on_delivery {
+            Some(callback) => Pending { callback: callback.clone().unbind(), topic: topic.clone().unbind() }.into_opaque(),
+            None => 0,
+        };
+        let code = self.produce_one(&name, partition, key, value, &fields, report);
+        if code != NO_ERROR && report != 0 {
+            // SAFETY: not queued, so librdkafka never saw it.
+            drop(unsafe { Pending::from_opaque(report) });
+        }
+        Ok(code)
     }
 
     /// Queue `keys[i]`/`values[i]` for `partitions[i]`, from `start` on, all on `topic`
-    /// with `headers`; the records at the indexes of `reports` (index, id pairs, by
-    /// index) ask for reports. `(next index, error code)`: stops at the first record
-    /// librdkafka refuses (e.g. its queue is full), which is `next index`.
+    /// with `headers`; the records at the indexes of `reports` (index and callback
+    /// pairs, by index) ask for reports. `(next index, error code)`: stops at the first
+    /// record librdkafka refuses (e.g. its queue is full), which is `next index`.
     #[pyo3(signature = (topic, partitions, keys, values, headers, reports, start, /))]
     #[allow(clippy::too_many_arguments)]
     fn produce_batch(
         &self,
-        topic: &str,
+        topic: &Bound<'_, PyString>,
         partitions: Vec<i32>,
         keys: &Bound<'_, PyList>,
         values: &Bound<'_, PyList>,
         headers: &Bound<'_, PyList>,
-        reports: Vec<(usize, u64)>,
+        reports: Vec<(usize, Bound<'_, PyAny>)>,
         start: usize,
     ) -> PyResult<(usize, i32)> {
         let count = keys.len();
         if values.len() != count || partitions.len() != count {
             return Err(PyValueError::new_err("a batch has one value and one partition per key"));
         }
-        let topic = topic_name(topic)?;
+        let name = topic_name(topic.to_str()?)?;
         let items = header_items(headers)?;
         let fields = header_fields(&items)?;
-        let mut next_report = reports.iter().position(|&(index, _)| index >= start).unwrap_or(reports.len());
+        let mut next_report = reports.iter().position(|(index, _)| *index >= start).unwrap_or(reports.len());
         for index in start..count {
             let key = keys.get_item(index)?;
             let value = values.get_item(index)?;
@@ -437,26 +507,30 @@ impl KafkaProducer {
             let mut report = 0;
             while next_report < reports.len() && reports[next_report].0 <= index {
                 if reports[next_report].0 == index {
-                    report = reports[next_report].1;
+                    let callback = reports[next_report].1.clone().unbind();
+                    report = Pending { callback, topic: topic.clone().unbind() }.into_opaque();
                 }
                 next_report += 1;
             }
-            let code = self.produce_one(&topic, partitions[index], key, Some(value), &fields, report);
+            let code = self.produce_one(&name, partitions[index], key, Some(value), &fields, report);
             if code != NO_ERROR {
+                if report != 0 {
+                    // SAFETY: not queued, so librdkafka never saw it.
+                    drop(unsafe { Pending::from_opaque(report) });
+                }
                 return Ok((index, code));
             }
         }
         Ok((count, NO_ERROR))
     }
 
-    /// Serve librdkafka's callbacks for up to `timeout_ms` (without the GIL), then take
-    /// what they handed over: `(reports, unreported failures, client errors)`.
+    /// Serve librdkafka's callbacks for up to `timeout_ms` (without the GIL), then call
+    /// the delivery callbacks of the reports that came, in order, as confluent-kafka
+    /// does: `(None, Delivered)`, or `(KafkaError, Delivered)` for a failed record.
+    /// Returns `(reports served, unreported failures, client errors)`; raises the first
+    /// exception a callback raised, after serving every report.
     #[allow(clippy::type_complexity)]
-    fn poll(
-        &self,
-        py: Python<'_>,
-        timeout_ms: i32,
-    ) -> (Vec<(u64, i32, i32, i64)>, Vec<(i32, String, i32)>, Vec<(i32, String)>) {
+    fn poll(&self, py: Python<'_>, timeout_ms: i32) -> PyResult<(usize, Vec<(i32, String, i32)>, Vec<(i32, String)>)> {
         let handle = Handle(self.rk);
         let poll = self.api.poll;
         // SAFETY: the handle lives as long as self, which the caller holds.
@@ -464,12 +538,30 @@ impl KafkaProducer {
             let handle = handle;
             poll(handle.0, timeout_ms)
         });
-        let mut deliveries = self.shared.deliveries();
-        (
-            std::mem::take(&mut deliveries.reports),
-            std::mem::take(&mut deliveries.unreported_failures),
-            deliveries.errors.drain(..).collect(),
-        )
+        let (reports, failures, errors) = {
+            let mut deliveries = self.shared.deliveries();
+            (
+                std::mem::take(&mut deliveries.reports),
+                std::mem::take(&mut deliveries.unreported_failures),
+                deliveries.errors.drain(..).collect::<Vec<_>>(),
+            )
+        };
+        let served = reports.len();
+        let mut raised: Option<PyErr> = None;
+        for (opaque, code, partition, offset) in reports {
+            // SAFETY: each opaque is reported once, by librdkafka, for a queued record.
+            let pending = unsafe { Pending::from_opaque(opaque) };
+            let delivered = Delivered { topic: pending.topic, partition, offset };
+            let error = if code == NO_ERROR { Ok(py.None()) } else { self.kafka_error(py, code) };
+            let called = error.and_then(|error| pending.callback.call1(py, (error, delivered)));
+            if let Err(exc) = called {
+                raised.get_or_insert(exc);
+            }
+        }
+        match raised {
+            Some(exc) => Err(exc),
+            None => Ok((served, failures, errors)),
+        }
     }
 
     /// Wait up to `timeout_ms` (without the GIL) for every queued record to be delivered
@@ -519,5 +611,11 @@ impl Drop for KafkaProducer {
         // SAFETY: the handle is destroyed once, before the state its callbacks use.
         unsafe { (self.api.destroy)(self.rk) };
         self.rk = ptr::null_mut();
+        // Reports taken from librdkafka but never served: their callbacks are dropped.
+        let reports = std::mem::take(&mut self.shared.deliveries().reports);
+        for (opaque, _, _, _) in reports {
+            // SAFETY: as in poll; librdkafka is gone, so nothing else holds them.
+            drop(unsafe { Pending::from_opaque(opaque) });
+        }
     }
 }
