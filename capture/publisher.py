@@ -167,11 +167,9 @@ class ChangePublisher:
         self._metrics = metrics
         self._topics = topics
         self._errors = ConnectionErrors(_SETTING)
-        self._native: NativeProducer | None = None
         self._producer: RecordProducer
         if compiled and native_producer.library() is not None:
-            self._native = NativeProducer(producer_conf(settings), error_cb=self._errors)
-            self._producer = self._native
+            self._producer = NativeProducer(producer_conf(settings), error_cb=self._errors)
         else:
             self._producer = Producer(producer_conf(settings), error_cb=self._errors)
         self.failure: str | None = None
@@ -282,10 +280,10 @@ class ChangePublisher:
                 reports[firsts[partition]] = partial(self._run_report, run, True)
                 reports[lasts[partition]] = partial(self._run_report, run, False)
         shared: list[tuple[str, str | bytes | None]] = list(headers)
-        if self._native is not None:
+        if isinstance(self._producer, NativeProducer):
             # The whole batch in one call: the per-record loop below is most of a
             # snapshot row's cost in the capture loop.
-            self._native.produce_batch(topic, partitions, keys, list(values), shared, reports)
+            self._producer.produce_batch(topic, partitions, keys, list(values), shared, reports)
             return
         produce = self._producer.produce
         for index, (key, value, partition) in enumerate(zip(keys, values, partitions, strict=True)):
@@ -356,8 +354,8 @@ class ChangePublisher:
             self.failure = self.failure or f"table status not written: {err.str()}"
 
     def _raise_on_failure(self) -> None:
-        if self.failure is None and self._native is not None and self._native.unreported_failure:
-            self.failure = self._native.unreported_failure
+        if self.failure is None and isinstance(self._producer, NativeProducer):
+            self.failure = self._producer.unreported_failure
         if self.failure is not None:
             self._errors.check()  # credentials rotated away under a running producer
             raise TransientError(

@@ -126,7 +126,6 @@ struct Api {
     outq_len: unsafe extern "C" fn(*mut Rk) -> c_int,
     err2str: unsafe extern "C" fn(c_int) -> *const c_char,
     topic_name: unsafe extern "C" fn(*const c_void) -> *const c_char,
-    fatal_error: unsafe extern "C" fn(*mut Rk, *mut c_char, usize) -> c_int,
     version_str: unsafe extern "C" fn() -> *const c_char,
     /// Kept last: the functions above are valid while the library stays loaded.
     _library: Library,
@@ -163,7 +162,6 @@ impl Api {
                 outq_len: function!("rd_kafka_outq_len"),
                 err2str: function!("rd_kafka_err2str"),
                 topic_name: function!("rd_kafka_topic_name"),
-                fatal_error: function!("rd_kafka_fatal_error"),
                 version_str: function!("rd_kafka_version_str"),
                 _library: library,
             })
@@ -575,17 +573,6 @@ impl KafkaProducer {
             flush(handle.0, timeout_ms);
             outq_len(handle.0)
         })
-    }
-
-    /// The producer's fatal error, if it has one (an idempotent producer that can no
-    /// longer guarantee order): `(code, reason)`.
-    fn fatal_error(&self) -> Option<(i32, String)> {
-        let mut errstr = vec![0 as c_char; ERRSTR_SIZE];
-        // SAFETY: errstr is ERRSTR_SIZE long.
-        unsafe {
-            let code = (self.api.fatal_error)(self.rk, errstr.as_mut_ptr(), ERRSTR_SIZE);
-            (code != NO_ERROR).then(|| (code, text(errstr.as_ptr())))
-        }
     }
 
     /// librdkafka's text for an error code.
