@@ -37,7 +37,9 @@ capture child under cProfile and prints the functions with the most cumulative t
 timings are then not comparable. ``--python-rows`` runs capture with
 ``compiled_rows=false`` (every row encoded by the Python path, as without the compiled
 row encoder), for comparing the two paths run against run; ``--confluent-producer``
-likewise with ``compiled_producer=false`` (confluent-kafka's producer). ``--debezium`` adds a third
+likewise with ``compiled_producer=false`` (confluent-kafka's producer), and
+``--python-loop`` with ``compiled_stream=false`` (every frame through the Python loop,
+without the stream lane). ``--debezium`` adds a third
 slot, created with the others, and drains it afterwards with Debezium's PostgreSQL
 connector in Kafka Connect (:mod:`bench.debezium_drain`): its start-up and steady drain
 are reported apart, and capture's rows per CPU second are compared with its steady ones.
@@ -607,6 +609,7 @@ def _capture_settings(
     compiled_rows: bool = True,
     producer: dict[str, str] | None = None,
     compiled_producer: bool = True,
+    compiled_stream: bool = True,
 ) -> CaptureSettings:
     # The backlog is the measured work: rows that existed before the slot are not part
     # of it, so no initial snapshot.
@@ -619,6 +622,7 @@ def _capture_settings(
             "compiled_rows": compiled_rows,
             "kafka": kafka,
             "compiled_producer": compiled_producer,
+            "compiled_stream": compiled_stream,
         }
     )
 
@@ -633,6 +637,7 @@ def _drain_with_capture(
     compiled_rows: bool = True,
     producer: dict[str, str] | None = None,
     compiled_producer: bool = True,
+    compiled_stream: bool = True,
 ) -> tuple[Usage, float | None, float | None]:
     """Returns the child's usage, the walsender's CPU and the Kafka broker's CPU."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
@@ -640,7 +645,9 @@ def _drain_with_capture(
     admin.create_topics(
         [NewTopic(names.control_topic, 1, 1, config={"cleanup.policy": "compact"})]
     )[names.control_topic].result(30)
-    settings = _capture_settings(dsn, bootstrap, names, compiled_rows, producer, compiled_producer)
+    settings = _capture_settings(
+        dsn, bootstrap, names, compiled_rows, producer, compiled_producer, compiled_stream
+    )
     profiler = ["-m", "cProfile", "-o", str(profile)] if profile is not None else []
     argv = [
         sys.executable,
@@ -911,6 +918,11 @@ def main() -> None:
         help="capture with compiled_producer=false: confluent-kafka's producer",
     )
     parser.add_argument(
+        "--python-loop",
+        action="store_true",
+        help="capture with compiled_stream=false: every frame through the Python loop",
+    )
+    parser.add_argument(
         "--debezium",
         action="store_true",
         help="also drain the backlog with Debezium's connector (bench/debezium_drain.py)",
@@ -962,6 +974,7 @@ def main() -> None:
             not args.python_rows,
             _producer_properties(args.producer),
             not args.confluent_producer,
+            not args.python_loop,
         )
         records = _records_in(bootstrap, names)
         valid = _report(backlog, baseline, ours, records, args.profile)

@@ -324,6 +324,9 @@ class ChangeStream:
     compiled_rows: bool = True
     """Encode all-text rows with the compiled encoder where it applies
     (:mod:`capture.native_rows`); off only to measure or test the Python path."""
+    version: int = 0
+    """Bumped whenever a table's codec, its errored mark or its schema's publication
+    changes: what the stream lane's arming depends on (:mod:`capture.stream_lane`)."""
     _published_schemas: set[int] = field(default_factory=set)
     _tx: _Transaction | None = None
     _encoded_operations: dict[int, Operation] = field(init=False, repr=False)
@@ -333,6 +336,35 @@ class ChangeStream:
         self._encoded_operations = (
             _ENCODED_WITHOUT_TOMBSTONES if self.tombstones else _ENCODED_OPERATIONS
         )
+
+    def transaction(self) -> tuple[Lsn, int, int, int] | None:
+        """The open transaction: commit LSN, xid, commit timestamp (Unix microseconds)
+        and the next record's ordinal; None between transactions."""
+        tx = self._tx
+        return None if tx is None else (tx.commit_lsn, tx.xid, tx.commit_ts, tx.ordinal)
+
+    def adopt(self, transaction: tuple[Lsn, int, int, int] | None) -> None:
+        """Take over the open transaction as another reader of the stream left it (the
+        stream lane): its records so far took the ordinals before the one given."""
+        if transaction is None:
+            self._tx = None
+            return
+        commit_lsn, xid, commit_ts, ordinal = transaction
+        tx = self._tx
+        if tx is not None and (tx.commit_lsn, tx.xid) == (commit_lsn, xid):
+            tx.ordinal = ordinal  # the same transaction: its record shapes still hold
+        else:
+            self._tx = _Transaction(commit_lsn, xid, commit_ts, ordinal)
+
+    def schema_published(self, codec: TableCodec) -> bool:
+        """Whether the schema records of ``codec``'s table version are out."""
+        return codec.schemas.value_fingerprint in self._published_schemas
+
+    def error_table(self, table: str, error: TableError) -> None:
+        """Skip ``table``'s changes from now on (unless already errored)."""
+        if table not in self.errored:
+            self.errored[table] = error
+            self.version += 1
 
     def handle(self, message: Message, change_lsn: Lsn) -> Iterator[Output]:
         """Outputs for one message; ``change_lsn`` is its XLogData ``wal_start``."""
@@ -441,6 +473,7 @@ class ChangeStream:
         if cached is not None and cached.relation == relation:
             return
         table = f"{relation.namespace}.{relation.name}"
+        self.version += 1
         try:
             self.codecs[relation.oid] = TableCodec(
                 relation,
@@ -475,7 +508,7 @@ class ChangeStream:
             if self.defer_errors:
                 out.append(ChangeFailed(table, error))
             else:
-                self.errored[table] = error
+                self.error_table(table, error)
 
     def _changes(
         self,
@@ -593,6 +626,7 @@ class ChangeStream:
             for message in table_schema_messages(codec.schemas):
                 out.append(SchemaRecord(message.key, message.value))
             self._published_schemas.add(fingerprint)
+            self.version += 1
         decoded = self.decoded
         if decoded is not None:
             # Tally.add inlined: once per change record.

@@ -23,12 +23,15 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import confluent_kafka
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from runtime.kafka_client import KafkaConf
+
+if TYPE_CHECKING:
+    from capture_native import KafkaProducer
 
 _QUEUE_FULL = KafkaError._QUEUE_FULL
 
@@ -44,6 +47,10 @@ class Delivery(Protocol):
 
 Report = Callable[[KafkaError | None, Delivery], None]
 """A delivery callback: the error or None, and where the record went."""
+
+StreamedRun = tuple[int, str, int, int, int, int]
+"""The stream lane's records of one transaction delivered to one partition since the
+last poll: transaction id, topic, partition, highest offset, records, bytes."""
 
 
 @functools.cache
@@ -93,6 +100,13 @@ class NativeProducer:
         self._error_cb = error_cb
         self.unreported_failure: str | None = None
         """The first failure of a record produced without a report."""
+        self.on_streamed: Callable[[list[StreamedRun]], None] | None = None
+        """Takes the stream lane's delivered records (:mod:`capture.stream_lane`)."""
+
+    @property
+    def native(self) -> KafkaProducer:
+        """The compiled producer itself, for the stream lane to produce with."""
+        return self._native
 
     def produce(
         self,
@@ -138,7 +152,9 @@ class NativeProducer:
     def poll(self, timeout_s: float = 0.0) -> int:
         """Serve callbacks for up to ``timeout_s``: delivery reports, failures of
         records without one, client errors. How many reports were served."""
-        served, failures, errors = self._native.poll(int(timeout_s * 1000))
+        served, failures, errors, streamed = self._native.poll(int(timeout_s * 1000))
+        if streamed and self.on_streamed is not None:
+            self.on_streamed(streamed)
         for code, topic, partition in failures:
             if self.unreported_failure is None:
                 self.unreported_failure = (

@@ -159,6 +159,23 @@ class ProgressBook:
             transaction.tickets[encoded_bytes] = ticket
         return ticket
 
+    def produced_records(self, records: int, encoded_bytes: int) -> None:
+        """``records`` records of the open transaction, ``encoded_bytes`` in all, were
+        handed to the producer without tickets: the stream lane's, whose reports come
+        summed per partition (:meth:`delivered_records`)."""
+        transaction = self._open
+        if transaction is None:
+            raise ValueError("records were produced outside a transaction")
+        transaction.pending_deliveries += records
+        self._in_flight_records += records
+        self._in_flight_bytes += encoded_bytes
+
+    @property
+    def next_transaction_id(self) -> int:
+        """The id :meth:`begin` gives the next transaction (the stream lane's records
+        carry it)."""
+        return self._next_id
+
     def commit(self, end_lsn: Lsn) -> None:
         if self._open is None:
             raise ValueError("commit without an open transaction")
@@ -252,6 +269,37 @@ class ProgressBook:
             self._advance()
         else:
             self._release_pins()
+
+    def delivered_records(  # noqa: PLR0917 -- one summed report's fields
+        self,
+        transaction_id: int,
+        topic: str,
+        partition: int,
+        offset: int,
+        records: int,
+        encoded_bytes: int,
+    ) -> None:
+        """``records`` records of transaction ``transaction_id`` (booked with
+        :meth:`produced_records`), ``encoded_bytes`` in all, are in ``topic`` /
+        ``partition``, the last at ``offset``.
+
+        Their reports may come before the lane's replay booked them all (only while
+        the transaction is open): pending deliveries then dip, but an open transaction
+        never advances confirmation, and its commit comes after its last booking."""
+        owner = self._find(transaction_id)
+        owner.pending_deliveries -= records
+        key = (topic, partition)
+        if offset > owner.high_offsets.get(key, -1):
+            owner.high_offsets[key] = offset
+        if offset < self._applied.get(key, 0):
+            self._release(records, encoded_bytes)
+        else:
+            waiting = self._unapplied.get(key)
+            if waiting is None:
+                waiting = self._unapplied[key] = deque()
+            waiting.append((offset, records, encoded_bytes))
+        if owner.pending_deliveries == 0:
+            self._advance()
 
     def applied(self, topic: str, partition: int, next_offset: int) -> None:
         """The apply job has applied every offset below ``next_offset`` of that partition."""

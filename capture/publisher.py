@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
 from confluent_kafka.admin import AdminClient
@@ -26,7 +26,13 @@ from capture import native_producer
 from capture.change_stream import OutgoingRecord, SchemaRecord
 from capture.errors import ConfigError, TransientError
 from capture.metrics import CaptureMetrics
-from capture.native_producer import Delivery, NativeProducer, RecordProducer, Report
+from capture.native_producer import (
+    Delivery,
+    NativeProducer,
+    RecordProducer,
+    Report,
+    StreamedRun,
+)
 from capture.partitioning import key_partitions
 from capture.progress import ProgressBook, RecordTicket
 from capture.settings import KafkaSettings
@@ -46,6 +52,9 @@ from schemas.control import (
 )
 from schemas.headers import Headers
 from schemas.lsn import Lsn
+
+if TYPE_CHECKING:
+    from capture_native import KafkaProducer
 
 _SETTING = "CAPTURE_KAFKA"
 _COMPACTED = {"cleanup.policy": "compact"}
@@ -170,6 +179,7 @@ class ChangePublisher:
         self._producer: RecordProducer
         if compiled and native_producer.library() is not None:
             self._producer = NativeProducer(producer_conf(settings), error_cb=self._errors)
+            self._producer.on_streamed = self._streamed
         else:
             self._producer = Producer(producer_conf(settings), error_cb=self._errors)
         self.failure: str | None = None
@@ -300,6 +310,22 @@ class ChangePublisher:
                     self._producer.poll(0.1)  # the local queue is full: make room
                 else:
                     break
+
+    @property
+    def compiled_producer(self) -> KafkaProducer | None:
+        """The compiled producer, for the stream lane; None with confluent-kafka's."""
+        producer = self._producer
+        return producer.native if isinstance(producer, NativeProducer) else None
+
+    def ensure_topic(self, topic: str) -> None:
+        self._topics.ensure(topic)
+
+    def _streamed(self, runs: list[StreamedRun]) -> None:
+        """The stream lane's delivered records, summed per transaction and partition
+        (a failed one comes as an unreported failure instead)."""
+        delivered = self._book.delivered_records
+        for transaction, topic, partition, offset, records, size in runs:
+            delivered(transaction, topic, partition, offset, records, size)
 
     def poll(self, timeout_s: float = 0.0) -> None:
         self._producer.poll(timeout_s)

@@ -164,24 +164,50 @@ class ReplicationStream:
         Raises :class:`TransientError` when the server is shutting down."""
         try:
             size, data = self._pgconn.get_copy_data(1)
-            if size == 0:
-                ready, _, _ = select.select(
-                    [self._pgconn.socket, self._watch.socket], [], [], timeout_s
-                )
-                if self._watch.socket in ready:
-                    self._check_watch()
-                if self._pgconn.socket not in ready:
-                    self._check_silence()
-                    return None
-                self._pgconn.consume_input()
-                size, data = self._pgconn.get_copy_data(1)
-                if size == 0:
-                    self._check_silence()
-                    return None
         except psycopg.OperationalError as exc:
             raise TransientError(f"replication stream broke: {exc}") from exc
+        if size == 0:
+            if not self.wait(timeout_s):
+                return None
+            try:
+                size, data = self._pgconn.get_copy_data(1)
+            except psycopg.OperationalError as exc:
+                raise TransientError(f"replication stream broke: {exc}") from exc
+            if size == 0:
+                self._check_silence()
+                return None
         if size < 0:
             raise TransientError("the server ended the replication stream")
+        self.heard()
+        return parse_copy_data(data)
+
+    @property
+    def connection_pointer(self) -> int | None:
+        """The libpq connection (``PGconn *``) the stream reads, for the stream lane;
+        None where psycopg does not say (its pure-Python implementation)."""
+        pointer = getattr(self._pgconn, "pgconn_ptr", None)
+        return pointer if isinstance(pointer, int) else None
+
+    def wait(self, timeout_s: float) -> bool:
+        """:meth:`read` for a reader of libpq's buffer (the stream lane): wait up to
+        ``timeout_s`` for the server, and True once what it sent is in the buffer."""
+        try:
+            ready, _, _ = select.select(
+                [self._pgconn.socket, self._watch.socket], [], [], timeout_s
+            )
+            if self._watch.socket in ready:
+                self._check_watch()
+            if self._pgconn.socket not in ready:
+                self._check_silence()
+                return False
+            self._pgconn.consume_input()
+        except psycopg.OperationalError as exc:
+            raise TransientError(f"replication stream broke: {exc}") from exc
+        return True
+
+    def heard(self) -> None:
+        """A reader of libpq's buffer took frames: the server was heard (what
+        :meth:`read` notes for each frame it returns)."""
         self._heard_at = time.monotonic()
         self._asked_at = None
         if self._heard_at - self._watched_at >= _WATCH_EVERY_S:
@@ -189,7 +215,14 @@ class ReplicationStream:
             if ready:
                 self._check_watch()
             self._watched_at = time.monotonic()
-        return parse_copy_data(data)
+
+    def broken(self, ended: bool) -> TransientError:
+        """The error for a stream a reader of libpq's buffer found ended (the server
+        ended the COPY) or broken (libpq's error message says why)."""
+        if ended:
+            return TransientError("the server ended the replication stream")
+        message = self._pgconn.get_error_message()
+        return TransientError(f"replication stream broke: {message}")
 
     def read_buffered(self) -> Frame | None:
         """The next frame if it is already received (in libpq's buffer), else None,

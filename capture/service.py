@@ -23,11 +23,12 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import psycopg
 from pydantic import SecretStr
 
+from capture import stream_lane
 from capture.change_stream import (
     ChangeFailed,
     ChangeStream,
@@ -43,8 +44,8 @@ from capture.metrics import CaptureMetrics
 from capture.pgoutput import Relation
 from capture.progress import ProgressBook
 from capture.publisher import ChangePublisher, ControlReader, ControlState, Topics
-from capture.replication import ReplicationStream
-from capture.replication_protocol import PrimaryKeepalive
+from capture.replication import Frame, ReplicationStream
+from capture.replication_protocol import PrimaryKeepalive, parse_copy_data
 from capture.schema_change import added_columns, read_added_columns, resync_reason
 from capture.schema_registration import Framer, framer_for
 from capture.settings import CaptureSettings
@@ -60,6 +61,7 @@ from capture.source import (
     resolve_tables,
 )
 from capture.source_connection import with_dead_peer_detection
+from capture.stream_lane import StreamLane
 from capture.table_flow import TableFlow, now_micros
 from capture.table_states import TableStates
 from capture.type_catalog import load_array_dimensions, load_types
@@ -79,6 +81,10 @@ log = logging.getLogger(__name__)
 _READ_TIMEOUT_S = 0.1
 _POLL_INTERVAL_S = 0.005
 _BURST_FRAMES = 128
+_LANE_BUDGET = 512
+"""Frames the stream lane takes in one call: the loop's periodic checks (reports,
+control messages, status updates) run between calls, and the in-flight bound is
+checked per call, so it may be passed by up to this many records."""
 """Frames handled back to back before the loop's periodic checks run."""
 
 
@@ -404,75 +410,98 @@ class CaptureService:
         last_status = 0.0
         last_refresh = time.monotonic()
         commit_lsn = start
+        lane = self._lane(publisher, book, changes, states, stream)
+        log.info(
+            "streamed changes go %s",
+            "through the compiled stream lane" if lane is not None else "through the Python loop",
+        )
+        if lane is not None:
+            lane.stop_at(self._stop_at)
+
+            def lane_committed(end_lsn: Lsn) -> None:
+                position.received_lsn = end_lsn
+                if self._stop_at is not None and end_lsn >= self._stop_at and not flow.busy:
+                    self._stop.set()
+
+            lane.on_commit = lane_committed
+        reply = False
+
+        def handle(frame: Frame) -> None:
+            nonlocal reply, commit_lsn
+            if lane is not None:
+                # The lane may have begun the open transaction.
+                open_transaction = changes.transaction()
+                if open_transaction is not None:
+                    commit_lsn = open_transaction[0]
+            if isinstance(frame, PrimaryKeepalive):
+                book.keepalive(frame.wal_end)
+                reply = reply or frame.reply_requested
+                position.last_keepalive = time.monotonic()
+                if not book.in_transaction and frame.wal_end > position.received_lsn:
+                    # Between transactions the server has decoded this far.
+                    position.received_lsn = frame.wal_end
+                if (
+                    self._stop_at is not None
+                    and frame.wal_end >= self._stop_at
+                    and not book.in_transaction
+                    and not flow.busy
+                ):
+                    # Between transactions the server has decoded past the target, so
+                    # nothing before it is left to receive.
+                    self._stop.set()
+                return
+            for out in changes.handle_frame(frame.payload, frame.wal_start):
+                if isinstance(out, OutgoingRecord):
+                    flow.route(out, commit_lsn)
+                elif isinstance(out, SchemaRecord):
+                    publisher.publish_schema(out)
+                elif isinstance(out, TransactionStarted):
+                    commit_lsn = out.commit_lsn
+                    book.begin(out.commit_lsn)
+                elif isinstance(out, ChangeFailed):
+                    flow.route_failure(out, commit_lsn)
+                elif isinstance(out, RelationChanged):
+                    reason = _resync_reason(catalog, out)
+                    if reason is not None:
+                        flow.resync(out.table, reason, commit_lsn)
+                elif isinstance(out, TransactionCommitted):
+                    book.commit(out.end_lsn)
+                    position.received_lsn = out.end_lsn
+                    if self._stop_at is not None and out.end_lsn >= self._stop_at and not flow.busy:
+                        self._stop.set()
+
+        def over_bound() -> bool:
+            return (
+                book.in_flight_records >= settings.max_in_flight_records
+                or book.in_flight_bytes >= settings.max_in_flight_bytes
+            )
+
         try:
             last_poll = 0.0
             while not self._stop.is_set():
                 reply = False
-                paused = (
-                    book.in_flight_records >= settings.max_in_flight_records
-                    or book.in_flight_bytes >= settings.max_in_flight_bytes
-                )
+                paused = over_bound()
                 # Snapshot rows or held changes waiting: poll the socket, don't wait on it.
                 timeout = 0.0 if flow.ready else _READ_TIMEOUT_S
-                frame = None if paused else stream.read(timeout)
                 if paused:
                     publisher.poll(_READ_TIMEOUT_S)
-                idle = frame is None
-                # Frames already received are handled in a burst, the loop's periodic
-                # checks below once per burst: per frame they cost a good part of what
-                # handling a small change does. A burst is short (a few milliseconds),
-                # ends as soon as nothing is buffered, and stops where the loop would.
-                burst = _BURST_FRAMES
-                while frame is not None:
-                    if isinstance(frame, PrimaryKeepalive):
-                        book.keepalive(frame.wal_end)
-                        reply = reply or frame.reply_requested
-                        position.last_keepalive = time.monotonic()
-                        if not book.in_transaction and frame.wal_end > position.received_lsn:
-                            # Between transactions the server has decoded this far.
-                            position.received_lsn = frame.wal_end
-                        if (
-                            self._stop_at is not None
-                            and frame.wal_end >= self._stop_at
-                            and not book.in_transaction
-                            and not flow.busy
-                        ):
-                            # Between transactions the server has decoded past the target, so
-                            # nothing before it is left to receive.
-                            self._stop.set()
-                    else:
-                        for out in changes.handle_frame(frame.payload, frame.wal_start):
-                            if isinstance(out, OutgoingRecord):
-                                flow.route(out, commit_lsn)
-                            elif isinstance(out, SchemaRecord):
-                                publisher.publish_schema(out)
-                            elif isinstance(out, TransactionStarted):
-                                commit_lsn = out.commit_lsn
-                                book.begin(out.commit_lsn)
-                            elif isinstance(out, ChangeFailed):
-                                flow.route_failure(out, commit_lsn)
-                            elif isinstance(out, RelationChanged):
-                                reason = _resync_reason(catalog, out)
-                                if reason is not None:
-                                    flow.resync(out.table, reason, commit_lsn)
-                            elif isinstance(out, TransactionCommitted):
-                                book.commit(out.end_lsn)
-                                position.received_lsn = out.end_lsn
-                                if (
-                                    self._stop_at is not None
-                                    and out.end_lsn >= self._stop_at
-                                    and not flow.busy
-                                ):
-                                    self._stop.set()
-                    burst -= 1
-                    if (
-                        burst == 0
-                        or self._stop.is_set()
-                        or book.in_flight_records >= settings.max_in_flight_records
-                        or book.in_flight_bytes >= settings.max_in_flight_bytes
-                    ):
-                        break
-                    frame = stream.read_buffered()
+                    idle = True
+                elif lane is not None:
+                    idle = self._lane_burst(lane, stream, publisher, timeout, handle, over_bound)
+                else:
+                    frame = stream.read(timeout)
+                    idle = frame is None
+                    # Frames already received are handled in a burst, the loop's periodic
+                    # checks below once per burst: per frame they cost a good part of what
+                    # handling a small change does. A burst is short (a few milliseconds),
+                    # ends as soon as nothing is buffered, and stops where the loop would.
+                    burst = _BURST_FRAMES
+                    while frame is not None:
+                        handle(frame)
+                        burst -= 1
+                        if burst == 0 or self._stop.is_set() or over_bound():
+                            break
+                        frame = stream.read_buffered()
                 now = time.monotonic()
                 # Delivery reports and control messages are served every few milliseconds,
                 # not per frame: at full speed a frame is a few microseconds of work, and
@@ -491,11 +520,15 @@ class CaptureService:
                     self._add_new_tables(catalog, flow)
                     last_refresh = now
                 if reply or now - last_status >= settings.status_interval_s:
+                    if lane is not None:
+                        lane.count()
                     confirm()
                     last_status = now
                     self._observe(states, watch)
                     progress.maybe_log(now)
             # Graceful stop: everything produced is delivered, then one last update.
+            if lane is not None:
+                lane.count()
             flow.close()
             publisher.flush()
             control.poll(book)
@@ -509,6 +542,79 @@ class CaptureService:
         finally:
             flow.close()
             stream.close()
+
+    def _lane(
+        self,
+        publisher: ChangePublisher,
+        book: ProgressBook,
+        changes: ChangeStream,
+        states: TableStates,
+        stream: ReplicationStream,
+    ) -> StreamLane | None:
+        """The stream lane, where it can run (:mod:`capture.stream_lane`)."""
+        settings = self._settings
+        producer = publisher.compiled_producer
+        connection = stream.connection_pointer
+        if not (
+            settings.compiled_stream
+            and settings.compiled_rows
+            and producer is not None
+            and connection is not None
+            and stream_lane.available(producer)
+        ):
+            return None
+        return StreamLane(
+            producer,
+            connection,
+            book,
+            changes,
+            states,
+            publisher.ensure_topic,
+            self.metrics,
+            tombstones=settings.tombstones,
+        )
+
+    def _lane_burst(  # noqa: PLR0917 -- the loop's parts a burst uses
+        self,
+        lane: StreamLane,
+        stream: ReplicationStream,
+        publisher: ChangePublisher,
+        timeout: float,
+        handle: Callable[[Frame], None],
+        over_bound: Callable[[], bool],
+    ) -> bool:
+        """One burst through the stream lane: the frames libpq holds (waiting up to
+        ``timeout`` for some if it holds none), the lane's up to its budget, the others
+        handled by ``handle``, at most a burst of those. True when nothing came."""
+        waited = False
+        took = False
+        python_frames = 0
+        while True:
+            status, raw, taken = lane.read(_LANE_BUDGET)
+            if taken or raw is not None:
+                took = True
+                stream.heard()
+            if status == stream_lane.FRAME and raw is not None:
+                lane.to_python()
+                handle(parse_copy_data(raw))
+                lane.from_python()
+                python_frames += 1
+                if python_frames >= _BURST_FRAMES or self._stop.is_set() or over_bound():
+                    return False
+            elif status == stream_lane.EMPTY:
+                if took or waited:
+                    return not took
+                waited = True
+                if not stream.wait(timeout):
+                    return True
+            elif status == stream_lane.FULL:
+                # The producer's queue is full: its reports make room.
+                publisher.poll(_READ_TIMEOUT_S)
+                return False
+            elif status == stream_lane.LIMIT:
+                return False
+            else:
+                raise stream.broken(ended=status == stream_lane.ENDED)
 
     def _observe(self, states: TableStates, watch: WalWatch) -> None:
         """Once per status interval: table states to the metrics (a table newly errored

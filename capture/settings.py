@@ -195,6 +195,15 @@ class CaptureSettings(BaseSettings):
             "confluent-kafka's producer, same records and guarantees, more CPU per record"
         ),
     )
+    compiled_stream: bool = Field(
+        True,
+        description=(
+            "take streamed changes from the replication connection to the producer in "
+            "compiled code (the stream lane, capture_native) where it can run: with the "
+            "compiled rows and producer, and psycopg's libpq found; false: every frame "
+            "through the Python loop, same records, more CPU per change"
+        ),
+    )
     table_refresh_s: float = Field(
         30.0,
         ge=0,

@@ -77,7 +77,7 @@ class TableFlow:
         for table in states.in_state(TableState.PENDING):
             self._hold(table)
         for table, message in states.errors().items():
-            changes.errored[table] = TableError(table, message)
+            changes.error_table(table, TableError(table, message))
         # A change that cannot be encoded may be one a snapshot already holds (the stream
         # can lag behind the snapshot), so :meth:`route_failure` decides, not the stream.
         changes.defer_errors = True
@@ -290,7 +290,7 @@ class TableFlow:
         # Durable at once: from here on the table's changes are skipped and the slot moves
         # past them, so a restart must find the table errored, never streaming again.
         self._publisher.flush()
-        self._changes.errored.setdefault(table, TableError(table, message))
+        self._changes.error_table(table, TableError(table, message))
         spool = self._held.pop(table, None)
         if spool is not None:
             spool.close()

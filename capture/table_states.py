@@ -83,7 +83,7 @@ class TableStates:
     """The tables of one slot and their states; every transition returns the status to
     persist."""
 
-    __slots__ = ("_clock", "_slot", "_snapshot_new", "_tables")
+    __slots__ = ("_clock", "_slot", "_snapshot_new", "_tables", "version")
 
     def __init__(
         self,
@@ -99,6 +99,9 @@ class TableStates:
         self._snapshot_new = snapshot_new
         self._clock = clock
         self._tables: dict[str, _Table] = {}
+        self.version = 0
+        """Bumped by every transition: the stream lane re-arms when it moves."""
+
         for table, status in persisted.items():
             if status.state in (TableState.STREAMING, TableState.CATCH_UP):
                 # The snapshot is in Kafka; held-back changes were never confirmed, so the
@@ -228,6 +231,7 @@ class TableStates:
 
     def _set(self, table: str, value: _Table) -> TableStatus:
         self._tables[table] = value
+        self.version += 1
         return self._status(table, value)
 
     def _status(self, table: str, value: _Table) -> TableStatus:

@@ -26,6 +26,7 @@
 //! - **No state.** An encoder is the immutable per-table-version plan; calls share
 //!   nothing, so one encoder serves any thread.
 
+mod lane;
 mod producer;
 
 use pyo3::exceptions::PyValueError;
@@ -734,6 +735,7 @@ fn capture_native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<TextRowEncoder>()?;
     module.add_class::<producer::KafkaProducer>()?;
     module.add_class::<producer::Delivered>()?;
+    module.add_class::<lane::StreamLane>()?;
     module.add_function(wrap_pyfunction!(key_partitions, module)?)?;
     Ok(())
 }

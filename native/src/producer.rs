@@ -28,7 +28,7 @@
 //!   headers, explicit partitions) in one call; it stops at the first refused record and
 //!   says where, so the caller can serve reports (a full queue) and go on.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::ptr;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -193,6 +193,10 @@ struct Deliveries {
     unreported_failures: Vec<(i32, String, i32)>,
     /// `(error code, reason)` from the client's error callback.
     errors: VecDeque<(i32, String)>,
+    /// `(transaction, error code, topic handle, partition, offset, bytes)` of every
+    /// record a stream lane produced (`src/lane.rs`): its opaque is a transaction id,
+    /// not a [`Pending`].
+    streamed: Vec<(u64, i32, usize, i32, i64, usize)>,
 }
 
 /// The callbacks' state: the conf opaque, boxed so its address stays put.
@@ -219,6 +223,12 @@ unsafe extern "C" fn delivered(_rk: *mut Rk, message: *const Message, opaque: *m
     let shared = &*(opaque as *const Shared);
     let message = &*message;
     let pending = message.private as usize;
+    if pending & STREAMED != 0 {
+        let size = message.len + message.key_len;
+        let transaction = (pending >> 1) as u64;
+        shared.deliveries().streamed.push((transaction, message.err, message.rkt as usize, message.partition, message.offset, size));
+        return;
+    }
     if pending == 0 {
         if message.err != NO_ERROR {
             let topic = if message.rkt.is_null() { String::new() } else { text((shared.topic_name)(message.rkt)) };
@@ -239,6 +249,15 @@ unsafe extern "C" fn client_error(_rk: *mut Rk, err: c_int, reason: *const c_cha
         deliveries.errors.pop_front();
     }
     deliveries.errors.push_back((err, text(reason)));
+}
+
+/// The low bit of a streamed record's opaque: a [`Pending`] is a boxed pointer, aligned,
+/// so its low bit is 0; a lane's record carries `transaction id << 1 | STREAMED`.
+pub(crate) const STREAMED: usize = 1;
+
+/// The opaque of a record a stream lane produces for `transaction`.
+pub(crate) fn streamed_opaque(transaction: u64) -> usize {
+    ((transaction as usize) << 1) | STREAMED
 }
 
 /// What a record that asked for a report carries through librdkafka (its opaque): the
@@ -289,6 +308,11 @@ impl Delivered {
     }
 }
 
+/// A stream lane's records delivered since the last poll, one entry per transaction and
+/// partition: `(transaction, topic, partition, highest offset, records, bytes)`, in the
+/// order each first appeared (so, per partition, in offset order).
+pub(crate) type StreamedRuns = Vec<(u64, Py<PyString>, i32, i64, u64, u64)>;
+
 /// The client handle, passed into code that runs without the GIL.
 #[derive(Clone, Copy)]
 struct Handle(*mut Rk);
@@ -296,9 +320,9 @@ struct Handle(*mut Rk);
 unsafe impl Send for Handle {}
 
 /// One header of a record, borrowed from the caller's objects for the call.
-struct HeaderField<'a> {
-    name: &'a str,
-    value: Option<&'a [u8]>,
+pub(crate) struct HeaderField<'a> {
+    pub(crate) name: &'a str,
+    pub(crate) value: Option<&'a [u8]>,
 }
 
 /// A record's headers as the caller passes them: `(name, value)` pairs, a value
@@ -332,7 +356,7 @@ fn header_fields<'a>(items: &'a [(Bound<'_, PyAny>, Bound<'_, PyAny>)]) -> PyRes
 }
 
 /// librdkafka's producer, with capture's delivery bookkeeping (see the module's text).
-#[pyclass(module = "capture_native")]
+#[pyclass(module = "capture_native", frozen)]
 pub struct KafkaProducer {
     api: Arc<Api>,
     rk: *mut Rk,
@@ -345,7 +369,7 @@ unsafe impl Sync for KafkaProducer {}
 
 impl KafkaProducer {
     /// Produce one record; librdkafka's error code, `NO_ERROR` when it was queued.
-    fn produce_one(
+    pub(crate) fn produce_one(
         &self,
         topic: &CStr,
         partition: i32,
@@ -394,6 +418,43 @@ impl KafkaProducer {
 }
 
 impl KafkaProducer {
+    /// The stream lane's reports summed by transaction and partition; failed records go
+    /// to `failures` as unreported ones do.
+    fn streamed_runs(
+        &self,
+        py: Python<'_>,
+        streamed: Vec<(u64, i32, usize, i32, i64, usize)>,
+        failures: &mut Vec<(i32, String, i32)>,
+    ) -> StreamedRuns {
+        let mut runs: StreamedRuns = Vec::new();
+        let mut index: HashMap<(u64, usize, i32), usize> = HashMap::new();
+        let mut topics: HashMap<usize, Py<PyString>> = HashMap::new();
+        for (transaction, code, rkt, partition, offset, size) in streamed {
+            let topic = topics.entry(rkt).or_insert_with(|| {
+                // SAFETY: a delivered message's topic handle is valid while the client is.
+                let name = if rkt == 0 { String::new() } else { unsafe { text((self.api.topic_name)(rkt as *const c_void)) } };
+                PyString::new(py, &name).unbind()
+            });
+            if code != NO_ERROR {
+                failures.push((code, topic.bind(py).to_string(), partition));
+                continue;
+            }
+            match index.get(&(transaction, rkt, partition)) {
+                Some(&at) => {
+                    let run = &mut runs[at];
+                    run.3 = run.3.max(offset);
+                    run.4 += 1;
+                    run.5 += size as u64;
+                }
+                None => {
+                    index.insert((transaction, rkt, partition), runs.len());
+                    runs.push((transaction, topic.clone_ref(py), partition, offset, 1, size as u64));
+                }
+            }
+        }
+        runs
+    }
+
     /// confluent-kafka's `KafkaError` for a librdkafka error code, as its callbacks get.
     fn kafka_error(&self, py: Python<'_>, code: c_int) -> PyResult<Py<PyAny>> {
         let class = py.import("confluent_kafka")?.getattr("KafkaError")?;
@@ -525,10 +586,12 @@ impl KafkaProducer {
     /// Serve librdkafka's callbacks for up to `timeout_ms` (without the GIL), then call
     /// the delivery callbacks of the reports that came, in order, as confluent-kafka
     /// does: `(None, Delivered)`, or `(KafkaError, Delivered)` for a failed record.
-    /// Returns `(reports served, unreported failures, client errors)`; raises the first
+    /// Returns `(reports served, unreported failures, client errors, streamed runs)`,
+    /// the last the stream lane's delivered records by transaction and partition
+    /// ([`StreamedRuns`]; a failed one is an unreported failure); raises the first
     /// exception a callback raised, after serving every report.
     #[allow(clippy::type_complexity)]
-    fn poll(&self, py: Python<'_>, timeout_ms: i32) -> PyResult<(usize, Vec<(i32, String, i32)>, Vec<(i32, String)>)> {
+    fn poll(&self, py: Python<'_>, timeout_ms: i32) -> PyResult<(usize, Vec<(i32, String, i32)>, Vec<(i32, String)>, StreamedRuns)> {
         let handle = Handle(self.rk);
         let poll = self.api.poll;
         // SAFETY: the handle lives as long as self, which the caller holds.
@@ -536,14 +599,16 @@ impl KafkaProducer {
             let handle = handle;
             poll(handle.0, timeout_ms)
         });
-        let (reports, failures, errors) = {
+        let (reports, mut failures, errors, streamed) = {
             let mut deliveries = self.shared.deliveries();
             (
                 std::mem::take(&mut deliveries.reports),
                 std::mem::take(&mut deliveries.unreported_failures),
                 deliveries.errors.drain(..).collect::<Vec<_>>(),
+                std::mem::take(&mut deliveries.streamed),
             )
         };
+        let runs = self.streamed_runs(py, streamed, &mut failures);
         let served = reports.len();
         let mut raised: Option<PyErr> = None;
         for (opaque, code, partition, offset) in reports {
@@ -558,7 +623,7 @@ impl KafkaProducer {
         }
         match raised {
             Some(exc) => Err(exc),
-            None => Ok((served, failures, errors)),
+            None => Ok((served, failures, errors, runs)),
         }
     }
 

@@ -235,3 +235,38 @@ def test_unsupported_column_errors_only_that_table() -> None:
     _, records = _records(outputs)
     assert [r.table for r in records] == ["public.orders"]
     assert "type 600 unsupported" in str(stream.errored["public.odd"])
+
+
+def test_an_adopted_transaction_goes_on_from_the_ordinal_given() -> None:
+    """The stream lane began the transaction and wrote ordinals 0 to 4."""
+    stream = ChangeStream(_describe, "cdc")
+    _run(stream, [ORDERS])
+    assert stream.transaction() is None
+    stream.adopt((Lsn(0x2000), 777, COMMIT_TS_UNIX, 5))
+    outputs = _run(stream, [Insert(None, ORDERS.oid, _tuple((T, b"1"), (T, b"a"), (N, None)))])
+    reader, records = _records(outputs)
+    value = reader.decode_value(records[0].value or b"")
+    assert (value["commit_lsn"], value["xid"], value["ordinal"]) == (0x2000, 777, 5)
+    assert value["commit_ts"].timestamp() * 1_000_000 == COMMIT_TS_UNIX
+    assert stream.transaction() == (0x2000, 777, COMMIT_TS_UNIX, 6)
+    stream.adopt(None)
+    assert stream.transaction() is None
+
+
+def test_the_version_moves_with_codecs_errors_and_published_schemas() -> None:
+    stream = ChangeStream(_describe, "cdc")
+    start = stream.version
+    _run(stream, [ORDERS])
+    after_relation = stream.version
+    assert after_relation > start
+    codec = stream.codecs[ORDERS.oid]
+    assert not stream.schema_published(codec)
+    _run(stream, _tx(Insert(None, ORDERS.oid, _tuple((T, b"1"), (T, b"a"), (N, None)))))
+    assert stream.schema_published(codec)
+    assert stream.version > after_relation
+    published = stream.version
+    _run(stream, _tx(Insert(None, ORDERS.oid, _tuple((T, b"2"), (T, b"a"), (N, None)))))
+    assert stream.version == published, "a record of a published table version moves nothing"
+    stream.error_table("public.orders", TableError("public.orders", "broken"))
+    assert stream.version > published
+    assert "public.orders" in stream.errored

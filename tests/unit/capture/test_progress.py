@@ -294,3 +294,62 @@ def test_records_of_a_transaction_share_a_ticket_by_size_and_never_across_transa
     book.delivered(d, T, 0, 3)
     book.applied(T, 0, 4)
     assert book.confirmable == 208
+
+
+# -- the stream lane's records: booked in sums, reported in sums ---------------------------
+
+
+def test_lane_records_confirm_once_every_summed_report_is_applied() -> None:
+    book = ProgressBook(Lsn(0))
+    first = book.next_transaction_id
+    book.begin(Lsn(100))
+    book.produced_records(3, 300)
+    book.commit(Lsn(108))
+    assert book.in_flight_records == 3
+    book.delivered_records(first, T, 0, 11, 2, 200)
+    assert book.confirmable == 0, "a record of the transaction is not delivered yet"
+    book.delivered_records(first, T, 1, 4, 1, 100)
+    book.applied(T, 1, 5)
+    assert book.confirmable == 0, "partition 0 holds two of its records, unapplied"
+    book.applied(T, 0, 11)
+    assert book.confirmable == 0, "applied below the higher of its two offsets"
+    assert book.in_flight_records == 2
+    book.applied(T, 0, 12)
+    assert book.confirmable == 108
+    assert (book.in_flight_records, book.in_flight_bytes) == (0, 0)
+
+
+def test_lane_reports_before_the_booking_leave_the_open_transaction_unconfirmed() -> None:
+    book = ProgressBook(Lsn(0))
+    transaction = book.next_transaction_id
+    book.begin(Lsn(100))
+    book.produced_records(1, 10)
+    # The reports of records booked by a later replay came first.
+    book.delivered_records(transaction, T, 0, 0, 2, 20)
+    book.applied(T, 0, 1)
+    assert book.confirmable == 0, "the transaction is open"
+    book.produced_records(1, 10)
+    book.commit(Lsn(108))
+    assert book.confirmable == 108
+    assert (book.in_flight_records, book.in_flight_bytes) == (0, 0)
+
+
+def test_lane_and_ticketed_records_of_one_transaction_both_count() -> None:
+    book = ProgressBook(Lsn(0))
+    transaction = book.next_transaction_id
+    book.begin(Lsn(100))
+    book.produced_records(2, 20)
+    ticket = book.produced(50)  # a record of the Python path in the same transaction
+    book.commit(Lsn(108))
+    book.delivered_records(transaction, T, 0, 1, 2, 20)
+    book.applied(T, 0, 5)
+    assert book.confirmable == 0, "the Python path's record is not delivered"
+    book.delivered(ticket, U, 0, 0)
+    book.applied(U, 0, 1)
+    assert book.confirmable == 108
+
+
+def test_lane_report_for_an_unknown_transaction_is_an_error() -> None:
+    book = ProgressBook(Lsn(0))
+    with pytest.raises(ValueError, match="unknown transaction"):
+        book.delivered_records(book.next_transaction_id, T, 0, 0, 1, 10)

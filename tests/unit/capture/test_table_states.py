@@ -134,3 +134,19 @@ def test_errored_from_any_state_and_transitions_are_checked() -> None:
     assert states.route("public.t", Lsn(1)) is Route.SKIP
     with pytest.raises(KeyError):
         states.route("public.unknown", Lsn(1))
+
+
+def test_every_transition_moves_the_version() -> None:
+    states = _states(snapshot_new=True)
+    seen = [states.version]
+    states.discover("public.a")
+    seen.append(states.version)
+    states.snapshot_started("public.a", Lsn(100))
+    seen.append(states.version)
+    states.snapshot_done("public.a")
+    seen.append(states.version)
+    states.caught_up("public.a")
+    seen.append(states.version)
+    states.route("public.a", Lsn(200))
+    assert states.version == seen[-1], "a question is not a transition"
+    assert seen == sorted(set(seen)), seen

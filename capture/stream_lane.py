@@ -1,0 +1,260 @@
+"""The stream lane: the steady state of streaming, frames to produced records, in one
+compiled call per burst (``capture_native.StreamLane``, ``native/src/lane.rs``).
+
+Most of a streamed change's cost in the Python loop was not the encoding (compiled
+already) but the steps around it, each a few Python calls per frame or record: reading
+the frame, the transaction's state, the record object, routing, the book's ticket,
+producing, and a Python callback per delivery report. The lane takes the frames libpq
+already holds and does all of that for the ones that need no decision; this module
+decides which, and keeps the Python objects that stay the authority in step:
+
+- **Armed tables.** A table version is armed when nothing about its changes needs a
+  decision: its codec has a compiled encoder, its schema records are out, it is not
+  errored, and it streams (:class:`~schemas.control.TableState` ``streaming``; changes
+  of transactions that commit at or before its snapshot LSN still go to the Python
+  path, which drops them). Deletes are armed only without tombstones (the Python path
+  adds the tombstone). The arming is redone whenever the table states or the change
+  stream's codecs, errors or published schemas moved (their ``version``), which happens
+  only in the Python path or between bursts.
+- **One reader at a time.** Any frame the lane does not take comes back to the loop,
+  which handles it exactly as without the lane. Before it does, the change stream
+  adopts the lane's open transaction (commit LSN, xid, timestamp, next ordinal); after
+  it, the lane adopts the change stream's, with the in-flight book's next transaction
+  id. So ordinals run on across the two paths, and a Begin or Commit the Python path
+  handled is known to the lane.
+- **The book.** After every lane call, before anything can poll the producer, the
+  lane's transactions are replayed into the book in order: begin (the lane gave its
+  records the id the book gives it, checked here), records and bytes produced, commit.
+  The lane's records carry no per-record ticket; their delivery reports come summed per
+  transaction and partition (:meth:`~capture.progress.ProgressBook.delivered_records`).
+- **Backpressure.** The loop checks the in-flight bound per burst (``budget`` frames)
+  instead of per frame, so it may overshoot the bound by up to one burst.
+
+The lane runs where the compiled producer does and psycopg's libpq can be found in the
+process (:func:`libpq`); otherwise, or with ``CAPTURE_COMPILED_STREAM=false``, the loop
+reads every frame in Python, with the same records.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from capture.change_stream import ChangeStream, TableCodec
+from capture.metrics import CaptureMetrics
+from capture.pgoutput.messages import DELETE, INSERT, UPDATE
+from capture.progress import ProgressBook
+from capture.table_states import TableStates
+from schemas.control import TableState
+from schemas.headers import CHANGE_LSN, COMMIT_LSN, operation_headers
+from schemas.lsn import Lsn
+from schemas.operation import Operation
+
+if TYPE_CHECKING:
+    from capture_native import KafkaProducer
+    from capture_native import StreamLane as NativeLane
+
+EMPTY = 0
+"""Nothing more is buffered."""
+FRAME = 1
+"""A frame the Python path handles."""
+FULL = 2
+"""The producer's queue is full: serve reports, then read again."""
+LIMIT = 3
+"""The budget is used up, or a commit reached the stop LSN."""
+ENDED = 4
+"""The server ended the replication stream."""
+FAILED = 5
+"""libpq could not read: the connection's error message says why."""
+
+_OPERATIONS = {INSERT: Operation.INSERT, UPDATE: Operation.UPDATE, DELETE: Operation.DELETE}
+
+
+@functools.cache
+def libpq() -> str | None:
+    """The file of the libpq psycopg loaded in this process, if there is exactly one."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8") as maps:
+            paths = {line.split()[-1] for line in maps if "/libpq" in line}
+    except OSError:
+        return None
+    loaded = [p for p in paths if p.startswith("/")]
+    return loaded[0] if len(loaded) == 1 else None
+
+
+def available(producer: KafkaProducer | None) -> bool:
+    """Whether a lane can run beside ``producer`` (the compiled producer's handle)."""
+    return producer is not None and libpq() is not None
+
+
+class StreamLane:
+    """Drives the compiled lane for the capture loop (see the module's text)."""
+
+    __slots__ = (
+        "_armed_at",
+        "_book",
+        "_changes",
+        "_connection",
+        "_counted",
+        "_ensure_topic",
+        "_metrics",
+        "_native",
+        "_states",
+        "_tombstones",
+        "on_commit",
+    )
+
+    def __init__(  # noqa: PLR0917 -- the objects the lane keeps in step
+        self,
+        producer: KafkaProducer,
+        connection: int,
+        book: ProgressBook,
+        changes: ChangeStream,
+        states: TableStates,
+        ensure_topic: Callable[[str], None],
+        metrics: CaptureMetrics | None,
+        *,
+        tombstones: bool,
+    ) -> None:
+        from capture_native import StreamLane as NativeLane  # noqa: PLC0415
+
+        path = libpq()
+        if path is None:
+            raise RuntimeError("psycopg's libpq is not found in this process")
+        self._native: NativeLane = NativeLane(producer, path, COMMIT_LSN, CHANGE_LSN)
+        self._connection = connection
+        """The replication connection's ``PGconn *``: valid while its stream is open,
+        which outlives the lane (one lane per stream)."""
+        self._book = book
+        self._changes = changes
+        self._states = states
+        self._ensure_topic = ensure_topic
+        self._metrics = metrics
+        self._tombstones = tombstones
+        self._armed_at: tuple[int, int] | None = None
+        self._counted: dict[tuple[int, int], tuple[tuple[str, Operation], tuple[str, bytes]]] = {}
+        """By (oid, tag) armed: the decoded and produced metrics' keys."""
+        self.on_commit: Callable[[Lsn], None] = lambda _end_lsn: None
+        """Called with each end LSN the lane's commits reach, after the book's commit."""
+        self._native.adopt(None, book.next_transaction_id)
+
+    def read(self, budget: int) -> tuple[int, bytes | None, int]:
+        """Take up to ``budget`` frames libpq holds for the replication connection:
+        what it stopped on (:data:`EMPTY`,
+        :data:`FRAME` with the frame, :data:`FULL`, :data:`LIMIT`, :data:`ENDED`,
+        :data:`FAILED`), and how many frames the lane took. The book has the lane's
+        transactions when this returns."""
+        self._arm()
+        read = self._native.read(self._connection, budget)
+        self._replay()
+        return read
+
+    def stop_at(self, lsn: Lsn | None) -> None:
+        self._native.stop_at(lsn or 0)
+
+    def to_python(self) -> None:
+        """Before the Python path handles a frame: the change stream takes over the
+        lane's open transaction."""
+        transaction = self._native.transaction()
+        if transaction is None:
+            self._changes.adopt(None)
+        else:
+            commit_lsn, xid, commit_ts, ordinal, _id = transaction
+            self._changes.adopt((Lsn(commit_lsn), xid, commit_ts, ordinal))
+
+    def from_python(self) -> None:
+        """After it: the lane takes over the change stream's open transaction, as the
+        book's open one."""
+        transaction = self._changes.transaction()
+        next_id = self._book.next_transaction_id
+        if transaction is None or not self._book.in_transaction:
+            self._native.adopt(None, next_id)
+            return
+        commit_lsn, xid, commit_ts, ordinal = transaction
+        self._native.adopt((commit_lsn, xid, commit_ts, ordinal, next_id - 1), next_id)
+
+    def count(self) -> None:
+        """Add the lane's records to the metrics (done before re-arming, and by the
+        loop's periodic checks)."""
+        metrics = self._metrics
+        counts = self._native.take_counts()
+        if metrics is None or not counts:
+            return
+        decoded = metrics.decoded.counts
+        produced = metrics.produced.counts
+        sizes = metrics.produced_bytes.counts
+        for oid, tag, records, size in counts:
+            keys = self._counted.get((oid, tag))
+            if keys is None:
+                continue
+            decoded_key, produced_key = keys
+            decoded[decoded_key] = decoded.get(decoded_key, 0) + records
+            produced[produced_key] = produced.get(produced_key, 0) + records
+            table_key = (decoded_key[0],)
+            sizes[table_key] = sizes.get(table_key, 0) + size
+
+    def _replay(self) -> None:
+        book = self._book
+        for (
+            transaction_id,
+            commit_lsn,
+            began,
+            records,
+            size,
+            end_lsn,
+        ) in self._native.take_transactions():
+            if began:
+                expected = book.next_transaction_id
+                book.begin(Lsn(commit_lsn))
+                if transaction_id != expected:
+                    raise RuntimeError(
+                        f"the stream lane gave transaction id {transaction_id}, the book "
+                        f"{expected}: the lane and the book are out of step"
+                    )
+            if records:
+                book.produced_records(records, size)
+            if end_lsn:
+                book.commit(Lsn(end_lsn))
+                self.on_commit(Lsn(end_lsn))
+
+    def _arm(self) -> None:
+        version = (self._states.version, self._changes.version)
+        if version == self._armed_at:
+            return
+        self.count()
+        self._native.disarm()
+        self._counted.clear()
+        changes = self._changes
+        states = self._states
+        for oid, codec in changes.codecs.items():
+            table = codec.table
+            if (
+                codec.compiled is None
+                or table in changes.errored
+                or table not in states
+                or states.state(table) is not TableState.STREAMING
+                or not changes.schema_published(codec)
+            ):
+                continue
+            self._ensure_topic(codec.topic)
+            self._arm_table(oid, codec, states.snapshot_lsn(table) or 0)
+        self._armed_at = version
+
+    def _arm_table(self, oid: int, codec: TableCodec, publish_after: int) -> None:
+        fingerprint = codec.schemas.value_fingerprint
+        operations = []
+        for tag, op in _OPERATIONS.items():
+            if op is Operation.DELETE and self._tombstones:
+                continue
+            op_header, fingerprint_header = operation_headers(op, fingerprint)
+            operations.append((tag, codec.encoder.value_prefix(op), op_header, fingerprint_header))
+            self._counted[(oid, tag)] = ((codec.table, op), (codec.table, op_header[1]))
+        self._native.arm(
+            oid,
+            codec.compiled,
+            codec.topic,
+            codec.encoder.key_header,
+            publish_after,
+            operations,
+        )

@@ -1,0 +1,456 @@
+//! The stream lane: streamed changes from the replication connection's buffer to the
+//! producer's queue in one call per burst, with no Python object per frame or record.
+//!
+//! In the Python loop a streamed change cost about 25 µs of one core, of which the
+//! compiled encoder was a small part: reading the frame, the transaction's state, the
+//! record object, routing, the in-flight book's ticket, producing, and a Python callback
+//! per delivery report. The lane does those steps here for the frames that need no
+//! decision (`capture/stream_lane.py` says which; `docs/capture.md`, "The stream lane"):
+//!
+//! - **Reading.** `read` takes the frames libpq already holds (`PQgetCopyData`, async:
+//!   never waits, never reads the socket) from the connection psycopg owns, by its
+//!   `PGconn` pointer, with the functions of the libpq psycopg loaded.
+//! - **What it takes.** An XLogData frame holding a Begin, a Commit, or an Insert, a
+//!   new-tuple-only Update or a Delete of an *armed* table (one the caller found
+//!   streaming, with a compiled encoder, its schema published) whose row the encoder
+//!   takes, in a transaction that commits after the table's snapshot. Anything else --
+//!   a keepalive, a Relation, a Truncate, a row the encoder leaves to Python, a table
+//!   not armed, a malformed message -- is handed back, unread by the lane, for the
+//!   Python path, which reads it and says what is wrong with it. So the Python path
+//!   stays the reference for every message and every error.
+//! - **Same records.** Key, value and headers are built exactly as
+//!   `capture.change_stream.ChangeStream.handle_frame` builds them (the tests compare
+//!   the two paths' topics byte for byte); ordinals continue across the two paths
+//!   within a transaction, through `transaction` and `adopt`.
+//! - **Bookkeeping stays in Python.** Records carry their transaction's in-flight book
+//!   id as their opaque (`producer::streamed_opaque`); the producer sums their reports
+//!   per transaction and partition. The lane hands the caller each transaction's begin,
+//!   records, bytes and commit (`take_transactions`) to replay into the book right after
+//!   every `read`, before anything polls the producer, so every report finds its
+//!   transaction in the book.
+
+use std::collections::HashMap;
+use std::ffi::{c_char, c_int, c_void, CString};
+
+use libloading::Library;
+use pyo3::exceptions::{PyOSError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+
+use crate::producer::{streamed_opaque, HeaderField, KafkaProducer};
+use crate::{write_long, TextRowEncoder, DELETE, INSERT, UPDATE};
+
+/// Replication CopyData tag of an XLogData message, and its header's size: tag, then
+/// `wal_start`, `wal_end` and `send_time` (<https://www.postgresql.org/docs/current/protocol-replication.html>).
+const XLOG_DATA: u8 = b'w';
+const XLOG_DATA_HEADER: usize = 25;
+/// pgoutput Begin and Commit, and their sizes (protocol version 1).
+const BEGIN: u8 = b'B';
+const BEGIN_SIZE: usize = 21;
+const COMMIT: u8 = b'C';
+const COMMIT_SIZE: usize = 26;
+/// Microseconds from 1970-01-01 to PostgreSQL's epoch, 2000-01-01.
+const PG_EPOCH_UNIX_MICROS: i64 = 946_684_800_000_000;
+/// librdkafka's error code for a full producer queue.
+const QUEUE_FULL: c_int = -184;
+
+/// What `read` stopped on.
+const EMPTY: u8 = 0; // nothing more is buffered
+const FRAME: u8 = 1; // a frame for the Python path, returned
+const FULL: u8 = 2; // the producer's queue is full: serve reports, then read again
+const LIMIT: u8 = 3; // `budget` frames taken, or a commit reached `stop_at`
+const ENDED: u8 = 4; // the server ended the COPY stream
+const FAILED: u8 = 5; // libpq failed to read: its error message says why
+
+/// The libpq functions the lane calls.
+struct LibPq {
+    get_copy_data: unsafe extern "C" fn(*mut c_void, *mut *mut c_char, c_int) -> c_int,
+    free_memory: unsafe extern "C" fn(*mut c_void),
+    _library: Library,
+}
+
+impl LibPq {
+    fn load(path: &str) -> Result<LibPq, libloading::Error> {
+        // SAFETY: the library is the one psycopg already loaded; the signatures are
+        // libpq's documented ones.
+        unsafe {
+            let library = Library::new(path)?;
+            Ok(LibPq {
+                get_copy_data: *library.get(b"PQgetCopyData\0")?,
+                free_memory: *library.get(b"PQfreemem\0")?,
+                _library: library,
+            })
+        }
+    }
+}
+
+/// How the caller arms one operation of a table: its pgoutput tag, the value's bytes
+/// before `commit_lsn`, and the `op` and fingerprint headers as `(name, value)`.
+type ArmedOperation = (u8, Vec<u8>, (String, Vec<u8>), (String, Vec<u8>));
+
+/// What every record of an armed table and operation shares.
+struct Operation {
+    value_prefix: Vec<u8>,
+    /// The `op` and schema fingerprint headers: `(name, value)`.
+    headers: [(String, Vec<u8>); 2],
+}
+
+/// An armed table version.
+struct Table {
+    encoder: Py<TextRowEncoder>,
+    topic: CString,
+    key_header: Vec<u8>,
+    /// Changes of transactions committing at or before this LSN go to the Python path
+    /// (which drops them: the table's snapshot holds them).
+    publish_after: u64,
+    /// By operation: Insert, Update, Delete; None when the operation is not armed.
+    operations: [Option<Operation>; 3],
+    /// Records and bytes produced per operation since the last `take_counts`.
+    counts: [(u64, u64); 3],
+}
+
+/// The open transaction.
+struct Transaction {
+    id: u64,
+    commit_lsn: u64,
+    xid: u32,
+    commit_ts: i64,
+    ordinal: i64,
+    /// The value's `commit_lsn`, and its `xid` and `commit_ts`, encoded.
+    commit_field: Vec<u8>,
+    transaction_fields: Vec<u8>,
+    /// `commit_lsn` as PostgreSQL prints it, for the header.
+    commit_text: Vec<u8>,
+}
+
+impl Transaction {
+    fn new(id: u64, commit_lsn: u64, xid: u32, commit_ts: i64, ordinal: i64) -> Transaction {
+        let mut commit_field = Vec::with_capacity(10);
+        write_long(&mut commit_field, commit_lsn as i64);
+        let mut transaction_fields = Vec::with_capacity(20);
+        write_long(&mut transaction_fields, i64::from(xid));
+        write_long(&mut transaction_fields, commit_ts);
+        Transaction {
+            id,
+            commit_lsn,
+            xid,
+            commit_ts,
+            ordinal,
+            commit_field,
+            transaction_fields,
+            commit_text: lsn_text(commit_lsn),
+        }
+    }
+}
+
+/// One transaction's part of what the lane did since the last `take_transactions`.
+struct Entry {
+    id: u64,
+    commit_lsn: u64,
+    /// Whether its Begin is in this part (the book must begin it).
+    began: bool,
+    records: u64,
+    bytes: u64,
+    /// The Commit's end LSN, 0 while open.
+    end_lsn: u64,
+}
+
+fn lsn_text(lsn: u64) -> Vec<u8> {
+    format!("{:X}/{:X}", lsn >> 32, lsn & 0xFFFF_FFFF).into_bytes()
+}
+
+fn u64_at(data: &[u8], at: usize) -> u64 {
+    u64::from_be_bytes(data[at..at + 8].try_into().expect("eight bytes"))
+}
+
+/// What happened to one frame.
+enum Taken {
+    Done,
+    Pass,
+    Full,
+}
+
+#[pyclass(module = "capture_native")]
+pub struct StreamLane {
+    producer: Py<KafkaProducer>,
+    libpq: LibPq,
+    commit_header: String,
+    change_header: String,
+    tables: HashMap<u32, Table>,
+    transaction: Option<Transaction>,
+    next_id: u64,
+    entries: Vec<Entry>,
+    /// A frame taken from libpq that the producer's full queue held back.
+    pending: Option<Vec<u8>>,
+    stop_at: u64,
+}
+
+impl StreamLane {
+    fn take(&mut self, frame: &[u8]) -> Taken {
+        if frame.len() <= XLOG_DATA_HEADER || frame[0] != XLOG_DATA {
+            return Taken::Pass;
+        }
+        let wal_start = u64_at(frame, 1);
+        let message = &frame[XLOG_DATA_HEADER..];
+        match message[0] {
+            BEGIN if message.len() == BEGIN_SIZE && self.transaction.is_none() => {
+                let commit_lsn = u64_at(message, 1);
+                let commit_time = u64_at(message, 9) as i64;
+                let xid = u32::from_be_bytes(message[17..21].try_into().expect("four bytes"));
+                let Some(commit_ts) = commit_time.checked_add(PG_EPOCH_UNIX_MICROS) else {
+                    return Taken::Pass;
+                };
+                let id = self.next_id;
+                self.next_id += 1;
+                self.transaction = Some(Transaction::new(id, commit_lsn, xid, commit_ts, 0));
+                self.entries.push(Entry { id, commit_lsn, began: true, records: 0, bytes: 0, end_lsn: 0 });
+                Taken::Done
+            }
+            COMMIT if message.len() == COMMIT_SIZE && message[1] == 0 && self.transaction.is_some() => {
+                let end_lsn = u64_at(message, 10);
+                self.entry().end_lsn = end_lsn;
+                self.transaction = None;
+                Taken::Done
+            }
+            INSERT | UPDATE | DELETE => self.row_change(wal_start, message),
+            _ => Taken::Pass,
+        }
+    }
+
+    /// The open transaction's entry, continued in a new part if the last was taken.
+    fn entry(&mut self) -> &mut Entry {
+        let transaction = self.transaction.as_ref().expect("a transaction is open");
+        if self.entries.last().is_none_or(|entry| entry.id != transaction.id) {
+            self.entries.push(Entry {
+                id: transaction.id,
+                commit_lsn: transaction.commit_lsn,
+                began: false,
+                records: 0,
+                bytes: 0,
+                end_lsn: 0,
+            });
+        }
+        self.entries.last_mut().expect("just pushed")
+    }
+
+    fn row_change(&mut self, wal_start: u64, message: &[u8]) -> Taken {
+        let Some(transaction) = self.transaction.as_ref() else {
+            return Taken::Pass;
+        };
+        if message.len() < 6 {
+            return Taken::Pass;
+        }
+        let oid = u32::from_be_bytes(message[1..5].try_into().expect("four bytes"));
+        let Some(table) = self.tables.get(&oid) else {
+            return Taken::Pass;
+        };
+        let slot = match message[0] {
+            INSERT => 0,
+            UPDATE => 1,
+            _ => 2,
+        };
+        let Some(operation) = table.operations[slot].as_ref() else {
+            return Taken::Pass;
+        };
+        if transaction.commit_lsn <= table.publish_after || wal_start > i64::MAX as u64 {
+            return Taken::Pass;
+        }
+        let Some((row, key_fields, image)) = table.encoder.get().row_message_fields(message) else {
+            return Taken::Pass;
+        };
+        let mut key = Vec::with_capacity(table.key_header.len() + key_fields.len());
+        key.extend_from_slice(&table.key_header);
+        key.extend_from_slice(&key_fields);
+        let mut value = Vec::with_capacity(
+            operation.value_prefix.len() + transaction.commit_field.len() + transaction.transaction_fields.len() + row.len() + 24,
+        );
+        value.extend_from_slice(&operation.value_prefix);
+        value.extend_from_slice(&transaction.commit_field);
+        write_long(&mut value, wal_start as i64);
+        value.extend_from_slice(&transaction.transaction_fields);
+        write_long(&mut value, transaction.ordinal);
+        image.write(&mut value, &row);
+        let change_text = lsn_text(wal_start);
+        let headers = [
+            HeaderField { name: &self.commit_header, value: Some(&transaction.commit_text) },
+            HeaderField { name: &self.change_header, value: Some(&change_text) },
+            HeaderField { name: &operation.headers[0].0, value: Some(&operation.headers[0].1) },
+            HeaderField { name: &operation.headers[1].0, value: Some(&operation.headers[1].1) },
+        ];
+        let opaque = streamed_opaque(transaction.id);
+        let code = self.producer.get().produce_one(&table.topic, -1, &key, Some(&value), &headers, opaque);
+        if code == QUEUE_FULL {
+            return Taken::Full;
+        }
+        if code != 0 {
+            // Any other refusal: the Python path produces the record and raises the
+            // producer's error.
+            return Taken::Pass;
+        }
+        let size = (key.len() + value.len()) as u64;
+        let table = self.tables.get_mut(&oid).expect("looked up above");
+        table.counts[slot].0 += 1;
+        table.counts[slot].1 += size;
+        self.transaction.as_mut().expect("checked above").ordinal += 1;
+        let entry = self.entry();
+        entry.records += 1;
+        entry.bytes += size;
+        Taken::Done
+    }
+}
+
+#[pymethods]
+impl StreamLane {
+    /// A lane producing with `producer`, reading with the libpq at `libpq` (the file
+    /// psycopg loaded); `commit_header` and `change_header` name the LSN headers.
+    #[new]
+    fn new(producer: Py<KafkaProducer>, libpq: &str, commit_header: String, change_header: String) -> PyResult<Self> {
+        let libpq = LibPq::load(libpq).map_err(|e| PyOSError::new_err(format!("cannot load libpq from {libpq}: {e}")))?;
+        Ok(StreamLane {
+            producer,
+            libpq,
+            commit_header,
+            change_header,
+            tables: HashMap::new(),
+            transaction: None,
+            next_id: 0,
+            entries: Vec::new(),
+            pending: None,
+            stop_at: 0,
+        })
+    }
+
+    /// Arm a table version: `operations` holds, per pgoutput tag it takes (`I`, `U`,
+    /// `D`), the value's bytes before `commit_lsn` and the `op` and fingerprint headers.
+    /// Replaces what `oid` had.
+    #[allow(clippy::too_many_arguments)]
+    fn arm(
+        &mut self,
+        oid: u32,
+        encoder: Py<TextRowEncoder>,
+        topic: &str,
+        key_header: Vec<u8>,
+        publish_after: u64,
+        operations: Vec<ArmedOperation>,
+    ) -> PyResult<()> {
+        let topic = CString::new(topic).map_err(|_| PyValueError::new_err("a topic name has no NUL character"))?;
+        let mut armed: [Option<Operation>; 3] = [None, None, None];
+        for (tag, value_prefix, op_header, fingerprint_header) in operations {
+            let slot = match tag {
+                INSERT => 0,
+                UPDATE => 1,
+                DELETE => 2,
+                _ => return Err(PyValueError::new_err(format!("tag {tag} is not I, U or D"))),
+            };
+            armed[slot] = Some(Operation { value_prefix, headers: [op_header, fingerprint_header] });
+        }
+        self.tables.insert(oid, Table { encoder, topic, key_header, publish_after, operations: armed, counts: [(0, 0); 3] });
+        Ok(())
+    }
+
+    /// Disarm every table (after `take_counts`, so no count is lost).
+    fn disarm(&mut self) {
+        self.tables.clear();
+    }
+
+    /// Take the frames libpq holds for the connection at `connection` (a `PGconn *`),
+    /// at most `budget` of them: `(what it stopped on, the frame for the Python path or
+    /// None, frames taken)`. What it stopped on: 0 nothing buffered, 1 a frame for the
+    /// Python path, 2 the producer's queue is full, 3 the budget or `stop_at` reached,
+    /// 4 the stream ended, 5 libpq failed.
+    fn read<'py>(&mut self, py: Python<'py>, connection: usize, budget: usize) -> PyResult<(u8, Option<Bound<'py, PyBytes>>, usize)> {
+        let mut taken = 0;
+        while taken < budget {
+            let frame = match self.pending.take() {
+                Some(frame) => frame,
+                None => {
+                    let mut buffer: *mut c_char = std::ptr::null_mut();
+                    // SAFETY: `connection` is the live PGconn psycopg holds; async mode
+                    // only parses what is buffered.
+                    let size = unsafe { (self.libpq.get_copy_data)(connection as *mut c_void, &mut buffer, 1) };
+                    if size == 0 {
+                        return Ok((EMPTY, None, taken));
+                    }
+                    if size == -1 {
+                        return Ok((ENDED, None, taken));
+                    }
+                    if size < 0 || buffer.is_null() {
+                        return Ok((FAILED, None, taken));
+                    }
+                    // SAFETY: libpq hands over `size` bytes, ours until PQfreemem.
+                    let frame = unsafe { std::slice::from_raw_parts(buffer as *const u8, size as usize).to_vec() };
+                    unsafe { (self.libpq.free_memory)(buffer as *mut c_void) };
+                    frame
+                }
+            };
+            let was_open = self.transaction.is_some();
+            match self.take(&frame) {
+                Taken::Done => {
+                    taken += 1;
+                    if was_open && self.transaction.is_none() && self.stop_at != 0 {
+                        let end_lsn = self.entries.last().map_or(0, |entry| entry.end_lsn);
+                        if end_lsn >= self.stop_at {
+                            return Ok((LIMIT, None, taken));
+                        }
+                    }
+                }
+                Taken::Pass => return Ok((FRAME, Some(PyBytes::new(py, &frame)), taken)),
+                Taken::Full => {
+                    self.pending = Some(frame);
+                    return Ok((FULL, None, taken));
+                }
+            }
+        }
+        Ok((LIMIT, None, taken))
+    }
+
+    /// What the lane did since the last call, per transaction part, in order:
+    /// `(book id, commit LSN, began here, records, bytes, end LSN or 0 while open)`.
+    #[allow(clippy::type_complexity)]
+    fn take_transactions(&mut self) -> Vec<(u64, u64, bool, u64, u64, u64)> {
+        self.entries
+            .drain(..)
+            .map(|e| (e.id, e.commit_lsn, e.began, e.records, e.bytes, e.end_lsn))
+            .collect()
+    }
+
+    /// Records and bytes produced per armed table and tag since the last call:
+    /// `(oid, tag, records, bytes)`, nonzero ones only.
+    fn take_counts(&mut self) -> Vec<(u32, u8, u64, u64)> {
+        let mut counts = Vec::new();
+        for (&oid, table) in &mut self.tables {
+            for (slot, tag) in [INSERT, UPDATE, DELETE].into_iter().enumerate() {
+                let (records, bytes) = std::mem::take(&mut table.counts[slot]);
+                if records != 0 {
+                    counts.push((oid, tag, records, bytes));
+                }
+            }
+        }
+        counts
+    }
+
+    /// The open transaction: `(commit LSN, xid, commit timestamp in Unix microseconds,
+    /// next ordinal, book id)`, or None.
+    fn transaction(&self) -> Option<(u64, u32, i64, i64, u64)> {
+        self.transaction.as_ref().map(|t| (t.commit_lsn, t.xid, t.commit_ts, t.ordinal, t.id))
+    }
+
+    /// Take over the open transaction as the Python path left it (same tuple as
+    /// `transaction`, or None), and the book id the next Begin gets.
+    fn adopt(&mut self, transaction: Option<(u64, u32, i64, i64, u64)>, next_id: u64) {
+        self.transaction = transaction.map(|(commit_lsn, xid, commit_ts, ordinal, id)| {
+            Transaction::new(id, commit_lsn, xid, commit_ts, ordinal)
+        });
+        self.next_id = next_id;
+    }
+
+    /// After a Commit whose end LSN reaches `lsn`, `read` stops (0: never).
+    fn stop_at(&mut self, lsn: u64) {
+        self.stop_at = lsn;
+    }
+
+    /// How many tables are armed.
+    fn __len__(&self) -> usize {
+        self.tables.len()
+    }
+}
