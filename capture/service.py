@@ -507,6 +507,8 @@ class CaptureService:
                 # not per frame: at full speed a frame is a few microseconds of work, and
                 # polling both clients per frame cost more than decoding it.
                 if idle or now - last_poll >= _POLL_INTERVAL_S:
+                    if lane is not None:
+                        lane.count()
                     publisher.poll(0)
                     control.poll(book)
                     if not paused:
@@ -520,8 +522,6 @@ class CaptureService:
                     self._add_new_tables(catalog, flow)
                     last_refresh = now
                 if reply or now - last_status >= settings.status_interval_s:
-                    if lane is not None:
-                        lane.count()
                     confirm()
                     last_status = now
                     self._observe(states, watch)
