@@ -197,9 +197,13 @@ impl StreamLane {
                 let commit_lsn = u64_at(message, 1);
                 let commit_time = u64_at(message, 9) as i64;
                 let xid = u32::from_be_bytes(message[17..21].try_into().expect("four bytes"));
+                // Beyond a long's range the Python path says what cannot be encoded.
                 let Some(commit_ts) = commit_time.checked_add(PG_EPOCH_UNIX_MICROS) else {
                     return Taken::Pass;
                 };
+                if commit_lsn > i64::MAX as u64 {
+                    return Taken::Pass;
+                }
                 let id = self.next_id;
                 self.next_id += 1;
                 self.transaction = Some(Transaction::new(id, commit_lsn, xid, commit_ts, 0));

@@ -97,12 +97,22 @@ def _records(services: Services, topic: str) -> list[Record]:
     )
 
 
+@pytest.mark.parametrize(
+    "producer",
+    [
+        pytest.param({}, id="default-producer"),
+        # A queue of 50 records: the lane stops on a full queue again and again, keeps
+        # the frame it took, and takes it first once reports made room.
+        pytest.param({"queue.buffering.max.messages": "50"}, id="small-producer-queue"),
+    ],
+)
 def test_the_lane_publishes_what_the_python_loop_publishes(
     pg: Connection,
     services: Services,
     unique_name: str,
     tables: list[str],
     monkeypatch: pytest.MonkeyPatch,
+    producer: dict[str, str],
 ) -> None:
     a, b, c = (t.removeprefix("public.") for t in tables)
     runs = {"lane": f"{unique_name}_l", "loop": f"{unique_name}_p"}
@@ -113,24 +123,33 @@ def test_the_lane_publishes_what_the_python_loop_publishes(
     end = current_lsn(pg)
 
     taken: list[int] = []
+    stopped_on: set[int] = set()
     read = StreamLane.read
 
     def counting(self: StreamLane, budget: int) -> tuple[int, bytes | None, int]:
         result = read(self, budget)
+        stopped_on.add(result[0])
         taken.append(result[2])
         return result
 
     monkeypatch.setattr(StreamLane, "read", counting)
     try:
         for mode, name in runs.items():
-            settings = capture_settings(services, name, tables).model_copy(
-                update={"compiled_stream": mode == "lane"}
+            settings = capture_settings(services, name, tables)
+            settings = settings.model_copy(
+                update={
+                    "compiled_stream": mode == "lane",
+                    "kafka": settings.kafka.model_copy(update={"producer": producer}),
+                }
             )
             CaptureService(settings, threading.Event(), stop_at=end).run()
             if mode == "lane":
                 # The lane took most frames: the comparison below is not the loop's twice.
                 assert sum(taken) > 3000, taken
                 lane_taken = sum(taken)
+                if producer:
+                    assert stream_lane.FULL in stopped_on, "the queue never filled"
+                assert stream_lane.FRAME in stopped_on
         assert sum(taken) == lane_taken, "the Python loop's capture used the lane"
         for table in (a, b, c):
             lane = _records(services, f"{runs['lane']}.public.{table}")
