@@ -12,6 +12,8 @@ is produced, so a consumer that reads the schema topic first can always decode.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -55,6 +57,8 @@ from schemas.lsn import Lsn
 
 if TYPE_CHECKING:
     from capture_native import KafkaProducer
+
+log = logging.getLogger(__name__)
 
 _SETTING = "CAPTURE_KAFKA"
 _COMPACTED = {"cleanup.policy": "compact"}
@@ -201,25 +205,18 @@ class ChangePublisher:
             elif lsn > self.durable_checkpoint:
                 self.durable_checkpoint = lsn
 
-        self._producer.produce(
-            self._settings.control_topic, message.value(), message.key(), on_delivery=delivered
-        )
+        self._produce(self._settings.control_topic, message.value(), message.key(), delivered)
 
     def publish_status(self, status: TableStatus) -> None:
         """Persist a table's state on the control topic (asynchronously; a lost status
         only means a table is snapshotted again, see capture/table_states.py)."""
-        self._producer.produce(
-            self._settings.control_topic,
-            status.value(),
-            status.key(),
-            on_delivery=self._status_report,
+        self._produce(
+            self._settings.control_topic, status.value(), status.key(), self._status_report
         )
 
     def publish_schema(self, record: SchemaRecord) -> None:
         self._topics.ensure(self._settings.schema_topic, compacted=True, partitions=1)
-        self._producer.produce(
-            self._settings.schema_topic, record.value, record.key, on_delivery=self._schema_report
-        )
+        self._produce(self._settings.schema_topic, record.value, record.key, self._schema_report)
         self.flush()
 
     def publish(self, record: OutgoingRecord, *, pin: int | None = None) -> None:
@@ -233,13 +230,23 @@ class ChangePublisher:
         report = partial(self._report, ticket)
         # A list of (str, bytes) pairs, as produce takes it: passed as it is, not copied.
         headers = cast("list[tuple[str, str | bytes | None]]", record.headers)
+        self._produce(record.topic, record.value, record.key, report, headers)
+
+    def _produce(
+        self,
+        topic: str,
+        value: bytes | None,
+        key: bytes,
+        report: Report,
+        headers: list[tuple[str, str | bytes | None]] | None = None,
+    ) -> None:
+        """Produce one record; while the producer's queue is full, serve delivery
+        reports until there is room (every record, control and schema ones too: a broker
+        that is slow to acknowledge can fill the queue at any of them)."""
         while True:
             try:
-                self._producer.produce(
-                    record.topic, record.value, record.key, headers=headers, on_delivery=report
-                )
+                self._producer.produce(topic, value, key, headers=headers, on_delivery=report)
             except BufferError:
-                # The local queue is full: serve delivery reports until there is room.
                 self._producer.poll(0.1)
             else:
                 return
@@ -450,6 +457,9 @@ class ControlState:
 
 _UNKNOWN_TOPIC = (KafkaError._UNKNOWN_TOPIC, KafkaError.UNKNOWN_TOPIC_OR_PART)
 _CONTROL_METADATA_WAIT_S = 30.0
+CONTROL_SILENCE_S = 30.0
+"""After this long without a message from the control topic, its consumer is opened
+anew where it was (:meth:`ControlReader.poll`)."""
 
 
 class ControlTopicMissingError(ConfigError):
@@ -467,22 +477,40 @@ class ControlReader:
 
     With ``topics`` (the service, which writes to the topic) a missing control topic is
     created; without (operator commands that only read) it never is, and a missing one
-    raises :class:`ControlTopicMissingError`."""
+    raises :class:`ControlTopicMissingError`.
 
-    def __init__(self, settings: KafkaSettings, topics: Topics | None) -> None:
+    A consumer with assigned partitions may stop fetching for good after its broker
+    restarts (librdkafka, https://github.com/confluentinc/librdkafka/issues/5153: only a
+    new consumer reads again). Capture would then never hear of applied offsets and the
+    slot would stop advancing. So a consumer that has brought nothing, not even an
+    end-of-partition event, for :data:`CONTROL_SILENCE_S` is replaced by a new one at the
+    offsets it had reached. On a quiet topic that costs a reconnection per interval;
+    nothing is read twice that matters (applied offsets only ever move forward)."""
+
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        topics: Topics | None,
+        *,
+        silence_s: float = CONTROL_SILENCE_S,
+    ) -> None:
         if topics is not None:
             topics.ensure(settings.control_topic, compacted=True)
         errors = ConnectionErrors(_SETTING)
-        self._consumer = Consumer(
-            client_conf(settings)
-            | {
-                "group.id": CONTROL_GROUP,
-                "enable.auto.commit": False,
-                "auto.offset.reset": "earliest",
-                "enable.partition.eof": True,
-            },
-            error_cb=errors,
-        )
+        self._conf = client_conf(settings) | {
+            "group.id": CONTROL_GROUP,
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "enable.partition.eof": True,
+        }
+        self._errors = errors
+        self._consumer = Consumer(self._conf, error_cb=errors)
+        self._silence_s = silence_s
+        self._heard_at = time.monotonic()
+        self._next: dict[int, int] = {}
+        """By partition, the offset after the last message read."""
+        self.reopened = 0
+        """How many times the consumer was replaced after a silence."""
         self._topic = settings.control_topic
         # A topic created a moment ago may not be in the metadata yet (a broker that just
         # started shows it without partitions for a while): assigning no partitions would
@@ -545,6 +573,7 @@ class ControlReader:
                     continue
                 if (message.offset() or 0) + 1 >= ends[partition]:
                     at_end.add(partition)
+                self._next[partition] = (message.offset() or 0) + 1
                 decoded = self._decode(message)
                 if isinstance(decoded, SlotCheckpoint) and decoded.slot == slot:
                     checkpoint = decoded.confirmed_lsn
@@ -572,12 +601,32 @@ class ControlReader:
     def poll(self, book: ProgressBook, max_messages: int = 1000) -> int:
         """Feed what has arrived to ``book``; returns how many progress messages were read."""
         count = 0
-        for message in self._consumer.consume(max_messages, timeout=0):
+        messages = self._consumer.consume(max_messages, timeout=0)
+        now = time.monotonic()
+        if messages:
+            self._heard_at = now
+        elif now - self._heard_at >= self._silence_s:
+            self._reopen()
+            self._heard_at = now
+        for message in messages:
             decoded = self._decode(message)
+            if message.error() is None:
+                self._next[message.partition() or 0] = (message.offset() or 0) + 1
             if isinstance(decoded, AppliedProgress):
                 book.applied(decoded.topic, decoded.partition, decoded.next_offset)
                 count += 1
         return count
+
+    def _reopen(self) -> None:
+        """Replace the consumer by a new one at the offsets reached (see the class)."""
+        log.debug("control topic silent for %.0f s: opening its consumer anew", self._silence_s)
+        with contextlib.suppress(KafkaException, RuntimeError):
+            self._consumer.close()
+        self._consumer = Consumer(self._conf, error_cb=self._errors)
+        self._consumer.assign(
+            [TopicPartition(self._topic, p, self._next.get(p, 0)) for p in self._partitions]
+        )
+        self.reopened += 1
 
     @staticmethod
     def _decode(message: Message) -> ControlMessage | None:
