@@ -81,11 +81,11 @@ log = logging.getLogger(__name__)
 _READ_TIMEOUT_S = 0.1
 _POLL_INTERVAL_S = 0.005
 _BURST_FRAMES = 128
+"""Frames handled back to back before the loop's periodic checks run."""
 _LANE_BUDGET = 512
 """Frames the stream lane takes in one call: the loop's periodic checks (reports,
 control messages, status updates) run between calls, and the in-flight bound is
 checked per call, so it may be passed by up to this many records."""
-"""Frames handled back to back before the loop's periodic checks run."""
 
 
 def check_slot_history(
