@@ -217,7 +217,20 @@ class SchemaRegistryClient:
         return text
 
     def set_compatibility(self, subject: str, level: Compatibility) -> None:
-        self._call("PUT", f"/config/{_quote(subject)}", {"compatibility": level.value})
+        """Give ``subject`` its own compatibility ``level``.
+
+        Two writers may set it at once (capture's stream and its snapshot register the
+        same table version side by side), and a registry may refuse the second with a
+        conflict while the first creates the subject's rule (Apicurio: 409, "A rule
+        named 'COMPATIBILITY' already exists"). The rule then exists, so the level is
+        read back, and set once more only if it differs."""
+        path = f"/config/{_quote(subject)}"
+        try:
+            self._call("PUT", path, {"compatibility": level.value})
+        except RegistryRequestError:
+            if self.compatibility(subject) == level.value:
+                return
+            self._call("PUT", path, {"compatibility": level.value})
 
     def compatibility(self, subject: str) -> str | None:
         """The subject's own compatibility level, or None when it has none."""

@@ -5,6 +5,7 @@ IncompatibleSchemaError naming the subject, an unknown id is named as such."""
 from __future__ import annotations
 
 import json
+import threading
 
 import pytest
 
@@ -67,3 +68,33 @@ def test_register_resolve_and_refuse(schema_registry_url: str, unique_name: str)
     with pytest.raises(UnknownSchemaIdError, match="not in the schema registry"):
         fresh.schema(SchemaId(MAX_SCHEMA_ID))
     assert fresh.versions(f"{unique_name}-missing") == []
+
+
+def test_setting_a_subjects_compatibility_twice_at_once_succeeds_for_both(
+    schema_registry_url: str, unique_name: str
+) -> None:
+    """Capture's stream and its snapshot may configure a new subject side by side; the
+    registry may refuse the second creation of the subject's rule with a conflict."""
+    settings = SchemaRegistrySettings(url=schema_registry_url)
+    clients = [SchemaRegistryClient(settings, setting="CAPTURE_KAFKA__REGISTRY") for _ in range(4)]
+    subjects = [f"{unique_name}-{i}-key" for i in range(10)]
+    errors: list[BaseException] = []
+
+    def configure(client: SchemaRegistryClient, start: threading.Barrier, subject: str) -> None:
+        try:
+            start.wait(10)
+            client.set_compatibility(subject, Compatibility.FULL_TRANSITIVE)
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    for subject in subjects:
+        start = threading.Barrier(len(clients))
+        threads = [
+            threading.Thread(target=configure, args=(client, start, subject)) for client in clients
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+    assert not errors, errors
+    assert {clients[0].compatibility(s) for s in subjects} == {"FULL_TRANSITIVE"}
