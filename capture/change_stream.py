@@ -337,6 +337,13 @@ class ChangeStream:
             _ENCODED_WITHOUT_TOMBSTONES if self.tombstones else _ENCODED_OPERATIONS
         )
 
+    @property
+    def encoded_operations(self) -> dict[int, Operation]:
+        """The pgoutput tags whose messages the compiled encoder writes whole, and the
+        operation each publishes (not DELETE with tombstones: the Python path adds the
+        tombstone)."""
+        return self._encoded_operations
+
     def transaction(self) -> tuple[Lsn, int, int, int] | None:
         """The open transaction: commit LSN, xid, commit timestamp (Unix microseconds)
         and the next record's ordinal; None between transactions."""
@@ -397,8 +404,7 @@ class ChangeStream:
         (``tests/unit/capture/test_native_rows.py``)."""
         data = bytes(payload)
         tag = data[0] if data else -1
-        encoded_operations = _ENCODED_WITHOUT_TOMBSTONES if self.tombstones else _ENCODED_OPERATIONS
-        operation = encoded_operations.get(tag)
+        operation = self._encoded_operations.get(tag)
         tx = self._tx
         if operation is not None and tx is not None:
             codec = self.codecs.get(int.from_bytes(data[1:5]))

@@ -61,9 +61,15 @@ def library() -> str | None:
         from capture_native import KafkaProducer  # noqa: F401, PLC0415
     except ImportError:
         return None
+    return loaded_library("librdkafka")
+
+
+def loaded_library(marker: str) -> str | None:
+    """The one file this process has mapped whose path contains ``marker``
+    (``/proc/self/maps``); None when there is none, more than one, or no such file."""
     try:
         with open("/proc/self/maps", encoding="utf-8") as maps:
-            paths = {line.split()[-1] for line in maps if "librdkafka" in line}
+            paths = {line.split()[-1] for line in maps if marker in line}
     except OSError:
         return None
     loaded = [p for p in paths if p.startswith("/")]

@@ -560,7 +560,7 @@ class CaptureService:
             and settings.compiled_rows
             and producer is not None
             and connection is not None
-            and stream_lane.available(producer)
+            and stream_lane.libpq() is not None
         ):
             return None
         return StreamLane(
@@ -571,7 +571,6 @@ class CaptureService:
             states,
             publisher.ensure_topic,
             self.metrics,
-            tombstones=settings.tombstones,
         )
 
     def _lane_burst(  # noqa: PLR0917 -- the loop's parts a burst uses

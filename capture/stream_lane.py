@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING
 
 from capture.change_stream import ChangeStream, TableCodec
 from capture.metrics import CaptureMetrics
-from capture.pgoutput.messages import DELETE, INSERT, UPDATE
+from capture.native_producer import loaded_library
 from capture.progress import ProgressBook
 from capture.table_states import TableStates
 from schemas.control import TableState
@@ -68,24 +68,11 @@ ENDED = 4
 FAILED = 5
 """libpq could not read: the connection's error message says why."""
 
-_OPERATIONS = {INSERT: Operation.INSERT, UPDATE: Operation.UPDATE, DELETE: Operation.DELETE}
-
 
 @functools.cache
 def libpq() -> str | None:
     """The file of the libpq psycopg loaded in this process, if there is exactly one."""
-    try:
-        with open("/proc/self/maps", encoding="utf-8") as maps:
-            paths = {line.split()[-1] for line in maps if "/libpq" in line}
-    except OSError:
-        return None
-    loaded = [p for p in paths if p.startswith("/")]
-    return loaded[0] if len(loaded) == 1 else None
-
-
-def available(producer: KafkaProducer | None) -> bool:
-    """Whether a lane can run beside ``producer`` (the compiled producer's handle)."""
-    return producer is not None and libpq() is not None
+    return loaded_library("/libpq")
 
 
 class StreamLane:
@@ -101,7 +88,6 @@ class StreamLane:
         "_metrics",
         "_native",
         "_states",
-        "_tombstones",
         "on_commit",
     )
 
@@ -114,8 +100,6 @@ class StreamLane:
         states: TableStates,
         ensure_topic: Callable[[str], None],
         metrics: CaptureMetrics | None,
-        *,
-        tombstones: bool,
     ) -> None:
         from capture_native import StreamLane as NativeLane  # noqa: PLC0415
 
@@ -131,7 +115,6 @@ class StreamLane:
         self._states = states
         self._ensure_topic = ensure_topic
         self._metrics = metrics
-        self._tombstones = tombstones
         self._armed_at: tuple[int, int] | None = None
         self._counted: dict[tuple[int, int], tuple[tuple[str, Operation], tuple[str, bytes]]] = {}
         """By (oid, tag) armed: the decoded and produced metrics' keys."""
@@ -244,9 +227,7 @@ class StreamLane:
     def _arm_table(self, oid: int, codec: TableCodec, publish_after: int) -> None:
         fingerprint = codec.schemas.value_fingerprint
         operations = []
-        for tag, op in _OPERATIONS.items():
-            if op is Operation.DELETE and self._tombstones:
-                continue
+        for tag, op in self._changes.encoded_operations.items():
             op_header, fingerprint_header = operation_headers(op, fingerprint)
             operations.append((tag, codec.encoder.value_prefix(op), op_header, fingerprint_header))
             self._counted[(oid, tag)] = ((codec.table, op), (codec.table, op_header[1]))
