@@ -212,6 +212,15 @@ def main(argv: list[str] | None = None) -> int:
             if capture_s is None:
                 capture_s = lake_s  # the slot is confirmed only past published records
             run.sample_services()
+            extra = ends.total() - target_records
+            if extra != 0:
+                # More records than row changes: something besides the backlog was
+                # published (a snapshot taken again, a replay after a restart), and the
+                # drain time above is not the backlog's.
+                raise SystemExit(
+                    f"bench: the topics hold {extra:+d} records beyond the backlog's "
+                    f"{changes}; not a measure of the drain; logs in {run.root}"
+                )
         finally:
             ends.close()
         cpu = {s.name: s.tree.total_cpu_s for s in (capture, apply) if s.tree}

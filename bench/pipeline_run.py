@@ -241,10 +241,27 @@ class PipelineRun:
             ).fetchone()
         return row is not None and row[0] is not None and int(str(row[0])) >= lsn
 
+    def wal_mark(self) -> int:
+        """A WAL record written now (a non-transactional logical message, which pgoutput
+        does not send): the position after it.
+
+        The slot can be confirmed past it only once capture holds nothing back, its
+        snapshots applied included. ``pg_current_wal_lsn()`` is no such mark: right
+        after the slot is created it can still equal the slot's own starting position
+        (the WAL written since may not be written out yet), and a wait on it ended at
+        once, before the initial snapshot was in the lake."""
+        with self.connect() as conn:
+            row = conn.execute(
+                "SELECT pg_logical_emit_message(false, 'cdc-bench', 'mark') - '0/0'"
+            ).fetchone()
+        assert row is not None
+        return int(str(row[0]))
+
     def wait_caught_up(self, timeout_s: float) -> float:
-        """Wait until the slot is confirmed at the WAL position of now; the seconds taken."""
+        """Wait until the slot is confirmed past a WAL mark written now
+        (:meth:`wal_mark`); the seconds taken."""
         started = time.monotonic()
-        target = self.wal_lsn()
+        target = self.wal_mark()
         while not self.confirmed_at_least(target):
             self.check_services()
             if time.monotonic() - started > timeout_s:

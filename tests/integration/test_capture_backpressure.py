@@ -1,0 +1,68 @@
+"""On the real PostgreSQL and broker: reading pauses at the in-flight bound.
+
+With nothing applied (no apply job, no stand-in), capture may produce no more than
+``max_in_flight_records`` streamed records, plus what one step of the loop takes past
+the bound: one stream-lane call, or one frame of the Python loop. The bound is what
+keeps capture's memory and the topic's lead over the lake finite; it must hold on both
+paths."""
+
+from __future__ import annotations
+
+import time
+
+import psycopg
+import pytest
+from confluent_kafka import Consumer
+
+from tests.plugins.capture import CaptureThread, capture_settings
+from tests.plugins.services import Services
+from tests.plugins.topics import end_offsets
+
+Connection = psycopg.Connection[tuple[object, ...]]
+BOUND = 2_000
+ROWS = 20_000
+# How far past the bound one step of the loop may go: the Python loop checks it after
+# every frame, the lane before each call, which takes up to its budget of frames
+# (capture/service.py, _LANE_BUDGET).
+PAST_THE_BOUND = {True: 512, False: 1}
+
+
+def _records(services: Services, topic: str) -> int:
+    consumer = Consumer({"bootstrap.servers": services.kafka_bootstrap_servers, "group.id": "b"})
+    try:
+        return sum(end_offsets(consumer, topic).values())
+    finally:
+        consumer.close()
+
+
+@pytest.mark.parametrize("lane", [True, False], ids=["stream-lane", "python-loop"])
+def test_reading_pauses_at_the_in_flight_bound(
+    pg: Connection, services: Services, unique_name: str, lane: bool
+) -> None:
+    pg.execute(f"CREATE TABLE {unique_name} (id int PRIMARY KEY, body text)")
+    settings = capture_settings(services, unique_name, [f"public.{unique_name}"])
+    settings = settings.model_copy(update={"max_in_flight_records": BOUND, "compiled_stream": lane})
+    runner = CaptureThread(settings)
+    runner.start(pg)
+    topic = f"{unique_name}.public.{unique_name}"
+    try:
+        for start in range(0, ROWS, 100):
+            with pg.transaction():
+                for i in range(start, start + 100):
+                    pg.execute(f"INSERT INTO {unique_name} VALUES (%s, 'x')", [i])
+        # Long enough for capture to read everything if nothing held it back.
+        deadline = time.monotonic() + 10
+        produced = 0
+        while time.monotonic() < deadline:
+            assert not runner.errors, runner.errors
+            produced = _records(services, topic)
+            time.sleep(0.5)
+        assert produced >= BOUND, f"capture produced only {produced} records"
+        assert produced <= BOUND + PAST_THE_BOUND[lane], (
+            f"{produced} records produced with nothing applied, bound {BOUND}"
+        )
+    finally:
+        runner.stop.set()
+        if runner.thread is not None:
+            runner.thread.join(30)
+        pg.execute(f"DROP TABLE IF EXISTS {unique_name}")
