@@ -217,12 +217,6 @@ class PipelineRun:
             self.services.append(service)
         return capture, apply
 
-    def wal_lsn(self) -> int:
-        with self.connect() as conn:
-            row = conn.execute("SELECT pg_current_wal_lsn() - '0/0'").fetchone()
-        assert row is not None
-        return int(str(row[0]))
-
     def lag_bytes(self) -> int | None:
         """WAL between now and the slot's confirmed position (None: no slot yet)."""
         with self.connect() as conn:

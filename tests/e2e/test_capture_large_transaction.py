@@ -20,7 +20,7 @@ from schemas.control import AppliedProgress
 from schemas.lsn import parse_lsn
 from tests.plugins.capture import CaptureThread, capture_settings
 from tests.plugins.services import Services
-from tests.plugins.topics import end_offsets
+from tests.plugins.topics import end_offsets, record_count
 
 Connection = psycopg.Connection[tuple[object, ...]]
 ROWS = 120_000
@@ -36,14 +36,6 @@ def _report_applied(services: Services, topic: str, control: str, stop: threadin
                 progress = AppliedProgress(topic, partition, high, None, None, "t", None, None)
                 producer.produce(control, progress.value(), progress.key())
             producer.flush(10)
-    finally:
-        consumer.close()
-
-
-def _records(services: Services, topic: str) -> int:
-    consumer = Consumer({"bootstrap.servers": services.kafka_bootstrap_servers, "group.id": "y"})
-    try:
-        return sum(end_offsets(consumer, topic).values())
     finally:
         consumer.close()
 
@@ -78,7 +70,7 @@ def test_one_transaction_larger_than_the_bound_streams_through(
         assert row is not None
         end = parse_lsn(str(row[0]))
         deadline = time.monotonic() + 300
-        while _records(services, topic) < ROWS:
+        while record_count(services.kafka_bootstrap_servers, topic) < ROWS:
             assert not runner.errors, runner.errors
             assert time.monotonic() < deadline, "reading stalled inside the transaction"
             time.sleep(0.5)
@@ -94,7 +86,7 @@ def test_one_transaction_larger_than_the_bound_streams_through(
         while confirmed() < end:
             assert time.monotonic() < deadline, "the slot never passed the big transaction"
             time.sleep(0.5)
-        assert _records(services, topic) == ROWS
+        assert record_count(services.kafka_bootstrap_servers, topic) == ROWS
         assert not runner.errors, runner.errors
     finally:
         stop.set()

@@ -12,11 +12,10 @@ import time
 
 import psycopg
 import pytest
-from confluent_kafka import Consumer
 
 from tests.plugins.capture import CaptureThread, capture_settings
 from tests.plugins.services import Services
-from tests.plugins.topics import end_offsets
+from tests.plugins.topics import record_count
 
 Connection = psycopg.Connection[tuple[object, ...]]
 BOUND = 2_000
@@ -25,14 +24,6 @@ ROWS = 20_000
 # every frame, the lane before each call, which takes up to its budget of frames
 # (capture/service.py, _LANE_BUDGET).
 PAST_THE_BOUND = {True: 512, False: 1}
-
-
-def _records(services: Services, topic: str) -> int:
-    consumer = Consumer({"bootstrap.servers": services.kafka_bootstrap_servers, "group.id": "b"})
-    try:
-        return sum(end_offsets(consumer, topic).values())
-    finally:
-        consumer.close()
 
 
 @pytest.mark.parametrize("lane", [True, False], ids=["stream-lane", "python-loop"])
@@ -52,17 +43,14 @@ def test_reading_pauses_at_the_in_flight_bound(
                     pg.execute(f"INSERT INTO {unique_name} VALUES (%s, 'x')", [i])
         # Long enough for capture to read everything if nothing held it back.
         deadline = time.monotonic() + 10
-        produced = 0
         while time.monotonic() < deadline:
             assert not runner.errors, runner.errors
-            produced = _records(services, topic)
             time.sleep(0.5)
+        produced = record_count(services.kafka_bootstrap_servers, topic)
         assert produced >= BOUND, f"capture produced only {produced} records"
         assert produced <= BOUND + PAST_THE_BOUND[lane], (
             f"{produced} records produced with nothing applied, bound {BOUND}"
         )
     finally:
-        runner.stop.set()
-        if runner.thread is not None:
-            runner.thread.join(30)
+        runner.close(pg)
         pg.execute(f"DROP TABLE IF EXISTS {unique_name}")

@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from confluent_kafka import Consumer
 from psycopg import sql
 
 from capture import admin
@@ -64,8 +63,8 @@ from tests.plugins.capture import (
 from tests.plugins.services import Services
 from tests.plugins.topics import (
     assert_positions_increase,
-    end_offsets,
     read_to_end,
+    record_count,
     replay,
     report_applied,
     schema_reader,
@@ -233,15 +232,6 @@ def test_chunked_parallel_snapshot_of_many_key_kinds_equals_the_source(
         runner.close(pg)
 
 
-def _records(bootstrap: str, topic: str) -> int:
-    """Records in ``topic`` now; 0 while it does not exist."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"count-{time.time()}"})
-    try:
-        return sum(end_offsets(consumer, topic).values())
-    finally:
-        consumer.close()
-
-
 def _workers() -> list[multiprocessing.process.BaseProcess]:
     return [p for p in multiprocessing.active_children() if p.name.startswith("snapshot-worker")]
 
@@ -289,7 +279,7 @@ def test_a_capture_stopped_mid_snapshot_leaves_no_worker_behind(
         _wait(lambda: len(_workers()) == 2, "the snapshot never started its two workers")
         pids = [p.pid for p in _workers()]
         _wait(
-            lambda: _records(services.kafka_bootstrap_servers, topic) > 0,
+            lambda: record_count(services.kafka_bootstrap_servers, topic) > 0,
             "the workers never published a row",
         )
         assert _state(settings, f"{name}.big") is TableState.SNAPSHOT
@@ -322,12 +312,12 @@ def test_paced_by_kafka_a_snapshot_bigger_than_the_bound_ends_with_nothing_appli
             lambda: _state(settings, f"{name}.big") is TableState.STREAMING,
             "the snapshot stopped at the in-flight bound",
         )
-        assert _records(bootstrap, topic) == 60_000
+        assert record_count(bootstrap, topic) == 60_000
         pg.execute(
             sql.SQL("INSERT INTO {} VALUES (60001, 'new')").format(sql.Identifier(name, "big"))
         )
         written = current_lsn(pg)
-        _wait(lambda: _records(bootstrap, topic) == 60_001, "the streamed insert never arrived")
+        _wait(lambda: record_count(bootstrap, topic) == 60_001, "the streamed insert never arrived")
         time.sleep(2 * settings.status_interval_s)
         assert not runner.errors, runner.errors
         assert confirmed_lsn(pg, slot) == start, "nothing is applied: the slot waits"
@@ -352,7 +342,7 @@ def test_a_lost_worker_connection_fails_the_attempt_and_stops_every_worker(
     try:
         runner.start(pg)
         _wait(lambda: len(_workers()) == 2, "the snapshot never started its two workers")
-        _wait(lambda: _records(bootstrap, topic) > 0, "the workers never published a row")
+        _wait(lambda: record_count(bootstrap, topic) > 0, "the workers never published a row")
         row = pg.execute(
             "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
             "WHERE query LIKE %s AND pid <> pg_backend_pid()",
@@ -438,7 +428,7 @@ def test_a_killed_capture_takes_its_workers_with_it(
             "the snapshot never started its two workers",
         )
         _wait(
-            lambda: _records(services.kafka_bootstrap_servers, topic) > 0,
+            lambda: record_count(services.kafka_bootstrap_servers, topic) > 0,
             "the workers never published a row",
         )
         children = list(_descendants(capture.pid))

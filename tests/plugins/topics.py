@@ -38,6 +38,16 @@ def end_offsets(consumer: Consumer, topic: str, timeout_s: float = 30) -> dict[i
     return ends
 
 
+def record_count(bootstrap: str, topic: str) -> int:
+    """Records in ``topic`` now (the sum of its end offsets: capture's topics start empty
+    and are never compacted); 0 while it does not exist."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"count-{time.time()}"})
+    try:
+        return sum(end_offsets(consumer, topic).values())
+    finally:
+        consumer.close()
+
+
 def consume_all(
     bootstrap: str, topics: list[str], expected: int, timeout_s: float = 60
 ) -> list[Any]:
