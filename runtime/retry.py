@@ -1,7 +1,7 @@
 """The one retry policy: exponential backoff with full jitter for transient failures.
 
 Only :class:`~runtime.errors.TransientError` is retried; anything else goes up at once.
-Two shapes share the policy:
+Three shapes share the policy:
 
 - :func:`run_with_retry` runs a whole service until it stops. Each capture retry starts
   from scratch (new connections, streaming from the slot's confirmed LSN), which is safe
@@ -10,6 +10,12 @@ Two shapes share the policy:
   last failure go up (an apply micro-batch, a control-topic publish): the step is
   idempotent, and after the last attempt the caller's own recovery takes over (Spark
   restarts the query from its checkpoint).
+- :func:`call_until_done` retries one step without an attempt limit, until it succeeds
+  or the caller stops (apply's control-topic publish): for a step whose failure no
+  restart would heal and whose giving up would lose what it carries. Each failure is
+  reported to the caller (readiness), but logged only when a run of failures starts and
+  then once per ``log_every_s`` (:class:`FailureRun`), so an outage of hours writes a
+  line a minute, not one per attempt.
 
 The backoff grows while attempts keep failing and starts over after a run that streamed
 for a while (``healthy_s``) before it failed: an outage hours after the last one is
@@ -39,8 +45,15 @@ class Backoff:
     multiplier: float = 2.0
 
     def delay(self, attempt: int, rng: random.Random) -> float:
-        """Full jitter: uniform in [0, min(max, initial * multiplier**attempt)]."""
-        ceiling = min(self.maximum_s, self.initial_s * self.multiplier**attempt)
+        """Full jitter: uniform in [0, min(max, initial * multiplier**attempt)].
+
+        A retry without an attempt limit reaches the attempt (about the thousandth,
+        hours into an outage) where the float power overflows: the ceiling holds."""
+        try:
+            grown = self.initial_s * self.multiplier**attempt
+        except OverflowError:
+            grown = self.maximum_s
+        ceiling = min(self.maximum_s, grown)
         return rng.uniform(0, ceiling)
 
 
@@ -103,3 +116,77 @@ def call_with_retry(
             )
             sleep(delay)
     return step()
+
+
+@dataclass(slots=True)
+class FailureRun:
+    """A run of failed attempts of one step, and which of them to log: the first, then
+    at most one per ``log_every_s``."""
+
+    started: float
+    log_every_s: float
+    attempts: int = 0
+    _last_logged: float | None = None
+
+    def failed(self, now: float) -> bool:
+        """Count one failed attempt at ``now``; whether to log it."""
+        self.attempts += 1
+        if self._last_logged is None or now - self._last_logged >= self.log_every_s:
+            self._last_logged = now
+            return True
+        return False
+
+
+def call_until_done(
+    step: Callable[[], None],
+    *,
+    what: str,
+    should_stop: Callable[[], bool],
+    on_failure: Callable[[TransientError], None] = lambda _: None,
+    sleep: Callable[[float], object] = time.sleep,
+    backoff: Backoff = Backoff(),
+    rng: random.Random | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    log_every_s: float = 60.0,
+) -> bool:
+    """Call ``step`` until it returns (True), retrying :class:`TransientError` with no
+    attempt limit; False when ``should_stop`` turned true first (checked after each
+    failure and after each backoff sleep, so ``sleep`` may be an event's ``wait`` that
+    the stop cuts short). ``on_failure`` hears every failure, logged or not."""
+    rng = rng or random.Random()  # noqa: S311 - jitter, not cryptography
+    run: FailureRun | None = None
+    while True:
+        try:
+            step()
+        except TransientError as exc:
+            now = clock()
+            if run is None:
+                run = FailureRun(started=now, log_every_s=log_every_s)
+            on_failure(exc)
+            delay = backoff.delay(run.attempts, rng)
+            if run.failed(now):
+                log.warning(
+                    "%s failed, retrying until it succeeds (attempt %d, failing for %.0fs, "
+                    "next in %.1fs): %s",
+                    what,
+                    run.attempts,
+                    now - run.started,
+                    delay,
+                    exc,
+                )
+            if should_stop():
+                break
+            sleep(delay)
+            if should_stop():
+                break
+        else:
+            if run is not None:
+                log.info(
+                    "%s succeeded after %d failed attempts over %.0fs",
+                    what,
+                    run.attempts,
+                    clock() - run.started,
+                )
+            return True
+    log.warning("%s given up after %d failed attempts: stopping", what, run.attempts)
+    return False

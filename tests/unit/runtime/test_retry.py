@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import random
 
 import pytest
 
 from runtime.errors import ConfigError, TransientError
-from runtime.retry import Backoff, call_with_retry, run_with_retry
+from runtime.retry import Backoff, FailureRun, call_until_done, call_with_retry, run_with_retry
 
 
 class Script:
@@ -134,3 +135,102 @@ def test_a_bounded_step_does_not_retry_other_errors() -> None:
 def test_a_bounded_step_needs_at_least_one_attempt() -> None:
     with pytest.raises(ValueError, match="at least 1"):
         call_with_retry(Flaky(0), what="step", attempts=0)
+
+
+class Outage:
+    """A step that fails transiently for ``seconds`` of a fake clock the sleeps move on,
+    then succeeds; each failed call also takes ``attempt_s`` (a flush that timed out)."""
+
+    def __init__(self, seconds: float, attempt_s: float = 5.0) -> None:
+        self.seconds = seconds
+        self.attempt_s = attempt_s
+        self.now = 0.0
+        self.calls = 0
+        self.sleeps: list[float] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+    def __call__(self) -> None:
+        self.calls += 1
+        if self.now < self.seconds:
+            self.now += self.attempt_s
+            raise TransientError(f"broker away ({self.calls})")
+
+
+def until_done(step: Outage, **overrides: object) -> bool:
+    options: dict[str, object] = {
+        "what": "publishing",
+        "should_stop": lambda: False,
+        "sleep": step.sleep,
+        "backoff": Backoff(initial_s=0.5, maximum_s=5.0),
+        "rng": Ceiling(),
+        "clock": step.clock,
+    }
+    options.update(overrides)
+    return call_until_done(step, **options)  # type: ignore[arg-type]
+
+
+def test_an_unbounded_step_outlasts_an_outage_of_any_length() -> None:
+    step = Outage(seconds=3 * 3600)  # three hours: far past any attempt count
+    failures: list[TransientError] = []
+    assert until_done(step, on_failure=failures.append)
+    assert step.calls == len(failures) + 1 > 1000
+    assert max(step.sleeps) == 5.0, "the backoff is capped"
+    assert step.sleeps[:4] == [0.5, 1.0, 2.0, 4.0]
+
+
+def test_an_unbounded_step_logs_when_failing_starts_then_once_a_minute_then_recovery(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    step = Outage(seconds=300)  # 5 min: attempts every 5 s + up to 5 s of backoff
+    with caplog.at_level(logging.INFO, logger="runtime.retry"):
+        assert until_done(step, log_every_s=60.0)
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert step.calls > 30
+    assert 5 <= len(warnings) <= 6, [r.getMessage() for r in warnings]
+    assert "attempt 1, failing for 0s" in warnings[0].getMessage()
+    assert "retrying until it succeeds" in warnings[1].getMessage()
+    assert caplog.records[-1].levelno == logging.INFO
+    assert f"succeeded after {step.calls - 1} failed attempts" in caplog.records[-1].getMessage()
+
+
+def test_a_stop_ends_an_unbounded_step_without_raising() -> None:
+    step = Outage(seconds=3600)
+    assert not until_done(step, should_stop=lambda: step.calls >= 3)
+    assert step.calls == 3
+
+
+def test_a_stop_during_the_backoff_is_not_followed_by_another_attempt() -> None:
+    step = Outage(seconds=3600)
+    stopped = False
+
+    def sleep(seconds: float) -> None:
+        nonlocal stopped
+        stopped = True  # as Event.wait returns early when the stop is set
+
+    assert not until_done(step, should_stop=lambda: stopped, sleep=sleep)
+    assert step.calls == 1
+
+
+def test_an_unbounded_step_does_not_retry_other_errors() -> None:
+    def broken() -> None:
+        raise ConfigError("the control topic does not exist")
+
+    with pytest.raises(ConfigError):
+        call_until_done(broken, what="publishing", should_stop=lambda: False, sleep=lambda _: None)
+
+
+def test_a_run_of_failures_logs_its_first_and_then_one_per_interval() -> None:
+    run = FailureRun(started=0.0, log_every_s=60.0)
+    logged = [t for t in (0.0, 10.0, 59.0, 60.0, 61.0, 119.0, 125.0) if run.failed(t)]
+    assert logged == [0.0, 60.0, 125.0]
+    assert run.attempts == 7
+
+
+def test_the_backoff_holds_its_ceiling_past_where_the_power_overflows() -> None:
+    assert Backoff(initial_s=0.5, maximum_s=30.0).delay(5000, Ceiling()) == 30.0
