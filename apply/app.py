@@ -18,12 +18,15 @@ transaction ids make the replay harmless.
 A batch that fails with a :class:`~apply.errors.TransientError` is retried in place a
 few times with backoff (a retried batch is idempotent, :mod:`apply.batch`); after that
 the query fails, the job stops the other lanes' queries and the process exits, for its
-supervisor to restart it.
+supervisor to restart it. The publish after the commits is different: it waits until
+the broker has the messages, however long the broker is away (:mod:`apply.feedback`
+says why), and the batch, hence the lane's next batch, waits with it; only a stop
+(SIGTERM) ends the wait, leaving the messages to the next start's re-publish.
 
 Metrics (:mod:`apply.metrics`) are counted from each batch's result after its progress
 is published; health (:mod:`runtime.telemetry`): alive while every lane's query is
-active, ready once they run and while no batch has been failing transiently for longer
-than ``not_ready_after_s``.
+active, ready once they run and while neither a batch nor a publish has been failing
+transiently for longer than ``not_ready_after_s``.
 
 :meth:`ApplyJob.reapply` wires ``python -m apply reapply`` (:mod:`apply.reapply`), and
 :meth:`ApplyJob.discard` ``python -m apply discard``.
@@ -174,6 +177,8 @@ class ApplyJob:
         self._catalog_lock = threading.Lock()
         self._publisher = ProgressPublisher(settings.kafka)
         self._publish_lock = threading.Lock()
+        # Set by run()'s caller on SIGTERM: the only thing that ends a publish's wait.
+        self._stop = threading.Event()
         self._context_id = transaction_app_id(checkpoint_location(settings))
         self._app_ids = {lane.name: transaction_app_id(lane.checkpoint) for lane in self.lanes}
 
@@ -205,11 +210,23 @@ class ApplyJob:
         with self._catalog_lock:
             self._catalog.refresh()
 
-    def _publish(self, messages: Iterable[AppliedProgress | ApplyTableStatus]) -> None:
+    def _publish(self, messages: Iterable[AppliedProgress | ApplyTableStatus]) -> bool:
+        """Publish ``messages`` once the commits they describe are done; wait for the
+        broker as long as it takes, not ready meanwhile. False only when the job stops
+        first (the next start re-publishes from Delta)."""
+
+        def failed(exc: TransientError) -> None:
+            self.health.transient_failure(f"publishing applied progress: {exc}")
+
         # One producer for every lane: its flush waits for all queued messages, so
         # lanes publish one at a time rather than wait on each other's deliveries.
         with self._publish_lock:
-            self._publisher.publish(messages)
+            return self._publisher.publish(
+                messages,
+                should_stop=self._stop.is_set,
+                sleep=self._stop.wait,
+                on_failure=failed,
+            )
 
     def on_batch(self, batch: DataFrame, batch_id: int) -> None:
         self.apply(batch, batch_id)
@@ -234,7 +251,13 @@ class ApplyJob:
             attempts=_TRANSIENT_ATTEMPTS,
             backoff=_BATCH_BACKOFF,
         )
-        self._publish(batch_progress(result))
+        if not self._publish(batch_progress(result)):
+            log.warning(
+                "batch %d: stopping before its progress reached the control topic; the "
+                "next start publishes it from Delta",
+                batch_id,
+            )
+            return result
         self.publish_table_statuses(p.table for p in result.parked if p.parked)
         log_results(batch_id, list(result.applied), started, result.parked)
         self.health.connected()
@@ -332,7 +355,9 @@ class ApplyJob:
 
     def run(self, stop: threading.Event) -> None:
         """Start every lane's query and wait until ``stop`` is set or a query ends; the
-        first query that fails stops the others and its error is raised."""
+        first query that fails stops the others and its error is raised. ``stop`` also
+        ends a publish waiting for the broker (:meth:`_publish`)."""
+        self._stop = stop
         self._refresh_schemas()
         republished = self.republish_recorded_progress()
         log.info("re-published %d applied-progress messages from Delta", republished)

@@ -6,17 +6,43 @@
   of registry-framed records (:mod:`schemas.registry_framing`) through the registry.
 - :class:`ProgressPublisher` publishes :class:`~schemas.control.AppliedProgress` (and
   :class:`~schemas.control.ApplyTableStatus`, :mod:`apply.table_status`) to the
-  control topic after each Delta commit, with an idempotent ``acks=all`` producer and a
-  synchronous flush: capture confirms WAL only from what it reads there, so a message
-  lost here would only delay confirmation, never lose data, and the next batch (or the
-  restart, from Delta's commit metadata) publishes it again.
+  control topic after each Delta commit, with an idempotent ``acks=all`` producer.
+
+The publish contract: :meth:`ProgressPublisher.publish` returns once the broker has
+acknowledged every message, however long that takes, or (False) when the job stops
+first. The Delta commit has already happened when it is called, and capture confirms WAL
+only from what it reads on the control topic, so giving up would leave the slot pinned
+behind data the lake holds; failing the query instead (as three bounded attempts once
+did) turned a broker outage of two minutes into a dead job, and its restart cannot read
+the schema topic or publish either until the broker is back. So a publish retries
+without an attempt limit (:func:`runtime.retry.call_until_done`): each attempt waits
+``_DELIVERY_WAIT_S`` for acknowledgements, every failed attempt is reported to the
+caller (which marks the job not ready, :mod:`apply.app`), and a line is logged when the
+failures start, once a minute while they last, and when the publish gets through.
+
+Why block rather than keep the messages and send them with the next batch's: while the
+publish waits, the micro-batch waits, so the next batch cannot run ahead of the
+feedback of the one before. The control topic is compacted and its newest message per
+key is the state, so a message held back and sent after a newer one of the same key
+would move a partition's ``next_offset`` backwards; blocking keeps the messages of each
+key in commit order without any bookkeeping across batches, and a broker that cannot
+take the feedback could not give the next batch its records either. Messages stay in
+the producer's queue between attempts (librdkafka re-sends them itself, without
+duplicates); one librdkafka gave up on (``message.timeout.ms``, 300 s by default) is
+produced again (:class:`Outbox`). Within one publish, only the newest message of a key
+is sent: messages carry absolute values, so the older ones say nothing it does not.
+
+Stopping (SIGTERM) ends the wait: the messages still undelivered are dropped at
+:meth:`ProgressPublisher.close`, and nothing is lost, because a starting job
+re-publishes the progress recorded in every Delta table and the dead-letter table
+(:mod:`apply.app`) before its first batch.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
 from confluent_kafka.cimpl import TopicPartition
@@ -25,7 +51,7 @@ from apply.errors import ConfigError, TransientError
 from apply.kafka_clients import SCHEMA_GROUP, SETTING, client_conf
 from apply.settings import KafkaSettings
 from runtime.kafka_client import ConnectionErrors
-from runtime.retry import call_with_retry
+from runtime.retry import Backoff, call_until_done
 from runtime.schema_registry import RegistryRequestError, SchemaRegistryClient, SubjectStrategy
 from schemas.change_record import NAMESPACE_ROOT, VALUE_RECORD
 from schemas.control import AppliedProgress, ApplyTableStatus
@@ -34,8 +60,13 @@ from schemas.registry_framing import writer_key
 from schemas.schema_topic import read_schema_message
 from schemas.single_object import Fingerprint, format_fingerprint, schema_fingerprint
 
-_PUBLISH_ATTEMPTS = 3
+ControlMessage = AppliedProgress | ApplyTableStatus
 
+_DELIVERY_WAIT_S = 5.0
+"""How long one publish attempt waits for the broker's acknowledgements before it
+counts as failed (and is retried): short, so a stop is noticed within seconds."""
+_PUBLISH_BACKOFF = Backoff(initial_s=0.5, maximum_s=5.0)
+_PUBLISH_LOG_EVERY_S = 60.0
 
 REGISTRY_SETTING = "APPLY_KAFKA__REGISTRY"
 
@@ -173,6 +204,46 @@ class SchemaCatalog:
 _NO_SUCH_TOPIC = (KafkaError._UNKNOWN_TOPIC, KafkaError.UNKNOWN_TOPIC_OR_PART)
 
 
+class Outbox:
+    """The messages of one publish until the broker has acknowledged each: due (to be
+    produced), in flight (produced, waiting for the delivery report), or delivered
+    (gone). Only the newest message of a key is kept, where that key last came.
+
+    A delivery report with an error (librdkafka gave the message up, e.g. after
+    ``message.timeout.ms`` with the broker away) makes its message due again; a report
+    of success drops it. Reports come from the producer's ``flush``/``poll``, on the
+    publishing thread, so no lock is needed."""
+
+    def __init__(self, messages: Iterable[ControlMessage]) -> None:
+        newest: dict[bytes, ControlMessage] = {}
+        for message in messages:
+            newest.pop(message.key(), None)
+            newest[message.key()] = message
+        self._due = newest
+        self._in_flight: dict[bytes, ControlMessage] = {}
+        self.last_error: str | None = None
+
+    def due(self) -> list[ControlMessage]:
+        """The messages to produce now, in order."""
+        return list(self._due.values())
+
+    def sent(self, message: ControlMessage) -> None:
+        """``message`` is in the producer's queue: wait for its report."""
+        key = message.key()
+        self._in_flight[key] = self._due.pop(key)
+
+    def report(self, key: bytes, error: str | None) -> None:
+        """The producer's delivery report for ``key``: delivered, or failed (``error``)."""
+        message = self._in_flight.pop(key, None)
+        if message is not None and error is not None:
+            self._due[key] = message
+            self.last_error = error
+
+    @property
+    def undelivered(self) -> int:
+        return len(self._due) + len(self._in_flight)
+
+
 class ProgressPublisher:
     def __init__(self, settings: KafkaSettings) -> None:
         self._topic = settings.control_topic
@@ -218,27 +289,41 @@ class ProgressPublisher:
         self._producer.purge()
         self._producer.close()
 
-    def publish(self, messages: Iterable[AppliedProgress | ApplyTableStatus]) -> None:
-        pending = list(messages)
-        if not pending:
-            return
-        self._check_topic()
-        call_with_retry(
-            lambda: self._publish_once(pending),
+    def publish(
+        self,
+        messages: Iterable[ControlMessage],
+        *,
+        should_stop: Callable[[], bool] = lambda: False,
+        sleep: Callable[[float], object] = time.sleep,
+        on_failure: Callable[[TransientError], None] = lambda _: None,
+    ) -> bool:
+        """Publish ``messages`` and wait until the broker has them all, retrying without
+        an attempt limit (module docstring); False when ``should_stop`` turned true
+        first. ``on_failure`` hears every failed attempt; ``sleep`` waits out the
+        backoff (an event's ``wait`` lets the stop cut it short). A missing control
+        topic is a :class:`ConfigError`, raised at once."""
+        outbox = Outbox(messages)
+        if not outbox.undelivered:
+            return True
+        return call_until_done(
+            lambda: self._deliver(outbox),
             what=f"publishing to {self._topic}",
-            attempts=_PUBLISH_ATTEMPTS,
+            should_stop=should_stop,
+            on_failure=on_failure,
+            sleep=sleep,
+            backoff=_PUBLISH_BACKOFF,
+            log_every_s=_PUBLISH_LOG_EVERY_S,
         )
 
-    def _publish_once(self, pending: list[AppliedProgress | ApplyTableStatus]) -> None:
-        """Produce ``pending`` and wait for delivery; on failure ``pending`` keeps only
-        the messages not delivered, so a retry sends nothing twice that it need not."""
-        failed: list[bytes] = []
+    def _deliver(self, outbox: Outbox) -> None:
+        """One attempt: produce what is due, wait up to ``_DELIVERY_WAIT_S`` for the
+        reports; raise :class:`TransientError` while anything is undelivered."""
+        self._check_topic()
 
         def report(err: KafkaError | None, msg: Message) -> None:
-            if err is not None:
-                failed.append(msg.key() or b"")
+            outbox.report(msg.key() or b"", None if err is None else err.str())
 
-        for message in pending:
+        for message in outbox.due():
             try:
                 self._producer.produce(
                     self._topic, message.value(), message.key(), on_delivery=report
@@ -248,11 +333,12 @@ class ProgressPublisher:
                 if isinstance(error, KafkaError) and error.code() in _NO_SUCH_TOPIC:
                     raise self._missing_topic() from exc
                 raise TransientError(f"cannot publish to {self._topic}: {exc}") from exc
-        if self._producer.flush(30) == 0 and not failed:
-            return
-        if failed:
-            undelivered = set(failed)
-            pending[:] = [m for m in pending if m.key() in undelivered]
-        raise TransientError(
-            f"{len(pending)} control messages could not be published to {self._topic}"
-        )
+            outbox.sent(message)
+        self._producer.flush(_DELIVERY_WAIT_S)
+        if outbox.undelivered:
+            error = outbox.last_error
+            why = "" if error is None else f" (last delivery error: {error})"
+            raise TransientError(
+                f"{outbox.undelivered} control messages not yet acknowledged by the broker "
+                f"on {self._topic}{why}"
+            )
