@@ -3,9 +3,11 @@ SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
+# Test modules run in this many processes at once (tests/plugins/parallel.py, docs/testing.md).
+TEST_WORKERS ?= 3
 LINTED := runtime capture apply schemas pipeline deploy tests bench
 
-.PHONY: help bootstrap native tools jars up down status lint typecheck test test-unit soak demo bench bench-apply clean
+.PHONY: help bootstrap bootstrap-demo native tools jars up down status lint typecheck test test-unit soak demo bench bench-apply clean
 
 help:
 	@echo "make demo       run the pipeline end to end on a local PostgreSQL + Kafka + Spark"
@@ -15,7 +17,11 @@ help:
 	@echo "make soak       the fault and scenario tests in their long form (about an hour)"
 
 bootstrap:
-	@bash deploy/bootstrap.sh
+	@bash deploy/bootstrap.sh test
+
+# Only what the demo runs: no Helm tools, no registry JDK check.
+bootstrap-demo:
+	@bash deploy/bootstrap.sh demo
 
 jars: bootstrap
 
@@ -44,7 +50,7 @@ typecheck: bootstrap
 	$(VENV)/bin/mypy
 
 test: lint typecheck
-	$(VENV)/bin/pytest $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 test-unit: bootstrap
 	$(VENV)/bin/pytest tests/unit $(PYTEST_ARGS)
@@ -54,7 +60,7 @@ soak: bootstrap
 	CDC_SOAK_KILLS=$${CDC_SOAK_KILLS:-8} CDC_SOAK_SECONDS=$${CDC_SOAK_SECONDS:-300} \
 		$(VENV)/bin/pytest tests/e2e -k "faults or scenarios or network" $(PYTEST_ARGS)
 
-demo: bootstrap
+demo: bootstrap-demo
 	@$(PY) -m deploy.demo
 
 bench: bootstrap

@@ -9,4 +9,5 @@ pytest_plugins = [
     "tests.plugins.registry",
     "tests.plugins.connect",
     "tests.plugins.objectstore",
+    "tests.plugins.parallel",
 ]

@@ -27,6 +27,7 @@ Which of the resolved Spark jars reach ``spark.jars`` is the apply job's rule, i
 
 from __future__ import annotations
 
+import fcntl
 import shutil
 import subprocess
 from pathlib import Path
@@ -45,12 +46,32 @@ def jar_dir(name: str) -> Path:
 
 
 def resolve(name: str) -> Path:
-    """Copy the jar set ``name`` into ``.local/jars/<name>`` with Maven (idempotent)."""
+    """Copy the jar set ``name`` into ``.local/jars/<name>`` with Maven (idempotent).
+
+    Several processes may ask at once (the test suite's workers, a test beside a demo):
+    a lock per set makes the others wait for the one resolving, so none reads a
+    directory another is emptying and filling."""
+    target = jar_dir(name)
+    if _resolved(name):
+        return target
+    JAR_ROOT.mkdir(parents=True, exist_ok=True)
+    with (JAR_ROOT / f".{name}.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not _resolved(name):
+            _copy_dependencies(name)
+    return target
+
+
+def _resolved(name: str) -> bool:
+    marker = jar_dir(name) / ".resolved"
+    pom = POM_DIR / name / "pom.xml"
+    return marker.exists() and marker.stat().st_mtime >= pom.stat().st_mtime
+
+
+def _copy_dependencies(name: str) -> None:
     target = jar_dir(name)
     marker = target / ".resolved"
     pom = POM_DIR / name / "pom.xml"
-    if marker.exists() and marker.stat().st_mtime >= pom.stat().st_mtime:
-        return target
     mvn = shutil.which("mvn")
     if mvn is None:
         raise MissingPrerequisite(
@@ -81,7 +102,6 @@ def resolve(name: str) -> Path:
             f"{result.stdout[-3000:]}{result.stderr[-2000:]}"
         )
     marker.touch()
-    return target
 
 
 def kafka_classpath() -> str:

@@ -3,8 +3,10 @@ Confluent-compatible API (:mod:`deploy.local.registry`).
 
 ``CDC_SCHEMA_REGISTRY_URL`` names an external one (e.g. the registry of a ``make up``
 stack); otherwise the first test that asks starts one for the session, beside the test
-stack, and stops it at the end. Tests that use it name their subjects after their own
-topics (:func:`~tests.plugins.services.unique_name`), so they never interfere.
+test session (under the worker's temporary directory, so two xdist workers never share a
+registry's files), and stops it at the end. Tests that use it name their subjects after
+their own topics (:func:`~tests.plugins.services.unique_name`), so they never interfere;
+:mod:`tests.plugins.parallel` keeps them on one worker so one registry serves them all.
 """
 
 from __future__ import annotations
@@ -16,16 +18,15 @@ import pytest
 
 from deploy.local.process import free_port
 from deploy.local.registry import LocalRegistry
-from tests.plugins.services import TEST_STACK_ROOT
 
 
 @pytest.fixture(scope="session")
-def schema_registry_url() -> Iterator[str]:
+def schema_registry_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     external = os.environ.get("CDC_SCHEMA_REGISTRY_URL")
     if external:
         yield external
         return
-    registry = LocalRegistry(TEST_STACK_ROOT / "registry", free_port(), free_port())
+    registry = LocalRegistry(tmp_path_factory.mktemp("registry"), free_port(), free_port())
     registry.start()
     try:
         yield registry.url

@@ -9,17 +9,26 @@
 The same tests run in all three modes. Containers are created lazily inside the fixture
 so collection never needs Docker. Each test names its own slots, publications and topics
 (:func:`unique_name`) so tests never interfere through shared services.
+
+The suite runs in several worker processes at once (pytest-xdist, see
+:mod:`tests.plugins.parallel`), and every worker asks for the same local stack. The first
+to ask starts it under a file lock, the others find it running; the run that started it
+(named by ``CDC_TEST_RUN_ID``, which the controlling process sets and its workers inherit)
+stops it when the whole run ends, in the controlling process, after every worker is done.
+A stack that was already running (``make up``, or a developer's earlier run) is left
+running, as before.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +46,39 @@ PG_SERVER_ARGS = (
 KAFKA_IMAGE = "apache/kafka:4.1.1"
 POSTGRES_IMAGE = "postgres:17"
 TEST_STACK_ROOT = Path(stack.STATE_ROOT).parent / "test-stack"
+# Beside the stack's root, not in it: ``stack.down(wipe=True)`` deletes the root.
+_STACK_LOCK = TEST_STACK_ROOT.parent / "test-stack.lock"
+_STACK_OWNER = TEST_STACK_ROOT.parent / "test-stack.owner"
+RUN_ID_ENV = "CDC_TEST_RUN_ID"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Name this run once, in the controlling process; xdist workers inherit the name."""
+    os.environ.setdefault(RUN_ID_ENV, uuid.uuid4().hex)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Stop the shared stack if this run started it: in the controlling process only
+    (a worker finishing early must not stop what the others still use)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    with _stack_lock():
+        owner = _STACK_OWNER.read_text() if _STACK_OWNER.exists() else None
+        if owner is not None and owner == os.environ.get(RUN_ID_ENV):
+            stack.down(TEST_STACK_ROOT)
+            _STACK_OWNER.unlink()
+
+
+@contextmanager
+def _stack_lock() -> Iterator[None]:
+    """Held while the shared stack is started or stopped, by any process of any run."""
+    _STACK_LOCK.parent.mkdir(parents=True, exist_ok=True)
+    with _STACK_LOCK.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,11 +116,12 @@ def services() -> Iterator[Services]:
         if _docker_answers():
             yield _containers(cleanup, dsn, bootstrap)
             return
-        state = stack.load(TEST_STACK_ROOT)
-        was_running = state is not None and state.postgres.running() and state.kafka.running()
-        state = stack.up(TEST_STACK_ROOT, env_file=None)
-        if not was_running:
-            cleanup.callback(stack.down, TEST_STACK_ROOT)
+        with _stack_lock():
+            state = stack.load(TEST_STACK_ROOT)
+            was_running = state is not None and state.postgres.running() and state.kafka.running()
+            state = stack.up(TEST_STACK_ROOT, env_file=None)
+            if not was_running:
+                _STACK_OWNER.write_text(os.environ[RUN_ID_ENV])
         yield Services(
             dsn or state.postgres.dsn, bootstrap or state.kafka.bootstrap_servers, "local"
         )
