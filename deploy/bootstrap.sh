@@ -1,20 +1,26 @@
 #!/usr/bin/env bash
-# Install what `make test` and `make demo` need, idempotently:
+# Install what `make test` (`bootstrap.sh test`, the default) or `make demo`
+# (`bootstrap.sh demo`) needs, idempotently; the demo gets only what it runs:
 #   system: Python >= 3.11, PostgreSQL server binaries, a JDK 17+, Maven
 #           (installed with apt-get when run as root on a Debian-like system)
 #   .venv:  the project with its dev extras (pip install -e .[dev]), and capture's
 #           compiled row encoder built with cargo (native/build.sh; without Rust only
 #           CI fails, capture then encodes in Python)
 #   jars:   Kafka broker + Spark connector/Delta jars from Maven Central (deploy/jars/*)
-#   tools:  helm and kubeconform for the Helm chart tests, built with Go into .local/bin
-#           (deploy/helm/tools.sh, also `make tools`); without Go only CI fails
+#   tools:  helm and kubeconform for the Helm chart tests, built with Go once per machine
+#           (deploy/helm/tools.sh, also `make tools`); without Go only CI fails. Tests only.
 #   a JDK 21+ for the Schema Registry (make up, registry tests): found, never installed
-#           (Debian 12 packages only 17); without one only CI fails
+#           (Debian 12 packages only 17); without one only CI fails. Tests only.
 # Anything missing that cannot be installed is named with the command that installs it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-python3}
+FOR=${1:-test}
+case "$FOR" in
+  test | demo) ;;
+  *) echo "usage: $0 [test|demo]" >&2; exit 2 ;;
+esac
 missing=()
 apt_packages=()
 
@@ -51,17 +57,22 @@ fi
 # The venv is rebuilt only when pyproject.toml changed since the last install.
 stamp=.venv/.installed
 if [ ! -x .venv/bin/python ] || [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-  echo "bootstrap: installing the project into .venv"
+  echo "bootstrap: installing the project and its Python packages into .venv (a minute or two the first time)"
+  started=$SECONDS
   [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -e '.[dev]'
+  .venv/bin/python -m pip install -q --progress-bar off -e '.[dev]'
   touch "$stamp"
+  echo "bootstrap: .venv ready in $((SECONDS - started))s"
 fi
 
 # capture's compiled row encoder; without cargo, capture runs its Python path.
 bash native/build.sh
 
 .venv/bin/python -m deploy.local jars
+
+# What only the tests use: the demo stops here.
+[ "$FOR" = demo ] && exit 0
 
 if ! registry_java=$(.venv/bin/python -c \
     'from deploy.local.registry import find_java_21; print(find_java_21())' 2>&1); then

@@ -9,11 +9,14 @@ which are not semver, so the proxy lists no tagged versions) whose ``go.mod`` ha
 
 Invariants:
 
-- The binary is built once into ``.local/bin/minio`` and never rebuilt while it is
-  there: the build takes about ten minutes on a busy two-core machine (Go's module and
-  build caches make a second build from a fresh clone much cheaper). It is built into a
-  directory of its own and moved into place, so a build cut short never leaves a
-  half-written binary that would be taken for whole.
+- The binary is built once per machine into the tools cache
+  (``~/.cache/pgdelta-cdc/bin/minio-<VERSION>``, or ``$CDC_TOOLS_CACHE``; the same cache
+  ``deploy/helm/tools.sh`` keeps helm and kubeconform in) and never rebuilt while it is
+  there: the build takes about ten minutes on a busy two-core machine, and a fresh clone
+  of the project on the same machine (every CI run) finds it there. The version is in
+  the file name, so moving the pin builds the new one. It is built into a directory of
+  its own and moved into place, so a build cut short never leaves a half-written binary
+  that would be taken for whole.
 - The server binds to 127.0.0.1 only (S3 API and console), on ports free when chosen,
   with its data, log and pid file under the instance's ``root``.
 - The root user and password come from the caller, reach MinIO through its environment
@@ -41,14 +44,13 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import xml.etree.ElementTree as ET
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
 from deploy.local.errors import LauncherError, MissingPrerequisite
-from deploy.local.jars import PROJECT_ROOT
 from deploy.local.process import alive, free_port, read_pid, spawn, stop, wait_until
 from deploy.local.sigv4 import Credentials, signed_headers
 
@@ -56,8 +58,6 @@ MODULE = "github.com/minio/minio"
 VERSION = "v0.0.0-20260212201848-7aac2a2c5b7c"
 """The newest commit the Go module proxy served on 2026-11-23 (``go list -m
 github.com/minio/minio@latest``); its go.mod needs Go 1.24 and has no replace directive."""
-BIN_DIR = PROJECT_ROOT / ".local" / "bin"
-BINARY = BIN_DIR / "minio"
 BUILD_TIMEOUT_S = 3600.0
 REGION = "us-east-1"
 """MinIO's default region; clients must sign for it."""
@@ -75,8 +75,25 @@ def build_command(go: str, version: str = VERSION) -> list[str]:
     return [go, "install", f"{MODULE}@{version}"]
 
 
-def build_minio(binary: Path = BINARY, *, timeout_s: float = BUILD_TIMEOUT_S) -> Path:
-    """The MinIO binary: ``binary`` when it is there, else built with ``go install``."""
+def tools_cache(env: Mapping[str, str] = os.environ) -> Path:
+    """Where built tools live outside any clone (see the module docstring):
+    ``$CDC_TOOLS_CACHE``, else ``$XDG_CACHE_HOME/pgdelta-cdc/bin``, else
+    ``~/.cache/pgdelta-cdc/bin``. ``deploy/helm/tools.sh`` computes the same path."""
+    if env.get("CDC_TOOLS_CACHE"):
+        return Path(env["CDC_TOOLS_CACHE"])
+    cache_home = Path(env["XDG_CACHE_HOME"]) if env.get("XDG_CACHE_HOME") else None
+    return (cache_home or Path.home() / ".cache") / "pgdelta-cdc" / "bin"
+
+
+def cached_binary(env: Mapping[str, str] = os.environ) -> Path:
+    """The MinIO binary of the pinned version in the tools cache."""
+    return tools_cache(env) / f"minio-{VERSION}"
+
+
+def build_minio(binary: Path | None = None, *, timeout_s: float = BUILD_TIMEOUT_S) -> Path:
+    """The MinIO binary: ``binary`` (default :func:`cached_binary`) when it is there, else
+    built with ``go install``."""
+    binary = binary or cached_binary()
     if binary.is_file():
         return binary
     go = shutil.which("go")

@@ -54,3 +54,14 @@ def test_s3_errors_are_read_from_their_xml_body() -> None:
     )
     assert minio._error_code(body) == "NoSuchBucket: The specified bucket does not exist"
     assert minio._error_code(b"plain text") == "plain text"
+
+
+def test_the_binary_is_cached_outside_the_clone_under_its_version(tmp_path: Path) -> None:
+    # Every fresh clone on the machine (each CI run) finds the build of an earlier one.
+    assert minio.cached_binary({"CDC_TOOLS_CACHE": str(tmp_path)}) == (
+        tmp_path / f"minio-{minio.VERSION}"
+    )
+    assert minio.tools_cache({"XDG_CACHE_HOME": str(tmp_path)}) == (
+        tmp_path / "pgdelta-cdc" / "bin"
+    )
+    assert minio.tools_cache({}) == Path.home() / ".cache" / "pgdelta-cdc" / "bin"
