@@ -47,7 +47,7 @@ from apply.settings import ApplySettings
 from capture.publisher import ChangePublisher
 from capture.settings import CaptureSettings
 from capture.snapshot import SnapshotRun
-from runtime.settings_table import _rows
+from runtime.settings_table import defaults, setting_rows
 
 ROOT = Path(__file__).resolve().parents[3]
 CHART = ROOT / "deploy" / "helm" / "pgdelta-cdc"
@@ -760,7 +760,7 @@ def _settings_fields(settings: type[BaseSettings]) -> dict[str, tuple[tuple[str,
     path and the field."""
     prefix = str(settings.model_config.get("env_prefix", ""))
     fields = {}
-    for variable, _default, _doc in _rows(settings, prefix):
+    for variable, _default, _doc in setting_rows(defaults(settings), prefix):
         path = tuple(part.lower() for part in variable.removeprefix(prefix).split("__"))
         model: type[BaseModel] = settings
         for part in path[:-1]:
