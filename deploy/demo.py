@@ -423,12 +423,21 @@ def run(seconds: float, rate: float, root: Path, stop: threading.Event) -> int:
                 print(progress_line(reader.read(), time.monotonic() - began, 0.0), flush=True)
             consumer.close()
             say("python -m pipeline verify (the lake against the source, row for row):")
-            verified = subprocess.run(
-                [sys.executable, "-m", "pipeline", "verify", "--timeout", "300"],
-                cwd=PROJECT_ROOT,
-                env=env,
-                check=False,
-            )
+            verify_log = root / "verify.log"
+            # The report is verify's standard output; its standard error is Spark's own
+            # log (JVM WARN lines a newcomer cannot act on), kept beside the services'.
+            with verify_log.open("w") as log_file:
+                verified = subprocess.run(
+                    [sys.executable, "-m", "pipeline", "verify", "--timeout", "300"],
+                    cwd=PROJECT_ROOT,
+                    env=env,
+                    stderr=log_file,
+                    check=False,
+                )
+            if verified.returncode != 0:
+                tail = verify_log.read_text(errors="replace").splitlines()[-15:]
+                say(f"verify exited {verified.returncode}; the end of {verify_log}:")
+                print("\n".join(tail), flush=True)
             show_lake(root)
             return verified.returncode
         finally:
