@@ -63,6 +63,7 @@ from apply.settings import ApplySettings, KafkaSettings
 from apply.table_pool import POOL_PROPERTY
 from apply.table_status import now_micros, table_statuses
 from apply.tables import table_of_topic
+from apply.upkeep import TableUpkeep
 from runtime.errors import TransientError
 from runtime.retry import Backoff, call_with_retry
 from runtime.telemetry import Health
@@ -192,6 +193,7 @@ class ApplyJob:
             parallelism=self._settings.table_parallelism,
             schema_topic=self._settings.kafka.schema_topic,
             default_txn_app_id=self._context_id,
+            upkeep=TableUpkeep(self._settings.upkeep, self.metrics),
         )
 
     def close(self) -> None:

@@ -11,7 +11,9 @@ The tables of the batch are applied at the same time (:mod:`apply.table_pool`), 
    (:mod:`apply.delta_schema`);
 3. measure the batch per partition and compute the new state (:mod:`apply.positions`);
 4. drop replays, reduce to the latest change per key and MERGE, with the state in the
-   same commit (:mod:`apply.merge`).
+   same commit (:mod:`apply.merge`);
+5. when the commits took the table's version past its turn, compact or vacuum it, in
+   the same task, so the MERGE is its only writer (:mod:`apply.upkeep`).
 
 A table that fails for a definite reason (:class:`~apply.errors.TableError`), or is
 errored since an earlier batch, is **parked** instead: its records of the batch go to
@@ -104,6 +106,7 @@ from apply.progress import BatchResult, ParkedTable, TableResult
 from apply.superseded import TablePlan, measure_supersession, plan_table
 from apply.table_pool import SchedulerPools, run_per_table, table_session
 from apply.tables import TableId, table_of_topic, table_path
+from apply.upkeep import TableUpkeep
 from schemas.lsn import format_lsn
 from schemas.registry_framing import registry_id_of
 from schemas.single_object import Fingerprint, format_fingerprint
@@ -131,6 +134,8 @@ class ApplyContext:
     (:func:`apply.app.checkpoint_location`): the writer of table states that name none,
     all written before lanes existed (:mod:`apply.lanes`). None: such states are taken
     as this query's."""
+    upkeep: TableUpkeep | None = None
+    """Compaction and vacuum after a table's commit (:mod:`apply.upkeep`); None: none."""
 
     def wrote(self, state: TableState) -> bool:
         """Whether ``state`` was committed by this query (so its batch ids compare with
@@ -547,7 +552,7 @@ def apply_table(
         else None
     )
     with persisted(decoded):
-        return _apply_decoded(
+        result = _apply_decoded(
             spark,
             batch_id=batch_id,
             topic_survey=topic_survey,
@@ -557,6 +562,15 @@ def apply_table(
             plan=plan,
             decoded=decoded,
         )
+    if result.committed and context.upkeep is not None:
+        context.upkeep.after_commit(
+            spark,
+            table=name,
+            path=path,
+            version_before=-1 if history is None else history.version,
+            version_after=result.version,
+        )
+    return result
 
 
 def _plan(

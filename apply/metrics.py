@@ -96,6 +96,18 @@ class ApplyMetrics(MetricSet):
             "records written to the dead-letter table, per table",
             ["table"],
         )
+        self.upkeep_runs = self.counter(
+            "upkeep_runs",
+            "table upkeep operations run after a table's commit (apply.upkeep), per table, "
+            "operation (compact, vacuum) and outcome (done; failed: left to its next turn)",
+            ["table", "operation", "outcome"],
+        )
+        self.upkeep_duration = self.histogram(
+            "upkeep_duration_seconds",
+            "time one upkeep operation added to its table's part of the micro-batch",
+            buckets=_DURATION_BUCKETS,
+            labels=("operation",),
+        )
         self._errored: set[str] = set()
 
     def batch(
@@ -130,3 +142,8 @@ class ApplyMetrics(MetricSet):
                 self._errored.discard(table)
             self.table_errored.labels(table).set(1 if table in waiting else 0)
         self.errored_tables.set(len(self._errored))
+
+    def upkeep(self, table: str, operation: str, duration_s: float, *, failed: bool) -> None:
+        """One upkeep operation on ``table`` ran (:class:`apply.upkeep.UpkeepObserver`)."""
+        self.upkeep_runs.labels(table, operation, "failed" if failed else "done").inc()
+        self.upkeep_duration.labels(operation).observe(duration_s)

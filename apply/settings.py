@@ -88,6 +88,45 @@ class TriggerSettings(BaseModel):
     interval: str = Field("5 seconds", description="processing-time trigger interval")
 
 
+class UpkeepSettings(BaseModel):
+    """Table upkeep run by the job itself (:mod:`apply.upkeep`, docs/operations.md)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = Field(
+        True,
+        description=(
+            "compact and vacuum each table from the job, right after one of its MERGEs "
+            "(docs/operations.md, Table upkeep); false leaves both to the operator"
+        ),
+    )
+    compact_every_commits: int = Field(
+        100,
+        ge=2,
+        description=(
+            "OPTIMIZE a table each time its Delta version passes a multiple of this: a "
+            "table then holds the files of at most this many commits besides its compacted ones"
+        ),
+    )
+    vacuum_every_commits: int = Field(
+        1000,
+        ge=0,
+        description=(
+            "VACUUM (LITE) a table each time its version passes a multiple of this; it "
+            "deletes files unreferenced for longer than the table's "
+            "delta.deletedFileRetentionDuration (7 days unless set); 0: never"
+        ),
+    )
+    target_file_size_mb: int = Field(
+        128,
+        ge=1,
+        description=(
+            "the size OPTIMIZE packs small files up to (Delta's optimize.maxFileSize for "
+            "apply's compactions): larger means fewer files, and more rewritten per compaction"
+        ),
+    )
+
+
 LOCAL_MASTER = "local[*]"
 """The master when neither the settings nor spark-submit name one."""
 
@@ -127,6 +166,7 @@ class ApplySettings(BaseSettings):
     spark: SparkSettings = Field(default_factory=SparkSettings)
     metrics: MetricsSettings = Field(default_factory=lambda: MetricsSettings(port=9109))
     log: LogSettings = Field(default_factory=LogSettings)
+    upkeep: UpkeepSettings = Field(default_factory=UpkeepSettings)
     lanes: dict[str, list[str]] = Field(
         default_factory=dict,
         description=(
