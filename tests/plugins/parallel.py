@@ -16,8 +16,16 @@ running at once fill those waits on two cores. What must not be split or doubled
 Tests still name their own slots, topics and lake roots, so two groups never interfere
 through the shared PostgreSQL and Kafka (:mod:`tests.plugins.services`).
 
-Groups are dealt out in collection order (e2e, integration, unit): the longest modules
-start first, so the run does not end on one worker with a long module left.
+A few modules are split instead (:data:`SPLIT_MODULES`): the e2e fault scenarios each
+take minutes, build a pipeline of their own on the module's stack and never build on
+another's state, so each scenario is a group of its own. A worker that runs one starts
+the module's stack for itself (tens of seconds, against minutes saved), and a scenario
+that stops or kills a service only ever touches its own worker's stack.
+
+Groups are dealt out in collection order (``make test`` passes
+``--no-loadscope-reorder``; xdist would otherwise deal the groups with the most tests
+first, leaving the e2e modules, few tests of minutes each, for the end): e2e first, then
+integration, then unit, so the run does not end on one worker with a long test left.
 """
 
 from __future__ import annotations
@@ -32,6 +40,16 @@ SHARED_SERVICE_GROUPS: dict[str, str] = {
     "schema_registry_url": "schema-registry",
     "object_store": "object-store",
 }
+
+
+SPLIT_MODULES = frozenset(
+    {
+        "tests/e2e/test_pipeline_faults.py",
+        "tests/e2e/test_pipeline_network.py",
+        "tests/e2e/test_pipeline_scenarios.py",
+    }
+)
+"""Modules whose tests each go to any worker (see the module docstring)."""
 
 
 def module_group(fixtures: set[str], module: str) -> str:
@@ -50,4 +68,5 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if item.get_closest_marker("xdist_group") is not None:
             continue
         module = item.nodeid.split("::", 1)[0]
-        item.add_marker(pytest.mark.xdist_group(module_group(fixtures[module], module)))
+        group = item.nodeid if module in SPLIT_MODULES else module_group(fixtures[module], module)
+        item.add_marker(pytest.mark.xdist_group(group))
