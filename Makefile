@@ -50,7 +50,7 @@ typecheck: bootstrap
 	$(VENV)/bin/mypy
 
 test: lint typecheck
-	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
 
 test-unit: bootstrap
 	$(VENV)/bin/pytest tests/unit $(PYTEST_ARGS)
