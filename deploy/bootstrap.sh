@@ -59,9 +59,17 @@ stamp=.venv/.installed
 if [ ! -x .venv/bin/python ] || [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   echo "bootstrap: installing the project and its Python packages into .venv (a minute or two the first time)"
   started=$SECONDS
-  [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
-  .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q --progress-bar off -e '.[dev]'
+  # pip's output goes to a log (build backends print pages of warnings); its tail is
+  # shown when the install fails.
+  mkdir -p .local/log
+  log=.local/log/bootstrap-pip.log
+  if ! { [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv; } >"$log" 2>&1 \
+      || ! .venv/bin/python -m pip install -q --upgrade pip >>"$log" 2>&1 \
+      || ! .venv/bin/python -m pip install -q --progress-bar off -e '.[dev]' >>"$log" 2>&1; then
+    tail -n 30 "$log" >&2
+    echo "bootstrap: installing the Python packages failed (full log: $log)" >&2
+    exit 1
+  fi
   touch "$stamp"
   echo "bootstrap: .venv ready in $((SECONDS - started))s"
 fi

@@ -29,5 +29,16 @@ fi
 
 echo "bootstrap: building capture's compiled row encoder (native/, cargo --release)"
 export CARGO_TARGET_DIR=$PWD/.local/cargo-target
-VIRTUAL_ENV=$PWD/.venv .venv/bin/maturin develop --release --quiet -m native/Cargo.toml
+# cargo's output (a line per crate downloaded and compiled) goes to a log; its tail is
+# shown when the build fails.
+mkdir -p .local/log
+log=.local/log/build-native.log
+started=$SECONDS
+if ! VIRTUAL_ENV=$PWD/.venv .venv/bin/maturin develop --release --quiet -m native/Cargo.toml \
+    >"$log" 2>&1; then
+  tail -n 30 "$log" >&2
+  echo "bootstrap: building capture's compiled core failed (full log: $log)" >&2
+  exit 1
+fi
 touch "$stamp"
+echo "bootstrap: compiled core built in $((SECONDS - started))s"
