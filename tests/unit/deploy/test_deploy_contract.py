@@ -22,11 +22,12 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 from pydantic import BaseModel
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
+from pydantic_settings import BaseSettings
 
 from apply.settings import ApplySettings, LakeSettings
 from capture.settings import CaptureSettings
 from capture.settings import KafkaSettings as CaptureKafkaSettings
+from tests.plugins.settings import ApplyFromArguments, CaptureFromArguments
 
 ROOT = Path(__file__).resolve().parents[3]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
@@ -130,43 +131,12 @@ def settings_kwargs(settings_cls: type[BaseSettings], env: dict[str, str]) -> di
     return values
 
 
-class _CaptureFromArguments(CaptureSettings):
-    """Reads its keyword arguments only: the developer's own CAPTURE_* variables (say from
-    ``.local/stack.env``) must not leak into what the deployment files are checked for."""
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return (init_settings,)
-
-
-class _ApplyFromArguments(ApplySettings):
-    """Same isolation for the APPLY_* variables."""
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return (init_settings,)
-
-
 def capture_settings(env: dict[str, str]) -> CaptureSettings:
-    return _CaptureFromArguments(**settings_kwargs(CaptureSettings, env))
+    return CaptureFromArguments(**settings_kwargs(CaptureSettings, env))
 
 
 def apply_settings(env: dict[str, str]) -> ApplySettings:
-    return _ApplyFromArguments(**settings_kwargs(ApplySettings, env))
+    return ApplyFromArguments(**settings_kwargs(ApplySettings, env))
 
 
 def _unknown_names(names: set[str]) -> list[str]:
@@ -235,7 +205,7 @@ def test_settings_kwargs_nests_and_decodes_json_only_where_the_field_wants_it() 
         "kafka": {"producer": {"linger.ms": "5"}},
         "max_in_flight_records": "10",
     }
-    built = _CaptureFromArguments(**kwargs)
+    built = CaptureFromArguments(**kwargs)
     assert built.max_in_flight_records == 10
     assert built.kafka.producer == {"linger.ms": "5"}
 

@@ -16,44 +16,12 @@ from typing import Any
 
 import pytest
 from pydantic import BaseModel
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
+from pydantic_settings import BaseSettings
 
-from apply.settings import ApplySettings
-from capture.settings import CaptureSettings
 from deploy.settings_reference import render
+from tests.plugins.settings import ApplyFromArguments, CaptureFromArguments
 
 ROW = re.compile(r"^\| `(?P<variable>[A-Z0-9_]+)` \| (?P<default>.*?) \| ", re.MULTILINE)
-
-
-class _CaptureFromEmptyEnvironment(CaptureSettings):
-    """capture's settings with no variable set, whatever the developer's environment
-    holds (``.local/stack.env`` sets some)."""
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return (init_settings,)
-
-
-class _ApplyFromEmptyEnvironment(ApplySettings):
-    """The same for apply."""
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return (init_settings,)
 
 
 def _values(settings: BaseModel, prefix: str) -> Iterator[tuple[str, Any]]:
@@ -78,7 +46,7 @@ def _shown_defaults(prefix: str) -> dict[str, str]:
 
 @pytest.mark.parametrize(
     ("built", "prefix"),
-    [(_CaptureFromEmptyEnvironment, "CAPTURE_"), (_ApplyFromEmptyEnvironment, "APPLY_")],
+    [(CaptureFromArguments, "CAPTURE_"), (ApplyFromArguments, "APPLY_")],
 )
 def test_reference_shows_the_defaults_each_service_runs_with(
     built: type[BaseSettings], prefix: str
