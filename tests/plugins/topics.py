@@ -57,6 +57,10 @@ def consume_all(
             "bootstrap.servers": bootstrap,
             "group.id": f"reader-{time.time()}",
             "auto.offset.reset": "earliest",
+            # A topic subscribed to before it exists (capture creates a table's topic with
+            # its first record, which may come after this subscription on a busy machine)
+            # is otherwise found only at the next metadata refresh, 5 minutes away.
+            "topic.metadata.refresh.interval.ms": 1000,
         }
     )
     consumer.subscribe(topics)
