@@ -39,8 +39,9 @@ Why these choices:
 - **Bounded per batch.** At most one compaction and one vacuum per table and batch,
   each over at most ``compact_every_commits`` commits' worth of new files: measured
   here while a test run shared the cores, an OPTIMIZE of 163 small files (60 MERGEs)
-  took 1.8 s, and a VACUUM LITE 3.8 s where the full listing took 53 s. Other tables of the batch go on in parallel
-  (:mod:`apply.table_pool`); the batch ends with its slowest table.
+  took 1.8 s, and a VACUUM LITE 3.8 s where the full listing took 53 s. Other tables
+  of the batch go on in parallel (:mod:`apply.table_pool`); the batch ends with its
+  slowest table.
 - **Not Delta's auto compaction.** ``spark.databricks.delta.autoCompact.enabled`` works
   with this MERGE in Delta 4.4, but as a hook inside the MERGE's commit: the OPTIMIZE
   commit it writes carries the MERGE's ``userMetadata`` (the session's), and it lands
