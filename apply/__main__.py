@@ -154,6 +154,12 @@ def main(argv: list[str] | None = None) -> int:
     if arguments.command == JARS:
         print(",".join(jars))
         return 0
+    stop = threading.Event()
+    if arguments.command in (None, RUN):
+        # Before the session: a SIGTERM while Spark starts stops the job once it is up,
+        # and the JVM leaves the signal to this handler (apply.spark_session).
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: stop.set())
     spark = build_session(settings.spark, jars, settings.lake)
     context = spark.sparkContext
     log.info("Spark master %s, application %s", context.master, context.appName)
@@ -165,9 +171,6 @@ def main(argv: list[str] | None = None) -> int:
         job = ApplyJob(settings, spark, metrics=metrics, health=health)
         if arguments.command in (ERRORED, REAPPLY, DISCARD):
             return _report(job, arguments)
-        stop = threading.Event()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, lambda *_: stop.set())
         # Only the streaming job serves: a one-off command beside it must not take its port.
         server = serve(settings.metrics, metrics.registry, health)
         job.run(stop)

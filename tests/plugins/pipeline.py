@@ -280,9 +280,21 @@ class Pipeline:
         return f"--- capture log:\n{self.capture.tail()}\n--- apply log:\n{self.apply.tail()}"
 
     def stop(self) -> None:
+        """Stop apply, then capture, as an orchestrator would; each must exit with status
+        0. Both are stopped even when apply fails to (its failure is raised after
+        capture's stop, so no process outlives the test)."""
+        failures: list[AssertionError] = []
         for service in (self.apply, self.capture):
             if service.running():
-                service.terminate()
+                try:
+                    status = service.terminate()
+                    assert status == 0, (
+                        f"{service.name} exited {status} on SIGTERM:\n{service.tail()}"
+                    )
+                except AssertionError as exc:
+                    failures.append(exc)
+        if failures:
+            raise failures[0]
 
 
 def slot_confirmed(conn: Connection, slot: str) -> Lsn | None:
