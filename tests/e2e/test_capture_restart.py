@@ -21,6 +21,7 @@ import pytest
 from confluent_kafka import Consumer
 from psycopg import sql
 
+from tests.plugins.capture import slot_active, slot_streaming
 from tests.plugins.services import Services
 
 Connection = psycopg.Connection[tuple[object, ...]]
@@ -62,13 +63,6 @@ def _start(services: Services, name: str, log: Path) -> subprocess.Popen[bytes]:
         )
 
 
-def _slot_active(pg: Connection, slot: str) -> bool:
-    row = pg.execute(
-        "SELECT active FROM pg_replication_slots WHERE slot_name = %s", [slot]
-    ).fetchone()
-    return bool(row and row[0])
-
-
 def _wait(predicate: object, what: str, log: Path, timeout_s: float = 60) -> None:
     deadline = time.monotonic() + timeout_s
     while not predicate():  # type: ignore[operator]
@@ -86,7 +80,7 @@ def source(pg: Connection, unique_name: str) -> Iterator[str]:
     )
     yield unique_name
     deadline = time.monotonic() + 20
-    while _slot_active(pg, unique_name) and time.monotonic() < deadline:
+    while slot_active(pg, unique_name) and time.monotonic() < deadline:
         time.sleep(0.2)
     pg.execute(
         "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
@@ -131,7 +125,7 @@ def test_kill_9_then_restart_loses_nothing(
 
     log = tmp_path / "capture.log"
     first = _start(services, source, log)
-    _wait(lambda: _slot_active(pg, source), "capture never started streaming", log)
+    _wait(lambda: slot_streaming(pg, source), "capture never started streaming", log)
     table = sql.Identifier(source, "orders")
     topic = f"{source}.{source}.orders"
     insert = sql.SQL(
@@ -177,7 +171,7 @@ def test_sigterm_stops_cleanly(
 ) -> None:
     log = tmp_path / "capture.log"
     proc = _start(services, source, log)
-    _wait(lambda: _slot_active(pg, source), "capture never started streaming", log)
+    _wait(lambda: slot_streaming(pg, source), "capture never started streaming", log)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(60) == 0, log.read_text()[-3000:]
     assert "stopped at confirmed" in log.read_text()

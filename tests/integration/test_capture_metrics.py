@@ -19,7 +19,7 @@ from capture.settings import CaptureSettings, WalSettings
 from capture.wal_safety import read_keep_size, read_slot_wal
 from runtime.logs import LogSettings
 from runtime.telemetry import Health, MetricsSettings, TelemetryServer
-from tests.plugins.capture import capture_settings, current_lsn, slot_active
+from tests.plugins.capture import capture_settings, current_lsn, slot_active, slot_streaming
 from tests.plugins.services import Services
 from tests.plugins.telemetry import scrape, status, value, wait_for
 from tests.plugins.topics import consume_all, report_applied
@@ -77,9 +77,9 @@ def served(services: Services, pg: Connection, unique_name: str) -> Iterator[Ser
     try:
         assert status(server.url, "/readyz") == 503, "ready before connecting"
         thread.start()
-        wait_for(lambda: slot_active(pg, unique_name) or bool(errors), "the slot to stream")
-        # The walsender marks the slot active before START_REPLICATION returns, so the
-        # service says it is connected a moment after the slot turns active.
+        wait_for(lambda: slot_streaming(pg, unique_name) or bool(errors), "the slot to stream")
+        # The walsender streams before the service has read START_REPLICATION's answer,
+        # so the service says it is connected a moment after.
         wait_for(lambda: status(server.url, "/readyz") == 200 or bool(errors), "capture ready")
         assert not errors, errors
         yield Served(settings, table, server.url, errors)

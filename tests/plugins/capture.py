@@ -101,10 +101,30 @@ def current_lsn(pg: Connection) -> Lsn:
 
 
 def slot_active(pg: Connection, slot: str) -> bool:
+    """Whether a walsender holds the slot: also while it is still creating it, so this
+    tells when capture *let go* of a slot, not when it started streaming
+    (:func:`slot_streaming`)."""
     row = pg.execute(
         "SELECT active FROM pg_replication_slots WHERE slot_name = %s", [slot]
     ).fetchone()
     return bool(row and row[0])
+
+
+def slot_streaming(pg: Connection, slot: str) -> bool:
+    """Whether the slot's walsender has started replication (``START_REPLICATION``).
+
+    A slot is active from the start of ``CREATE_REPLICATION_SLOT``, which waits for the
+    transactions running then to end before it fixes its consistent point; a change
+    committed meanwhile lies before that point and is never decoded. On a server busy
+    with other tests that wait is seconds long, and a test that wrote its first change
+    as soon as the slot turned active lost it (the change data feed test, once). The
+    walsender's state leaves ``startup`` only once streaming began, past that point."""
+    row = pg.execute(
+        "SELECT r.state FROM pg_replication_slots s "
+        "JOIN pg_stat_replication r ON r.pid = s.active_pid WHERE s.slot_name = %s",
+        [slot],
+    ).fetchone()
+    return bool(row and row[0] in ("catchup", "streaming"))
 
 
 @dataclass
@@ -124,7 +144,7 @@ class CaptureThread:
         self.thread = threading.Thread(target=run, daemon=True)
         self.thread.start()
         deadline = time.monotonic() + timeout_s
-        while not slot_active(pg, self.settings.postgres.slot):
+        while not slot_streaming(pg, self.settings.postgres.slot):
             assert not self.errors, self.errors
             assert time.monotonic() < deadline, "capture never started streaming"
             time.sleep(0.1)
