@@ -54,6 +54,7 @@ from apply.errors import TableError, UnknownSchemaError
 from apply.feedback import ProgressPublisher, SchemaCatalog
 from apply.history import recover_state
 from apply.kafka_clients import spark_source_options
+from apply.known_tables import KnownTables
 from apply.lanes import DEFAULT_LANE, Lane, checkpoint_of, default_topic_pattern, plan_lanes
 from apply.merge import transaction_app_id
 from apply.metrics import ApplyMetrics
@@ -181,9 +182,11 @@ class ApplyJob:
         # Set by run()'s caller on SIGTERM: the only thing that ends a publish's wait.
         self._stop = threading.Event()
         self._context_id = transaction_app_id(checkpoint_location(settings))
+        # The streaming batches' tables only: reapply and discard read from Delta.
+        self._known = KnownTables()
         self._app_ids = {lane.name: transaction_app_id(lane.checkpoint) for lane in self.lanes}
 
-    def _context(self, app_id: str) -> ApplyContext:
+    def _context(self, app_id: str, *, streaming: bool = False) -> ApplyContext:
         with self._catalog_lock:
             schemas = dict(self._catalog.schemas)
         return ApplyContext(
@@ -194,6 +197,7 @@ class ApplyJob:
             schema_topic=self._settings.kafka.schema_topic,
             default_txn_app_id=self._context_id,
             upkeep=TableUpkeep(self._settings.upkeep, self.metrics),
+            known=self._known if streaming else None,
         )
 
     def close(self) -> None:
@@ -268,12 +272,14 @@ class ApplyJob:
 
     def _apply_loading_schemas(self, batch: DataFrame, batch_id: int, app_id: str) -> BatchResult:
         try:
-            return apply_batch(batch, batch_id, self._context(app_id))
+            return apply_batch(batch, batch_id, self._context(app_id, streaming=True))
         except UnknownSchemaError:
             # Capture flushes a schema before the first record using it: read again.
             # A table whose schema is still missing then is parked, alone.
             self._refresh_schemas()
-            return apply_batch(batch, batch_id, self._context(app_id), park_missing_schemas=True)
+            return apply_batch(
+                batch, batch_id, self._context(app_id, streaming=True), park_missing_schemas=True
+            )
 
     def publish_table_statuses(self, tables: Iterable[str]) -> None:
         """Publish the errored state and parked count of ``tables`` as the dead-letter

@@ -85,6 +85,7 @@ from apply.errors import (
     UnknownSchemaError,
 )
 from apply.history import TableHistory, newest_commit, read_history, recover_state
+from apply.known_tables import KnownTable, KnownTables
 from apply.merge import (
     BatchMeasure,
     empty_source,
@@ -136,6 +137,9 @@ class ApplyContext:
     as this query's."""
     upkeep: TableUpkeep | None = None
     """Compaction and vacuum after a table's commit (:mod:`apply.upkeep`); None: none."""
+    known: KnownTables | None = None
+    """What the job's earlier batches committed to each table, used again while no
+    commit followed (:mod:`apply.known_tables`); None: every batch reads from Delta."""
 
     def wrote(self, state: TableState) -> bool:
         """Whether ``state`` was committed by this query (so its batch ids compare with
@@ -532,14 +536,21 @@ def apply_table(
         parse_value_schema(table, fingerprint, context.writer_schemas[fingerprint])
         for fingerprint in sorted(topic_survey.fingerprints)
     ]
-    history = read_history(spark, path, name)
+    known = context.known.current(spark, path) if context.known is not None else None
+    existing: ExistingTable | None = None
+    if known is not None:
+        history: TableHistory | None = known.history
+        existing = known.existing
+    else:
+        history = read_history(spark, path, name)
     if history is not None and history.state is not None:
         covered = _covered_result(
             topic_survey, batch_id, history.version, history.state, path=path, context=context
         )
         if covered is not None:
             return covered
-    existing = read_existing_table(spark, path, table) if history is not None else None
+    if known is None:
+        existing = read_existing_table(spark, path, table) if history is not None else None
     if existing is None and not schemas:
         log.warning("tombstones for a table not created yet, nothing to record: %s", name)
         return None
@@ -562,6 +573,15 @@ def apply_table(
             plan=plan,
             decoded=decoded,
         )
+    if context.known is not None:
+        plain = existing is not None and not plan.replace and not plan.columns.added
+        if result.committed and plain:
+            assert existing is not None
+            context.known.remember(
+                path, KnownTable(TableHistory(result.version, result.state), existing)
+            )
+        else:
+            context.known.forget(path)
     if result.committed and context.upkeep is not None:
         context.upkeep.after_commit(
             spark,

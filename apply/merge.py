@@ -72,6 +72,7 @@ from pyspark.sql.types import (
 )
 
 from apply.decode import COMMIT_LSN, COMMIT_TS, MALFORMED, OP, ORDINAL, ROW, UNCHANGED
+from apply.delta_log import DeltaLogFiles
 from apply.delta_schema import (
     COMMIT_LSN_COLUMN,
     COMMIT_TS_COLUMN,
@@ -79,7 +80,6 @@ from apply.delta_schema import (
     ColumnPlan,
 )
 from apply.errors import SchemaChangeError, TransientError
-from apply.history import newest_commit
 from apply.positions import Position, TableState
 from schemas.lsn import Lsn
 from schemas.operation import Operation
@@ -433,9 +433,20 @@ def merge_into(
             f"the MERGE does not fit the Delta table at {path} ({exc.getCondition()}): was the "
             "table altered outside apply? Restore its schema or resync the table",
         ) from exc
-    commit = newest_commit(spark, path)
-    if commit.version == version_before:
-        return MergeOutcome(committed=False, version=commit.version, metrics={})
+    return own_outcome(spark, path, version_before, app_id, batch_id)
+
+
+def own_outcome(
+    spark: SparkSession, path: str, version_before: int, app_id: str, batch_id: int
+) -> MergeOutcome:
+    """What the write after ``version_before`` did, from the commit files
+    (:mod:`apply.delta_log`, no Spark job): committed when a newer commit carries this
+    query's transaction id for the batch, else skipped as a duplicate. Identified by the
+    transaction id rather than by being the newest, so a commit someone else made right
+    after it is never taken for apply's."""
+    commit, newest = DeltaLogFiles(spark).own_commit(path, version_before, app_id, batch_id)
+    if commit is None:
+        return MergeOutcome(committed=False, version=newest, metrics={})
     return MergeOutcome(committed=True, version=commit.version, metrics=commit.metrics)
 
 
@@ -480,7 +491,4 @@ def replace_table(
             f"table {table}: another writer committed to {path} during its replacement; "
             "retry the batch, and make sure one apply job owns each table"
         ) from exc
-    commit = newest_commit(spark, path)
-    if commit.version == version_before:
-        return MergeOutcome(committed=False, version=commit.version, metrics={})
-    return MergeOutcome(committed=True, version=commit.version, metrics=commit.metrics)
+    return own_outcome(spark, path, version_before, app_id, batch_id)

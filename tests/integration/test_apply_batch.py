@@ -10,6 +10,7 @@ keeps nothing in memory, so every call starts from what Delta recorded.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from decimal import Decimal
 from pathlib import Path
@@ -24,7 +25,8 @@ from apply.batch import ApplyContext, apply_batch
 from apply.dead_letter import discard, errored_tables
 from apply.delta_schema import COMMIT_LSN_COLUMN, COMMIT_TS_COLUMN, ORDINAL_COLUMN
 from apply.errors import BadRecordError, ConfigError, UnknownSchemaError
-from apply.history import recover_state
+from apply.history import TableHistory, read_history, recover_state
+from apply.known_tables import KnownTables
 from apply.merge import TXN_APP_ID_CONF, TXN_VERSION_CONF, USER_METADATA_CONF, transaction_app_id
 from apply.positions import PartitionProgress, Position
 from apply.progress import applied_progress, batch_progress
@@ -299,6 +301,72 @@ def test_changes_replays_and_restart(
     with pytest.raises(ConfigError, match="use a new checkpoint location"):
         apply_batch(topic.batch(spark, fourth, fifth), 1, ctx)
     assert rows(spark, path, "note")[2] == ("n2",)
+
+
+def test_a_batch_takes_what_the_job_committed_until_another_commit_follows(
+    spark: Any, services: Services, unique_name: str, tmp_path: Path
+) -> None:
+    """apply.known_tables: after a MERGE the job keeps the table's version, state and
+    columns, and the next batch uses them instead of asking Delta, until any other
+    commit follows; both ways land the same rows and the same state as Delta holds."""
+    schemas = build_table_schemas(
+        TableDescription(
+            "public",
+            unique_name,
+            (Column("id", ct.LONG, nullable=False, key=True), Column("note", ct.STRING)),
+        )
+    )
+    enc = ChangeEncoder(schemas)
+    known = KnownTables()
+    ctx = dataclasses.replace(context(tmp_path, schemas), known=known)
+    name = f"public.{unique_name}"
+    path = table_path(ctx.lake_root, TableId("public", unique_name))
+    topic = ChangeTopic(services, unique_name, 1)
+    marks = [topic.mark()]
+
+    def apply_next(batch_id: int, *changes: Change) -> Any:
+        topic.send(enc, 0, *changes)
+        marks.append(topic.mark())
+        result = apply_batch(topic.batch(spark, marks[-2], marks[-1]), batch_id, ctx)
+        return result.applied[0]
+
+    created = apply_next(
+        0,
+        change(INSERT, 0x100, 0, after={"id": 1, "note": "n1"}),
+        change(INSERT, 0x100, 1, after={"id": 2, "note": "n2"}),
+    )
+    assert created.table_created
+    assert known.current(spark, path) is None, "a batch that created the table keeps nothing"
+
+    updated = apply_next(1, change(UPDATE, 0x200, 0, after={"id": 1, "note": "n1b"}))
+    kept = known.current(spark, path)
+    assert kept is not None
+    assert kept.history == TableHistory(updated.version, updated.state)
+    assert kept.history == read_history(spark, path, name), "the entry is what Delta holds"
+
+    # Spark replays batch 1: the kept state covers it, nothing is committed or read.
+    replayed = apply_batch(topic.batch(spark, marks[-2], marks[-1]), 1, ctx).applied[0]
+    assert (replayed.committed, replayed.version) == (False, updated.version)
+
+    # Another commit follows (an operator's): the entry no longer holds.
+    spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('owner.note' = 'ops')")
+    assert known.current(spark, path) is None
+
+    after_other = apply_next(2, change(UPDATE, 0x300, 0, after={"id": 2, "note": "n2b"}))
+    assert (after_other.committed, after_other.version) == (True, updated.version + 2)
+    # And once more from the kept entry: the MERGE's figures come from its commit file.
+    from_kept = apply_next(
+        3,
+        change(DELETE, 0x400, 0, before={"id": 1}, before_key_only=True),
+        change(INSERT, 0x400, 1, after={"id": 3, "note": "n3"}),
+    )
+    assert (from_kept.committed, from_kept.version) == (True, after_other.version + 1)
+    assert (from_kept.rows_inserted, from_kept.rows_updated, from_kept.rows_deleted) == (1, 0, 1)
+    assert rows(spark, path, "note") == {2: ("n2b",), 3: ("n3",)}
+    assert read_history(spark, path, name) == TableHistory(from_kept.version, from_kept.state)
+    kept = known.current(spark, path)
+    assert kept is not None
+    assert kept.history == TableHistory(from_kept.version, from_kept.state)
 
 
 def test_truncate_and_added_columns(

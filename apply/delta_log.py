@@ -1,0 +1,122 @@
+"""A Delta table's commit files read on the driver: no Spark job.
+
+Every batch used to ask Delta for a table's history twice (its applied state before
+the MERGE, the MERGE's own commit after it) and for its details once (the columns and
+the properties apply keeps there): five Spark jobs per table and batch, and the planning
+around each, where the answer is one or two small JSON files. Measured with
+``bench/batch_profile.py`` (docs/benchmarks.md), those reads were a fifth of a batch's
+jobs.
+
+What the Delta protocol guarantees, and this module relies on: commit ``n`` of a table
+is the file ``_delta_log/<n, 20 digits>.json``, written once, atomically and only if
+absent (the log store's put-if-absent), and versions follow each other without gaps. So
+when ``<v + 1>.json`` does not exist, ``v`` is the newest version, and a commit's
+actions (``commitInfo`` with its ``operationMetrics`` and ``userMetadata``, ``txn``
+with the writer's ``appId`` and ``version``) are one JSON object per line. Commit files
+live for ``delta.logRetentionDuration`` (30 days), far longer than a batch.
+
+Files are read through the JVM's Hadoop file system, as Delta reads them, so every
+lake Delta can write (local, ``s3a://``, ``abfss://``, ``gs://``) works the same; a
+check is a ``stat`` (an HTTP HEAD on an object store), a read one ``GET``. Tables with
+coordinated commits (commit files elsewhere until backfilled) are not created by
+apply, which never turns that feature on.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyspark.sql import SparkSession
+
+
+def commit_file(table_path: str, version: int) -> str:
+    """Where commit ``version`` of the table at ``table_path`` lives."""
+    return f"{table_path.rstrip('/')}/_delta_log/{version:020d}.json"
+
+
+@dataclass(frozen=True, slots=True)
+class CommitFile:
+    """One commit as its file holds it."""
+
+    version: int
+    operation: str
+    metrics: Mapping[str, str]
+    """``operationMetrics`` (values are decimal strings, as Delta writes them)."""
+    user_metadata: str | None
+    transactions: Mapping[str, int] = field(default_factory=dict)
+    """``txn`` actions: application id to the version it committed."""
+
+    def written_by(self, app_id: str, txn_version: int) -> bool:
+        return self.transactions.get(app_id) == txn_version
+
+
+def parse_commit(version: int, text: str) -> CommitFile:
+    """A commit file's ``commitInfo`` and ``txn`` actions; the others are left alone."""
+    info: dict[str, Any] = {}
+    transactions: dict[str, int] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        action = json.loads(line)
+        if "commitInfo" in action:
+            info = action["commitInfo"]
+        elif "txn" in action:
+            transactions[str(action["txn"]["appId"])] = int(action["txn"]["version"])
+    metrics = info.get("operationMetrics") or {}
+    return CommitFile(
+        version=version,
+        operation=str(info.get("operation", "")),
+        metrics={str(k): str(v) for k, v in metrics.items()},
+        user_metadata=info.get("userMetadata"),
+        transactions=transactions,
+    )
+
+
+class DeltaLogFiles:
+    """The commit files of Delta tables, through the session's Hadoop configuration."""
+
+    def __init__(self, spark: SparkSession) -> None:
+        context = spark.sparkContext
+        self._jvm: Any = context._jvm
+        self._conf: Any = context._jsc.hadoopConfiguration()
+
+    def _path(self, table_path: str, version: int) -> tuple[Any, Any]:
+        path = self._jvm.org.apache.hadoop.fs.Path(commit_file(table_path, version))
+        return path, path.getFileSystem(self._conf)
+
+    def exists(self, table_path: str, version: int) -> bool:
+        """Whether commit ``version`` exists."""
+        path, fs = self._path(table_path, version)
+        return bool(fs.exists(path))
+
+    def read(self, table_path: str, version: int) -> CommitFile | None:
+        """Commit ``version``, or None when it does not exist."""
+        path, fs = self._path(table_path, version)
+        if not fs.exists(path):
+            return None
+        stream = fs.open(path)
+        try:
+            text = str(self._jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8"))
+        finally:
+            stream.close()
+        return parse_commit(version, text)
+
+    def own_commit(
+        self, table_path: str, after: int, app_id: str, txn_version: int
+    ) -> tuple[CommitFile | None, int]:
+        """The commit after version ``after`` that ``app_id`` wrote as ``txn_version``
+        (None when there is none: Delta skipped the write as a duplicate), and the
+        table's newest version."""
+        version = after
+        found = None
+        while (commit := self.read(table_path, version + 1)) is not None:
+            version = commit.version
+            if found is None and commit.written_by(app_id, txn_version):
+                found = commit
+        return found, version
+
+
+__all__ = ["CommitFile", "DeltaLogFiles", "commit_file", "parse_commit"]
