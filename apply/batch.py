@@ -4,8 +4,9 @@ The tables of the batch are applied at the same time (:mod:`apply.table_pool`), 
 :func:`apply_table`:
 
 1. read the Delta table's history: its newest version and the applied state
-   (:mod:`apply.history`) -- nothing is kept in memory between batches, so a restarted
-   job behaves exactly like a running one;
+   (:mod:`apply.history`), or take what the job's own last MERGE committed while no
+   commit followed it (:mod:`apply.known_tables`) -- nothing is kept that Delta does not
+   hold, so a restarted job behaves exactly like a running one;
 2. decode the topic's records with their writer schemas (:mod:`apply.decode`), and plan
    the table's columns: create the table on first sight, add new columns
    (:mod:`apply.delta_schema`);
