@@ -5,7 +5,9 @@ call site, from Spark's own event log.
 pgbench's tables (:mod:`bench.pipeline_run`), capture and apply as processes with the
 Spark event log on (``spark.eventLog.enabled``), waits until the initial snapshot is
 applied, runs ``pgbench -R <rate>`` for ``--seconds``, waits until the lake caught up,
-stops the pipeline and reads the event log:
+stops the pipeline and reads the event log. It prints apply's CPU seconds (driver and
+JVM, :class:`bench.pipeline_run.ProcessTree`) from the workload's start until the lake
+caught up, per row change pgbench made (four per transaction), and:
 
 - **per batch**: wall time from the batch's first job's submission to its last job's
   completion, jobs, and the tables (scheduler pools, :mod:`apply.table_pool`) that ran
@@ -40,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.pipeline_run import (
+    PipelineRun,
     add_run_arguments,
     load_average,
     machine,
@@ -235,6 +238,14 @@ def report(
     return "\n".join(lines)
 
 
+def _changes(run: PipelineRun) -> int:
+    """Row changes pgbench made: four per transaction (three updates, one insert)."""
+    with run.connect() as conn:
+        row = conn.execute("SELECT count(*) FROM pgbench_history").fetchone()
+    assert row is not None
+    return 4 * int(str(row[0]))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.batch_profile", description=__doc__)
     parser.add_argument("--rate", type=float, default=25.0, help="pgbench transactions/s")
@@ -263,16 +274,27 @@ def main(argv: list[str] | None = None) -> int:
                 **dict(item.split("=", 1) for item in arguments.spark_conf),
             }
         )
-        run.start_pipeline()
+        _, apply = run.start_pipeline()
         say("waiting for the initial snapshot to be applied")
         run.wait_caught_up(900)
         started_ms = int(time.time() * 1000)
+        run.sample_services()
+        assert apply.tree is not None
+        cpu_before = apply.tree.total_cpu_s
         say(f"pgbench at {arguments.rate:.0f} tps for {arguments.seconds} s")
         bench = pgbench(
             run, seconds=arguments.seconds, rate=arguments.rate, log=run.root / "pgbench.log"
         )
-        run.wait_while_running(bench, lambda: loads.append(load_average()))
-        run.wait_caught_up(600)
+
+        def tick() -> None:
+            loads.append(load_average())
+            run.sample_services()
+
+        run.wait_while_running(bench, tick)
+        caught_up_s = run.wait_caught_up(600)
+        run.sample_services()
+        apply_cpu_s = apply.tree.total_cpu_s - cpu_before
+        changes = _changes(run)
         run.stop_services()
         jobs = read_jobs(events)
         if arguments.json is not None:
@@ -292,6 +314,11 @@ def main(argv: list[str] | None = None) -> int:
         if arguments.spark_conf:
             print(f"apply's extra Spark settings: {', '.join(arguments.spark_conf)}")
         print(report(batches(jobs, started_ms), arguments.rate, arguments.seconds, loads))
+        print(
+            f"apply CPU over the workload and its catch-up ({caught_up_s:.0f} s after "
+            f"pgbench ended): {apply_cpu_s:.1f} s for {changes} changes, "
+            f"{1e6 * apply_cpu_s / max(changes, 1):.0f} µs per change"
+        )
     return 0
 
 
