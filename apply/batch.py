@@ -85,7 +85,7 @@ from apply.errors import (
     TableError,
     UnknownSchemaError,
 )
-from apply.history import TableHistory, newest_commit, read_history, recover_state
+from apply.history import TableHistory, newest_version, read_history, recover_state
 from apply.known_tables import KnownTable, KnownTables
 from apply.merge import (
     BatchMeasure,
@@ -672,7 +672,7 @@ def _apply_decoded(
     if plan.replace:
         assert existing is not None  # plan_table replaces an existing table only
         prepare_replacement(spark, path, columns, existing)
-        version_before = newest_commit(spark, path).version
+        version_before = newest_version(spark, path)
     else:
         ensure_table(spark, path, table, columns, existing)
         if history is None or columns.added:

@@ -17,7 +17,7 @@ maintenance on tables that also receive changes, or resync such a table.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from delta.tables import DeltaTable
@@ -38,15 +38,6 @@ class TableHistory:
     """The table's newest version."""
     state: TableState | None
     """The state in the newest apply commit; None when no MERGE has committed yet."""
-
-
-@dataclass(frozen=True, slots=True)
-class Commit:
-    version: int
-    operation: str
-    metrics: Mapping[str, str]
-    """Delta's ``operationMetrics`` of the commit (values are decimal strings)."""
-    user_metadata: str | None
 
 
 def _newest_state(table: str, rows: Iterable[Row]) -> TableState | None:
@@ -80,19 +71,10 @@ def recover_state(spark: SparkSession, path: str, table: str) -> TableState | No
     return None if history is None else history.state
 
 
-def newest_commit(spark: SparkSession, path: str) -> Commit:
-    """The newest commit of the Delta table at ``path``."""
-    row = (
-        DeltaTable.forPath(spark, path)
-        .history(1)
-        .select("version", "operation", "operationMetrics", "userMetadata")
-        .head()
-    )
+def newest_version(spark: SparkSession, path: str) -> int:
+    """The newest version of the Delta table at ``path`` (a commit's own figures are
+    read from its file, :mod:`apply.delta_log`)."""
+    row = DeltaTable.forPath(spark, path).history(1).select("version").head()
     if row is None:
         raise ValueError(f"{path} has no commits")
-    return Commit(
-        version=int(row["version"]),
-        operation=str(row["operation"]),
-        metrics=dict(row["operationMetrics"] or {}),
-        user_metadata=row["userMetadata"],
-    )
+    return int(row["version"])
