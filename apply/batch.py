@@ -55,10 +55,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pyspark.sql import DataFrame, SparkSession
 
+from apply.change_log import Append, append, change_log_path, create_log, newer_state
 from apply.dead_letter import (
     ErroredTable,
     ParkRequest,
@@ -69,6 +70,7 @@ from apply.dead_letter import (
 )
 from apply.decode import RECORD_COLUMNS, TopicSurvey, decode_topic, persisted, survey
 from apply.delta_schema import (
+    ColumnPlan,
     ExistingTable,
     ValueSchema,
     ensure_table,
@@ -85,6 +87,7 @@ from apply.errors import (
     TableError,
     UnknownSchemaError,
 )
+from apply.fold import Folds, fold_table
 from apply.history import TableHistory, newest_version, read_history, recover_state
 from apply.known_tables import KnownTable, KnownTables
 from apply.merge import (
@@ -141,6 +144,9 @@ class ApplyContext:
     known: KnownTables | None = None
     """What the job's earlier batches committed to each table, used again while no
     commit followed (:mod:`apply.known_tables`); None: every batch reads from Delta."""
+    folds: Folds | None = None
+    """With the change log (:mod:`apply.change_log`): batches append to each table's
+    log, and these folds merge it into the table; None: batches MERGE into the table."""
 
     def wrote(self, state: TableState) -> bool:
         """Whether ``state`` was committed by this query (so its batch ids compare with
@@ -187,9 +193,17 @@ def _lake_state(
     """The applied state of the topic's lake table, if it has a readable one."""
     table = table_of_topic(topic_survey.topic)
     try:
-        return recover_state(spark, table_path(context.lake_root, table), str(table))
+        return applied_state(spark, context.lake_root, table)
     except TableError:
         return None  # the history itself is what is broken; positions stay unknown
+
+
+def applied_state(spark: SparkSession, lake_root: str, table: TableId) -> TableState | None:
+    """The applied state of ``table``: its Delta table's, or its change log's when that
+    is newer (:func:`apply.change_log.newer_state`)."""
+    name = str(table)
+    logged = recover_state(spark, change_log_path(lake_root, table), name)
+    return newer_state(recover_state(spark, table_path(lake_root, table), name), logged)
 
 
 def _table_task(
@@ -523,20 +537,16 @@ def apply_table(
     table = table_of_topic(topic)
     name = str(table)
     path = table_path(context.lake_root, table)
-    for partition, seen in sorted(topic_survey.partitions.items()):
-        if seen.first_without_header is not None:
-            raise BadRecordError(
-                name,
-                topic,
-                partition,
-                seen.first_without_header,
-                "has neither framing of the contract (no single-object c3 01 header, no "
-                "Schema Registry 00 header)",
-            )
+    _check_framing(topic_survey, name)
     schemas = [
         parse_value_schema(table, fingerprint, context.writer_schemas[fingerprint])
         for fingerprint in sorted(topic_survey.fingerprints)
     ]
+    if context.folds is not None:
+        with context.folds.lock(table):
+            return _apply_table_logged(
+                spark, batch, batch_id, topic_survey, context, schemas=schemas, folds=context.folds
+            )
     known = context.known.current(spark, path) if context.known is not None else None
     existing: ExistingTable | None = None
     if known is not None:
@@ -594,6 +604,265 @@ def apply_table(
     return result
 
 
+def _check_framing(topic_survey: TopicSurvey, table: str) -> None:
+    for partition, seen in sorted(topic_survey.partitions.items()):
+        if seen.first_without_header is not None:
+            raise BadRecordError(
+                table,
+                topic_survey.topic,
+                partition,
+                seen.first_without_header,
+                "has neither framing of the contract (no single-object c3 01 header, no "
+                "Schema Registry 00 header)",
+            )
+
+
+def _apply_table_logged(
+    spark: SparkSession,
+    batch: DataFrame,
+    batch_id: int,
+    topic_survey: TopicSurvey,
+    context: ApplyContext,
+    *,
+    schemas: list[ValueSchema],
+    folds: Folds,
+) -> TableResult | None:
+    """:func:`apply_table` with the change log on, holding the table's fold lock: the
+    batch's changes are appended to the table's log when the log can take them, else
+    the log is folded and emptied and the batch is merged into the table
+    (:mod:`apply.change_log`, What goes to the log)."""
+    topic = topic_survey.topic
+    table = table_of_topic(topic)
+    name = str(table)
+    path = table_path(context.lake_root, table)
+    log_path = change_log_path(context.lake_root, table)
+    known = context.known.current(spark, log_path) if context.known is not None else None
+    table_history: TableHistory | None = None
+    if known is not None:
+        log_history: TableHistory | None = known.history
+        existing: ExistingTable | None = known.existing
+        state = known.history.state
+    else:
+        table_history = read_history(spark, path, name)
+        log_history = read_history(spark, log_path, name)
+        state = newer_state(
+            None if table_history is None else table_history.state,
+            None if log_history is None else log_history.state,
+        )
+        existing = read_existing_table(spark, path, table) if table_history is not None else None
+    if state is not None:
+        reported = log_history or table_history
+        covered = _covered_result(
+            topic_survey,
+            batch_id,
+            -1 if reported is None else reported.version,
+            state,
+            path=log_path,
+            context=context,
+        )
+        if covered is not None:
+            return covered
+    if existing is None and not schemas:
+        log.warning("tombstones for a table not created yet, nothing to record: %s", name)
+        return None
+    plan = _plan(batch, topic, table=table, existing=existing, schemas=schemas, previous=state)
+    decoded = (
+        decode_topic(batch, topic, schemas, plan.columns.columns, plan.superseded)
+        if schemas
+        else None
+    )
+    with persisted(decoded):
+        measured = _measure(decoded, state, topic_survey, name)
+        loggable = not plan.replace and measured.truncate is None and not measured.unchanged_columns
+        if not loggable:
+            # The table takes this batch directly: first it takes everything the log
+            # holds, and the log is emptied, so no row left there is older than a change
+            # in the table.
+            if context.known is not None:
+                context.known.forget(log_path)
+            if log_history is not None:
+                fold_table(
+                    spark,
+                    lake_root=context.lake_root,
+                    table=table,
+                    default_app_id=context.txn_app_id,
+                    empty_log=True,
+                )
+            folds.folded(table)
+            direct = read_history(spark, path, name)
+            return _apply_decoded(
+                spark,
+                batch_id=batch_id,
+                topic_survey=topic_survey,
+                context=context,
+                history=None if direct is None else TableHistory(direct.version, state),
+                existing=existing,
+                plan=plan,
+                decoded=decoded,
+                measured=measured,
+            )
+        result = _append_decoded(
+            spark,
+            batch_id=batch_id,
+            topic_survey=topic_survey,
+            context=context,
+            previous=state,
+            log_history=log_history,
+            existing=existing,
+            plan=plan.columns,
+            decoded=decoded,
+            measured=measured,
+        )
+    folds.appended(table)
+    if context.known is not None:
+        plain = existing is not None and not plan.columns.added and log_history is not None
+        if result.committed and plain:
+            assert existing is not None
+            context.known.remember(
+                log_path, KnownTable(TableHistory(result.version, result.state), existing)
+            )
+        else:
+            context.known.forget(log_path)
+    if result.committed and context.upkeep is not None:
+        context.upkeep.after_commit(
+            spark,
+            table=name,
+            path=log_path,
+            version_before=-1 if log_history is None else log_history.version,
+            version_after=result.version,
+        )
+    return result
+
+
+def _measure(
+    decoded: DataFrame | None, previous: TableState | None, topic_survey: TopicSurvey, table: str
+) -> BatchMeasure:
+    """:func:`apply.merge.measure`, and a record that does not decode raises."""
+    measured = (
+        measure(decoded, previous, topic_survey.topic)
+        if decoded is not None
+        else BatchMeasure(partitions={}, unchanged_columns=frozenset())
+    )
+    for partition, seen_decoded in sorted(measured.partitions.items()):
+        if seen_decoded.first_malformed is not None:
+            raise BadRecordError(
+                table,
+                topic_survey.topic,
+                partition,
+                seen_decoded.first_malformed,
+                "does not decode with the writer schema its header names",
+            )
+    return measured
+
+
+def _append_decoded(
+    spark: SparkSession,
+    *,
+    batch_id: int,
+    topic_survey: TopicSurvey,
+    context: ApplyContext,
+    previous: TableState | None,
+    log_history: TableHistory | None,
+    existing: ExistingTable | None,
+    plan: ColumnPlan,
+    decoded: DataFrame | None,
+    measured: BatchMeasure,
+) -> TableResult:
+    """Append the batch's latest change per key to the table's log, with the new state
+    in the same commit. The table itself is created or given new columns first, so a
+    fold always finds every column the log holds."""
+    topic = topic_survey.topic
+    table = table_of_topic(topic)
+    name = str(table)
+    path = table_path(context.lake_root, table)
+    log_path = change_log_path(context.lake_root, table)
+    ensure_table(spark, path, table, plan, existing)
+    if log_history is None:
+        create_log(spark, log_path, table, plan.columns, plan.key_columns)
+        version_before = newest_version(spark, log_path)
+    else:
+        version_before = log_history.version
+    seq = version_before + 1
+    state = replace(
+        advance(
+            previous,
+            name,
+            batch_id,
+            _partition_batches(topic_survey, measured),
+            None,
+            txn_app_id=context.txn_app_id,
+        ),
+        log_seq=seq,
+    )
+    source = (
+        merge_source(
+            decoded,
+            previous=previous,
+            topic=topic,
+            plan=plan,
+            erased_before=None if previous is None else previous.truncated_at,
+            unchanged_columns=frozenset(),
+        )
+        if decoded is not None
+        else empty_source(spark, plan)
+    )
+    outcome = append(
+        spark,
+        source,
+        plan.columns,
+        Append(
+            path=log_path,
+            table=name,
+            seq=seq,
+            version_before=version_before,
+            app_id=context.txn_app_id,
+            batch_id=batch_id,
+            metadata=encode_state(state),
+        ),
+    )
+    if not outcome.committed:
+        recorded = recover_state(spark, log_path, name)
+        if recorded is None or recorded.batch_id != batch_id:
+            raise _batch_ids_restarted(name, batch_id, recorded)
+        state = recorded
+    replays = sum(m.replays for m in measured.partitions.values())
+    source_rows = _metric(outcome.metrics, "numOutputRows")
+    changes = topic_survey.records - topic_survey.tombstones - replays
+    result = TableResult(
+        table=name,
+        topic=topic,
+        path=log_path,
+        batch_id=batch_id,
+        committed=outcome.committed,
+        version=outcome.version,
+        records=topic_survey.records,
+        tombstones=topic_survey.tombstones,
+        replays=replays,
+        superseded=changes - source_rows if outcome.committed else 0,
+        truncates=0,
+        source_rows=source_rows,
+        rows_inserted=0,
+        rows_updated=0,
+        rows_deleted=0,
+        rows_truncated=0,
+        table_created=plan.create,
+        columns_added=tuple(column.name for column in plan.added),
+        partitions=tuple(sorted((topic, partition) for partition in topic_survey.partitions)),
+        state=state,
+    )
+    log.info(
+        "batch %d to %s: change log version %d %s, %d records, %d replays, %d rows logged",
+        batch_id,
+        name,
+        result.version,
+        "committed" if result.committed else "skipped as already committed",
+        result.records,
+        result.replays,
+        source_rows,
+    )
+    return result
+
+
 def _plan(
     batch: DataFrame,
     topic: str,
@@ -636,28 +905,18 @@ def _apply_decoded(
     existing: ExistingTable | None,
     plan: TablePlan,
     decoded: DataFrame | None,
+    measured: BatchMeasure | None = None,
 ) -> TableResult:
-    """:func:`apply_table` once the records are decoded: measure, then MERGE. ``decoded``
-    is cached, so the measure and the MERGE decode every record once."""
+    """:func:`apply_table` once the records are decoded: measure (unless ``measured``),
+    then MERGE. ``decoded`` is cached, so the measure and the MERGE decode every record
+    once."""
     topic = topic_survey.topic
     table = table_of_topic(topic)
     name = str(table)
     path = table_path(context.lake_root, table)
     previous = history.state if history is not None else None
-    measured = (
-        measure(decoded, previous, topic)
-        if decoded is not None
-        else BatchMeasure(partitions={}, unchanged_columns=frozenset())
-    )
-    for partition, seen_decoded in sorted(measured.partitions.items()):
-        if seen_decoded.first_malformed is not None:
-            raise BadRecordError(
-                name,
-                topic,
-                partition,
-                seen_decoded.first_malformed,
-                "does not decode with the writer schema its header names",
-            )
+    if measured is None:
+        measured = _measure(decoded, previous, topic_survey, name)
     truncate = measured.truncate
     state = advance(
         previous,

@@ -88,7 +88,7 @@ TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
 USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
 
-_CONCURRENT_WRITES = (
+CONCURRENT_WRITES = (
     DeltaConcurrentModificationException,
     ConcurrentWriteException,
     MetadataChangedException,
@@ -422,7 +422,7 @@ def merge_into(
     try:
         with commit_settings(spark, app_id, batch_id, metadata):
             builder.execute()
-    except _CONCURRENT_WRITES as exc:
+    except CONCURRENT_WRITES as exc:
         raise TransientError(
             f"table {table}: another writer committed to {path} during the MERGE; retry the "
             "batch, and make sure one apply job owns each table"
@@ -486,7 +486,7 @@ def replace_table(
             .option("userMetadata", metadata)
             .save(path)
         )
-    except _CONCURRENT_WRITES as exc:
+    except CONCURRENT_WRITES as exc:
         raise TransientError(
             f"table {table}: another writer committed to {path} during its replacement; "
             "retry the batch, and make sure one apply job owns each table"

@@ -85,6 +85,10 @@ class TableState:
     txn_app_id: str | None = None
     """The ``txnAppId`` of the query (lane, :mod:`apply.lanes`) whose batch ``batch_id``
     is; None in commits written before lanes existed, all by the default lane."""
+    log_seq: int | None = None
+    """With the change log (:mod:`apply.change_log`): in a log commit, the sequence
+    number of the rows it appended; in a table commit, the sequence the table holds every
+    logged change up to (the fold's watermark). None without a change log."""
 
     def applied_position(self, topic: str, partition: int) -> Position | None:
         progress = self.partitions.get((topic, partition))
@@ -174,6 +178,7 @@ def encode_state(state: TableState) -> str:
             "truncated_at": _position_json(state.truncated_at),
             "partitions": partitions,
             **({} if state.txn_app_id is None else {"txn_app_id": state.txn_app_id}),
+            **({} if state.log_seq is None else {"log_seq": state.log_seq}),
         },
         separators=(",", ":"),
     )
@@ -249,6 +254,7 @@ def decode_state(text: str | None) -> TableState | None:
             truncated_at=_position(fields["truncated_at"]),
             batch_id=_integer("batch_id", fields["batch_id"]),
             txn_app_id=_optional_string("txn_app_id", fields.get("txn_app_id")),
+            log_seq=_integer("log_seq", fields.get("log_seq"), optional=True),
         )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise StateFormatError(

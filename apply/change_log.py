@@ -1,0 +1,302 @@
+"""A table's change log: where a micro-batch appends its changes when the lake runs with
+``lake.change_log`` (docs/lake-change-log.md).
+
+A MERGE into a Delta table costs seconds however few rows it holds (docs/benchmarks.md,
+"Where a micro-batch's time goes"), while an append of the same rows costs a fraction
+of that. So with the change log on, a batch **appends** each table's changes, reduced to
+the latest change per key exactly as the MERGE source is (:func:`apply.merge.merge_source`),
+to the table's log, with the table's applied state in the same commit; a **fold**
+(:mod:`apply.fold`) later merges the log into the table in one larger MERGE.
+
+Layout: the log of ``schema.table`` is a Delta table at
+``<lake_root>/_change-log/<schema>/<table>`` (the same escaped segments as the table,
+:mod:`apply.tables`). No schema's segment can be ``_change-log``, since an escaped
+segment's ``-`` always starts a two-digit hex escape, so the folder never meets a
+table's; and a log sits one level deeper than the ``<root>/*/*`` glob that finds tables.
+
+Its columns are the table's data columns, with the table's position columns
+(``_cdc_commit_lsn``, ``_cdc_ordinal``, ``_cdc_commit_ts``), and:
+
+- ``_cdc_op``: ``INSERT``, ``UPDATE``, ``READ`` (a snapshot row) or ``DELETE``, as in
+  the change records;
+- ``_cdc_seq``: the sequence number of the append that wrote the row. It is the log
+  version the append was planned to get (the job is the log's only writer), so it grows
+  with every append, and a fold can say "every row up to sequence S" in one number.
+
+Guarantees:
+
+- **Applied means logged.** The append commits the rows and the table's new
+  :class:`~apply.positions.TableState` together (``userMetadata``, with ``txnAppId``
+  and the batch id as ``txnVersion``, so a replayed batch appends nothing). The state
+  carries the append's sequence (``log_seq``). A table's applied state is the newer of
+  its log's and its table's (:func:`newer_state`).
+- **A log is a suffix.** Rows leave the log only from its oldest end (:func:`trim`),
+  so for every key, the newest row the log holds, if any, is the key's newest change.
+- **What goes to the log.** Only a batch the MERGE would apply with plain upserts and
+  deletes: no TRUNCATE, no table replacement, no unchanged TOAST column (whose value
+  would come from the table). Any other batch first folds and empties the log, then is
+  merged into the table as without a log (:mod:`apply.batch`), so a change in the
+  table is never older than a row left in the log.
+
+The freshest view (:func:`freshest_view_sql`) reads the table and its log together:
+for each key, the log's newest row wins when it is positioned after the table's row
+(or the table has none), a winning ``DELETE`` hides the key, and every other table row
+stands. It is plain SQL that Spark SQL, DuckDB and DataFusion (delta-rs) all run.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from delta.tables import DeltaTable
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as sf
+from pyspark.sql.types import ArrayType, LongType, StringType, StructField, StructType
+
+from apply.decode import COMMIT_LSN, COMMIT_TS, MALFORMED, OP, ORDINAL, ROW, UNCHANGED
+from apply.delta_log import DeltaLogFiles
+from apply.delta_schema import (
+    COMMIT_LSN_COLUMN,
+    COMMIT_TS_COLUMN,
+    KEY_COLUMNS_PROPERTY,
+    METADATA_FIELDS,
+    ORDINAL_COLUMN,
+    ColumnSpec,
+)
+from apply.errors import TransientError
+from apply.history import newest_version
+from apply.merge import CONCURRENT_WRITES, MergeOutcome, MergeSource, own_outcome
+from apply.positions import TableState, covers
+from apply.tables import TableId
+from schemas.naming import topic_segment
+from schemas.operation import Operation
+
+CHANGE_LOG_DIR = "_change-log"
+"""The folder under the lake root that holds every table's change log."""
+OP_COLUMN = "_cdc_op"
+SEQ_COLUMN = "_cdc_seq"
+LOG_OF_PROPERTY = "pgdelta.changeLogOf"
+"""Table property of a change log naming its source table, ``schema.table``."""
+
+LOG_FIELDS: tuple[StructField, ...] = (
+    *METADATA_FIELDS,
+    StructField(OP_COLUMN, StringType(), nullable=True),
+    StructField(SEQ_COLUMN, LongType(), nullable=True),
+)
+
+
+def change_log_path(lake_root: str, table: TableId) -> str:
+    """Where the change log of ``table`` lives under ``lake_root``."""
+    return (
+        f"{lake_root.rstrip('/')}/{CHANGE_LOG_DIR}/"
+        f"{topic_segment(table.schema)}/{topic_segment(table.table)}"
+    )
+
+
+def log_schema(columns: Sequence[ColumnSpec]) -> StructType:
+    """The log's schema: the table's data columns, then :data:`LOG_FIELDS`."""
+    return StructType(
+        [StructField(column.name, column.data_type, nullable=True) for column in columns]
+        + list(LOG_FIELDS)
+    )
+
+
+def newer_state(table: TableState | None, log: TableState | None) -> TableState | None:
+    """The applied state of a table from its table's and its log's newest states: the
+    one that covers the other's offsets. Both come from one stream of batches, so one
+    always does; the log's wins a tie, since it names the newest append."""
+    if table is None:
+        return log
+    if log is None:
+        return table
+    log_next = {key: progress.next_offset for key, progress in log.partitions.items()}
+    if covers(table, log_next) and not covers(log, _next_offsets(table)):
+        return table
+    return log
+
+
+def _next_offsets(state: TableState) -> dict[tuple[str, int], int]:
+    return {key: progress.next_offset for key, progress in state.partitions.items()}
+
+
+def create_log(
+    spark: SparkSession,
+    path: str,
+    table: TableId,
+    columns: Sequence[ColumnSpec],
+    keys: Sequence[str],
+) -> None:
+    """Create the log (a commit of its own, idempotent). No deletion vectors: a trim
+    removes whole files, and every reader can read the log."""
+    (
+        DeltaTable.createIfNotExists(spark)
+        .location(path)
+        .addColumns(log_schema(columns))
+        .property(LOG_OF_PROPERTY, str(table))
+        .property(KEY_COLUMNS_PROPERTY, json.dumps(list(keys)))
+        .property("delta.enableDeletionVectors", "false")
+        .execute()
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Append:
+    """One batch's rows for a table's log, and the commit they go in."""
+
+    path: str
+    table: str
+    seq: int
+    version_before: int
+    app_id: str
+    batch_id: int
+    metadata: str
+
+
+def append(
+    spark: SparkSession, source: MergeSource, columns: Sequence[ColumnSpec], to: Append
+) -> MergeOutcome:
+    """Append the latest change per key (``source``, the MERGE's source) to the log in
+    one commit carrying the batch's transaction id and state; a batch committed before
+    appends nothing (Delta skips it)."""
+    row = sf.col(ROW)
+    frame = source.frame.select(
+        *[row[c.name].cast(c.data_type).alias(c.name) for c in columns],
+        sf.col(COMMIT_LSN).cast(LongType()).alias(COMMIT_LSN_COLUMN),
+        sf.col(ORDINAL).cast(LongType()).alias(ORDINAL_COLUMN),
+        sf.col(COMMIT_TS).alias(COMMIT_TS_COLUMN),
+        sf.col(OP).alias(OP_COLUMN),
+        sf.lit(to.seq).cast(LongType()).alias(SEQ_COLUMN),
+    )
+    try:
+        (
+            frame.write.format("delta")
+            .mode("append")
+            .option("mergeSchema", "true")
+            .option("txnAppId", to.app_id)
+            .option("txnVersion", str(to.batch_id))
+            .option("userMetadata", to.metadata)
+            .save(to.path)
+        )
+    except CONCURRENT_WRITES as exc:
+        raise TransientError(
+            f"table {to.table}: another writer committed to its change log {to.path}; "
+            "retry the batch, and make sure one apply job owns each table"
+        ) from exc
+    return own_outcome(spark, to.path, to.version_before, to.app_id, to.batch_id)
+
+
+def unfolded(
+    spark: SparkSession,
+    path: str,
+    columns: Sequence[ColumnSpec],
+    *,
+    after_seq: int | None,
+    through_seq: int,
+) -> DataFrame:
+    """The log's rows with a sequence in ``(after_seq, through_seq]``, in the shape
+    :func:`apply.decode.decode_topic` gives (one partition, nothing malformed), so the
+    MERGE source is built from them as from a batch. A column the log lacks (added to
+    the table while the log was empty) is null."""
+    rows = spark.read.format("delta").load(path)
+    present = set(rows.columns)
+    seq = sf.col(SEQ_COLUMN)
+    window = seq <= sf.lit(through_seq)
+    if after_seq is not None:
+        window = window & (seq > sf.lit(after_seq))
+    return rows.where(window).select(
+        sf.lit(0).alias("partition"),
+        sf.lit(0).cast(LongType()).alias("offset"),
+        sf.lit(False).alias(MALFORMED),
+        sf.col(OP_COLUMN).alias(OP),
+        sf.col(COMMIT_LSN_COLUMN).alias(COMMIT_LSN),
+        sf.col(ORDINAL_COLUMN).alias(ORDINAL),
+        sf.col(COMMIT_TS_COLUMN).alias(COMMIT_TS),
+        sf.array().cast(ArrayType(StringType())).alias(UNCHANGED),
+        sf.struct(
+            *[
+                (sf.col(c.name) if c.name in present else sf.lit(None))
+                .cast(c.data_type)
+                .alias(c.name)
+                for c in columns
+            ]
+        ).alias(ROW),
+    )
+
+
+def trim(spark: SparkSession, path: str, through_seq: int) -> int | None:
+    """Delete the log's rows up to sequence ``through_seq``: its oldest end, so the log
+    stays a suffix. Returns the version of the trim's commit when it is the only commit
+    since the log's version before it, else None (the caller then reads the log again)."""
+    files = DeltaLogFiles(spark)
+    delta = DeltaTable.forPath(spark, path)
+    before = newest_version(spark, path)
+    delta.delete(sf.col(SEQ_COLUMN) <= sf.lit(through_seq))
+    if files.exists(path, before + 1) and not files.exists(path, before + 2):
+        return before + 1
+    return None
+
+
+Dialect = Literal["spark", "duckdb", "datafusion"]
+"""Spark SQL quotes identifiers with backticks; DuckDB and DataFusion (delta-rs) with
+double quotes."""
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def freshest_view_sql(
+    table_source: str,
+    log_source: str,
+    columns: Sequence[str],
+    key_columns: Sequence[str],
+    dialect: Dialect = "spark",
+) -> str:
+    """A query that reads the table overlaid with its log's newer changes (module
+    docstring). ``table_source`` and ``log_source`` are how the engine names the two
+    Delta tables (Spark: ``delta.`<path>```; DuckDB: ``delta_scan('<path>')``; delta-rs: the names
+    registered with its ``QueryBuilder``)."""
+    q = (lambda name: f"`{name.replace('`', '``')}`") if dialect == "spark" else _quote
+    lsn, ordinal, ts = q(COMMIT_LSN_COLUMN), q(ORDINAL_COLUMN), q(COMMIT_TS_COLUMN)
+    op = q(OP_COLUMN)
+    keys = ", ".join(f"l.{q(k)}" for k in key_columns)
+    # Parenthesised: DataFusion's parser binds a following AND into IS NOT DISTINCT FROM.
+    same_key = " AND ".join(f"(t.{q(k)} IS NOT DISTINCT FROM l.{q(k)})" for k in key_columns)
+    t_data = ", ".join(f"t.{q(c)}" for c in columns)
+    l_data = ", ".join(f"l.{q(c)}" for c in columns)
+    log_after_table = f"(l.{lsn} > t.{lsn} OR (l.{lsn} = t.{lsn} AND l.{ordinal} > t.{ordinal}))"
+    # Identifiers are quoted for the dialect; the two sources are the caller's own text.
+    return (
+        f"WITH ranked AS (\n"  # noqa: S608
+        f"  SELECT l.*, ROW_NUMBER() OVER (PARTITION BY {keys} "
+        f"ORDER BY l.{lsn} DESC, l.{ordinal} DESC) AS _cdc_rank\n"
+        f"  FROM {log_source} AS l\n"
+        f"), latest AS (SELECT * FROM ranked WHERE _cdc_rank = 1)\n"
+        f"SELECT {t_data}, t.{lsn}, t.{ordinal}, t.{ts} FROM {table_source} AS t\n"
+        f"WHERE NOT EXISTS (SELECT 1 FROM latest AS l WHERE {same_key} AND {log_after_table})\n"
+        f"UNION ALL\n"
+        f"SELECT {l_data}, l.{lsn}, l.{ordinal}, l.{ts} FROM latest AS l\n"
+        f"WHERE l.{op} <> '{Operation.DELETE.value}' AND NOT EXISTS (\n"
+        f"  SELECT 1 FROM {table_source} AS t WHERE {same_key} AND NOT {log_after_table})"
+    )
+
+
+__all__ = [
+    "CHANGE_LOG_DIR",
+    "LOG_FIELDS",
+    "LOG_OF_PROPERTY",
+    "OP_COLUMN",
+    "SEQ_COLUMN",
+    "Append",
+    "append",
+    "change_log_path",
+    "create_log",
+    "freshest_view_sql",
+    "log_schema",
+    "newer_state",
+    "trim",
+    "unfolded",
+]

@@ -1,0 +1,256 @@
+"""Fold a table's change log into the table: one MERGE of every change logged since the
+last fold (:mod:`apply.change_log`, docs/lake-change-log.md).
+
+A fold of ``schema.table``:
+
+1. reads the log's newest applied state; its ``log_seq`` is the newest append, S;
+2. reads the table's newest applied state; its ``log_seq`` is the last fold's watermark,
+   W (none: never folded). Nothing to do when W >= S;
+3. builds the MERGE source from the log rows with a sequence in ``(W, S]`` exactly as a
+   batch builds it from its records (:func:`apply.merge.merge_source`: latest change
+   per key), and MERGEs it with the position guard, so a change already in the table is
+   never taken back;
+4. commits, in the MERGE's commit, the log's state with ``log_seq`` S: the table's
+   state then says what the table holds, as it does without a log, and the next fold
+   starts after S. The commit's ``txnAppId`` is the query's with ``:fold`` appended and
+   its ``txnVersion`` is S, so a fold repeated after a crash commits nothing;
+5. trims the log up to W, the previous fold's watermark, not S: a reader of the
+   freshest view that read the table just before this fold still finds this fold's
+   rows in the log. (Before a batch that cannot go to the log, the fold trims up to S
+   instead and leaves the log empty, :mod:`apply.batch`.)
+
+Who folds: :class:`Folds` keeps, per table, a lock and the time of its last fold. The
+table's batch task holds the lock while it appends; :class:`FoldTimer`, a driver thread,
+folds every table whose log has rows and whose last fold is ``every_s`` old, taking the
+lock only when it is free, so a fold never races the table's own batch and a quiet
+table's last changes still reach the table when no batch comes. A fold that fails is
+logged and retried on the next tick: the log keeps its rows, and the view stays right.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from pyspark.sql import SparkSession
+
+from apply.change_log import change_log_path, trim, unfolded
+from apply.delta_schema import ColumnPlan, read_existing_table
+from apply.errors import ConfigError
+from apply.history import TableHistory, read_history
+from apply.merge import merge_into, merge_source
+from apply.positions import encode_state
+from apply.table_pool import table_session
+from apply.tables import TableId, table_path
+
+log = logging.getLogger(__name__)
+
+FOLD_SUFFIX = ":fold"
+
+
+def fold_app_id(app_id: str) -> str:
+    """The ``txnAppId`` of the folds of a query's logs."""
+    return app_id + FOLD_SUFFIX
+
+
+@dataclass(frozen=True, slots=True)
+class FoldResult:
+    table: str
+    through_seq: int
+    """Every change logged up to this sequence is in the table."""
+    version: int
+    """The table's version after the fold."""
+    source_rows: int
+    duration_s: float
+
+
+def fold_table(
+    spark: SparkSession,
+    *,
+    lake_root: str,
+    table: TableId,
+    default_app_id: str,
+    log_history: TableHistory | None = None,
+    empty_log: bool = False,
+) -> FoldResult | None:
+    """Fold the log of ``table`` into the table (module docstring); None when the table
+    holds every logged change already. ``log_history``: the log's newest version and
+    state when the caller has them. ``empty_log``: trim every folded row, not only the
+    previous fold's."""
+    started = time.monotonic()
+    name = str(table)
+    path = table_path(lake_root, table)
+    log_path = change_log_path(lake_root, table)
+    if log_history is None:
+        log_history = read_history(spark, log_path, name)
+    logged = None if log_history is None else log_history.state
+    if logged is None or logged.log_seq is None:
+        return None
+    through = logged.log_seq
+    history = read_history(spark, path, name)
+    if history is None:
+        return None  # a log is only written after its table exists: nothing to fold into
+    watermark = None if history.state is None else history.state.log_seq
+    if watermark is not None and watermark >= through:
+        if empty_log:
+            trim(spark, log_path, through)
+        return None
+    existing = read_existing_table(spark, path, table)
+    assert existing is not None  # read_history found the table
+    plan = ColumnPlan(
+        columns=existing.columns, added=(), key_columns=existing.key_columns, create=False
+    )
+    rows = unfolded(spark, log_path, plan.columns, after_seq=watermark, through_seq=through)
+    source = merge_source(
+        rows,
+        previous=None,
+        topic="",
+        plan=plan,
+        erased_before=None,
+        unchanged_columns=frozenset(),
+    )
+    app_id = fold_app_id(logged.txn_app_id or default_app_id)
+    outcome = merge_into(
+        spark,
+        path=path,
+        table=name,
+        source=source,
+        plan=plan,
+        truncate=None,
+        version_before=history.version,
+        app_id=app_id,
+        batch_id=through,
+        metadata=encode_state(replace(logged, log_seq=through)),
+    )
+    if not outcome.committed:
+        raise ConfigError(
+            f"table {name}: the fold of its change log up to sequence {through} was skipped "
+            f"as written before, but the table holds the log only up to {watermark}: the "
+            f"change log at {log_path} was recreated; resync the table"
+        )
+    trim_through = through if empty_log else watermark
+    if trim_through is not None:
+        trim(spark, log_path, trim_through)
+    result = FoldResult(
+        table=name,
+        through_seq=through,
+        version=outcome.version,
+        source_rows=int(outcome.metrics.get("numSourceRows", "0")),
+        duration_s=time.monotonic() - started,
+    )
+    log.info(
+        "fold of %s: log up to sequence %d merged, %d rows, table version %d, %.2fs",
+        name,
+        through,
+        result.source_rows,
+        result.version,
+        result.duration_s,
+    )
+    return result
+
+
+class Folds:
+    """Per table: the lock its batch and its folds share, and when it was last folded."""
+
+    def __init__(self, every_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.every_s = every_s
+        self._clock = clock
+        self._guard = threading.Lock()
+        self._locks: dict[TableId, threading.Lock] = {}
+        self._last_fold: dict[TableId, float] = {}
+        self._pending: set[TableId] = set()
+
+    def lock(self, table: TableId) -> threading.Lock:
+        with self._guard:
+            return self._locks.setdefault(table, threading.Lock())
+
+    def appended(self, table: TableId) -> None:
+        """The table's log got rows the table may lack."""
+        with self._guard:
+            self._pending.add(table)
+
+    def folded(self, table: TableId) -> None:
+        """The table holds every change its log had when the fold read it."""
+        with self._guard:
+            self._pending.discard(table)
+            self._last_fold[table] = self._clock()
+
+    def due(self) -> list[TableId]:
+        """Tables with logged changes whose last fold in this run is ``every_s`` old (or
+        that were not folded in this run)."""
+        now = self._clock()
+        with self._guard:
+            return sorted(
+                table
+                for table in self._pending
+                if now - self._last_fold.get(table, float("-inf")) >= self.every_s
+            )
+
+
+class FoldTimer:
+    """The driver thread that folds due tables (module docstring)."""
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        folds: Folds,
+        *,
+        lake_root: str,
+        default_app_id: str,
+        on_fold: Callable[[FoldResult], None] = lambda _: None,
+    ) -> None:
+        self._spark = spark
+        self._folds = folds
+        self._lake_root = lake_root
+        self._default_app_id = default_app_id
+        self._on_fold = on_fold
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="apply-fold", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop after the fold under way, if any."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def fold_due(self) -> int:
+        """Fold every due table whose lock is free; the number folded."""
+        count = 0
+        for table in self._folds.due():
+            if self._stop.is_set():
+                break
+            lock = self._folds.lock(table)
+            if not lock.acquire(blocking=False):
+                continue  # its batch is applying it: the next tick folds it
+            try:
+                result = fold_table(
+                    table_session(self._spark),
+                    lake_root=self._lake_root,
+                    table=table,
+                    default_app_id=self._default_app_id,
+                )
+                self._folds.folded(table)
+            except Exception:
+                # Kept in the log; the view is still right and the next tick retries.
+                log.exception("fold of %s failed; retried on the next tick", table)
+                continue
+            finally:
+                lock.release()
+            if result is not None:
+                count += 1
+                self._on_fold(result)
+        return count
+
+    def _run(self) -> None:
+        tick = max(0.2, min(1.0, self._folds.every_s / 4))
+        while not self._stop.wait(tick):
+            self.fold_due()
+
+
+__all__ = ["FOLD_SUFFIX", "FoldResult", "FoldTimer", "Folds", "fold_app_id", "fold_table"]
