@@ -48,11 +48,12 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
-from apply.batch import ApplyContext, apply_batch
+from apply.batch import ApplyContext, applied_state, apply_batch
+from apply.change_log import Dialect, logged_tables, view_sql
 from apply.dead_letter import ErroredTable, discard, errored_tables, parked_offsets
 from apply.errors import TableError, UnknownSchemaError
 from apply.feedback import ProgressPublisher, SchemaCatalog
-from apply.history import recover_state
+from apply.fold import Folds, FoldTimer, fold_table
 from apply.kafka_clients import spark_source_options
 from apply.known_tables import KnownTables
 from apply.lanes import DEFAULT_LANE, Lane, checkpoint_of, default_topic_pattern, plan_lanes
@@ -63,7 +64,7 @@ from apply.reapply import ReapplyOutcome, reapply_app_id, reapply_table
 from apply.settings import ApplySettings, KafkaSettings
 from apply.table_pool import POOL_PROPERTY
 from apply.table_status import now_micros, table_statuses
-from apply.tables import table_of_topic
+from apply.tables import TableId, table_of_segments, table_of_topic
 from apply.upkeep import TableUpkeep
 from runtime.errors import TransientError
 from runtime.retry import Backoff, call_with_retry
@@ -184,6 +185,8 @@ class ApplyJob:
         self._context_id = transaction_app_id(checkpoint_location(settings))
         # The streaming batches' tables only: reapply and discard read from Delta.
         self._known = KnownTables()
+        # With the change log: the tables' fold locks and turns (apply.fold).
+        self._folds = Folds(settings.lake.fold_every_s) if settings.lake.change_log else None
         self._app_ids = {lane.name: transaction_app_id(lane.checkpoint) for lane in self.lanes}
 
     def _context(self, app_id: str, *, streaming: bool = False) -> ApplyContext:
@@ -198,6 +201,7 @@ class ApplyJob:
             default_txn_app_id=self._context_id,
             upkeep=TableUpkeep(self._settings.upkeep, self.metrics),
             known=self._known if streaming else None,
+            folds=self._folds if streaming else None,
         )
 
     def close(self) -> None:
@@ -308,7 +312,12 @@ class ApplyJob:
             table_path = status.getPath().getParent()
             schema, table = table_path.getParent().getName(), table_path.getName()
             try:
-                state = recover_state(self._spark, table_path.toString(), f"{schema}.{table}")
+                table_id = table_of_segments(schema, table)
+            except ValueError:
+                continue  # not a folder apply writes (the dead-letter table's, say)
+            try:
+                # The newer of the table's state and its change log's (apply.change_log).
+                state = applied_state(self._spark, self._settings.lake.root, table_id)
             except TableError as exc:
                 # Its records are parked (the dead-letter offsets below cover them).
                 log.error("cannot recover the applied state of %s: %s", table_path, exc)  # noqa: TRY400
@@ -349,6 +358,16 @@ class ApplyJob:
         progress of its partitions (:mod:`apply.reapply`)."""
         self._refresh_schemas()
         context = self._context(reapply_app_id(self._context_id))
+        if self._settings.lake.change_log:
+            # Reapply merges into the table: it must first hold everything the log does.
+            schema, _, name = table.partition(".")
+            fold_table(
+                self._spark,
+                lake_root=self._settings.lake.root,
+                table=TableId(schema, name),
+                default_app_id=self._context_id,
+                empty_log=True,
+            )
         try:
             outcome = reapply_table(self._spark, table, context)
         finally:
@@ -361,6 +380,12 @@ class ApplyJob:
             self._publish(recovered_progress(list(states.values()), {table: parked.get(table, {})}))
         return outcome
 
+    def view_sql(self, table: str, dialect: Dialect) -> str:
+        """The freshest view of ``table`` (``schema.table``) for ``dialect``: what
+        ``python -m apply view`` prints."""
+        schema, _, name = table.partition(".")
+        return view_sql(self._spark, self._settings.lake.root, TableId(schema, name), dialect)
+
     def run(self, stop: threading.Event) -> None:
         """Start every lane's query and wait until ``stop`` is set or a query ends; the
         first query that fails stops the others and its error is raised. ``stop`` also
@@ -370,6 +395,7 @@ class ApplyJob:
         republished = self.republish_recorded_progress()
         log.info("re-published %d applied-progress messages from Delta", republished)
         queries: list[tuple[Lane, StreamingQuery]] = []
+        timer = self._fold_timer()
         try:
             for lane in self.lanes:
                 queries.append((lane, self._start(lane)))
@@ -390,15 +416,38 @@ class ApplyJob:
                 if active is not None:  # else the last one ended just now: asked again
                     active.awaitTermination(1)
         finally:
+            if timer is not None:
+                timer.stop()
             for _, query in queries:
                 if query.isActive:
                     query.stop()
             self.health.stopped("an apply streaming query has stopped")
+        if timer is not None and each_ends and all(q.exception() is None for _, q in queries):
+            # available_now: the job ends caught up, its tables included, not only its logs.
+            timer.fold_due(every=True)
         for lane, query in queries:
             error = query.exception()
             if error is not None:
                 where = "" if lane.is_default else f" of lane {lane.name}"
                 raise RuntimeError(f"the apply query{where} failed: {error}")
+
+    def _fold_timer(self) -> FoldTimer | None:
+        """With the change log: the thread that folds the tables' logs, started with
+        every log found in the lake pending, so changes logged before a restart reach
+        their tables too (apply.fold)."""
+        if self._folds is None:
+            return None
+        for table in logged_tables(self._spark, self._settings.lake.root):
+            self._folds.appended(table)
+        timer = FoldTimer(
+            self._spark,
+            self._folds,
+            lake_root=self._settings.lake.root,
+            default_app_id=self._context_id,
+            upkeep=TableUpkeep(self._settings.upkeep, self.metrics),
+        )
+        timer.start()
+        return timer
 
     def _start(self, lane: Lane) -> StreamingQuery:
         settings = self._settings

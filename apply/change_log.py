@@ -49,7 +49,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
@@ -65,12 +65,13 @@ from apply.delta_schema import (
     METADATA_FIELDS,
     ORDINAL_COLUMN,
     ColumnSpec,
+    read_existing_table,
 )
-from apply.errors import TransientError
+from apply.errors import ConfigError, TransientError
 from apply.history import newest_version
 from apply.merge import CONCURRENT_WRITES, MergeOutcome, MergeSource, own_outcome
 from apply.positions import TableState, covers
-from apply.tables import TableId
+from apply.tables import TableId, table_of_segments, table_path
 from schemas.naming import topic_segment
 from schemas.operation import Operation
 
@@ -94,6 +95,23 @@ def change_log_path(lake_root: str, table: TableId) -> str:
         f"{lake_root.rstrip('/')}/{CHANGE_LOG_DIR}/"
         f"{topic_segment(table.schema)}/{topic_segment(table.table)}"
     )
+
+
+def logged_tables(spark: SparkSession, lake_root: str) -> list[TableId]:
+    """Every table with a change log under ``lake_root``."""
+    jvm: Any = spark.sparkContext._jvm  # Hadoop FS lives on the JVM only
+    conf = spark.sparkContext._jsc.hadoopConfiguration()
+    pattern = jvm.org.apache.hadoop.fs.Path(
+        f"{lake_root.rstrip('/')}/{CHANGE_LOG_DIR}/*/*/_delta_log"
+    )
+    found = []
+    for status in pattern.getFileSystem(conf).globStatus(pattern) or []:
+        log_dir = status.getPath().getParent()
+        try:
+            found.append(table_of_segments(log_dir.getParent().getName(), log_dir.getName()))
+        except ValueError:
+            continue  # not a folder apply writes
+    return sorted(found)
 
 
 def log_schema(columns: Sequence[ColumnSpec]) -> StructType:
@@ -284,6 +302,26 @@ def freshest_view_sql(
     )
 
 
+def view_sql(spark: SparkSession, lake_root: str, table: TableId, dialect: Dialect) -> str:
+    """:func:`freshest_view_sql` for ``table`` with its columns and key read from its Delta
+    table, naming the two tables as ``dialect`` does: Spark ``delta.`<path>```, DuckDB
+    ``delta_scan('<path>')``, delta-rs's ``QueryBuilder`` the table registered as ``t``
+    and its log as ``l``."""
+    path = table_path(lake_root, table)
+    existing = read_existing_table(spark, path, table)
+    if existing is None:
+        raise ConfigError(f"{table} has no Delta table at {path} yet")
+    log_path = change_log_path(lake_root, table)
+    sources = {
+        "spark": (f"delta.`{path}`", f"delta.`{log_path}`"),
+        "duckdb": (f"delta_scan('{path}')", f"delta_scan('{log_path}')"),
+        "datafusion": ('"t"', '"l"'),
+    }[dialect]
+    return freshest_view_sql(
+        *sources, [column.name for column in existing.columns], existing.key_columns, dialect
+    )
+
+
 __all__ = [
     "CHANGE_LOG_DIR",
     "LOG_FIELDS",
@@ -296,7 +334,9 @@ __all__ = [
     "create_log",
     "freshest_view_sql",
     "log_schema",
+    "logged_tables",
     "newer_state",
     "trim",
     "unfolded",
+    "view_sql",
 ]

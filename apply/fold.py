@@ -45,6 +45,7 @@ from apply.merge import merge_into, merge_source
 from apply.positions import encode_state
 from apply.table_pool import table_session
 from apply.tables import TableId, table_path
+from apply.upkeep import TableUpkeep
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,8 @@ class FoldResult:
     table: str
     through_seq: int
     """Every change logged up to this sequence is in the table."""
+    version_before: int
+    """The table's version before the fold."""
     version: int
     """The table's version after the fold."""
     source_rows: int
@@ -137,6 +140,7 @@ def fold_table(
     result = FoldResult(
         table=name,
         through_seq=through,
+        version_before=history.version,
         version=outcome.version,
         source_rows=int(outcome.metrics.get("numSourceRows", "0")),
         duration_s=time.monotonic() - started,
@@ -178,15 +182,15 @@ class Folds:
             self._pending.discard(table)
             self._last_fold[table] = self._clock()
 
-    def due(self) -> list[TableId]:
+    def due(self, *, every: bool = False) -> list[TableId]:
         """Tables with logged changes whose last fold in this run is ``every_s`` old (or
-        that were not folded in this run)."""
+        that were not folded in this run); ``every``: all tables with logged changes."""
         now = self._clock()
         with self._guard:
             return sorted(
                 table
                 for table in self._pending
-                if now - self._last_fold.get(table, float("-inf")) >= self.every_s
+                if every or now - self._last_fold.get(table, float("-inf")) >= self.every_s
             )
 
 
@@ -200,13 +204,13 @@ class FoldTimer:
         *,
         lake_root: str,
         default_app_id: str,
-        on_fold: Callable[[FoldResult], None] = lambda _: None,
+        upkeep: TableUpkeep | None = None,
     ) -> None:
         self._spark = spark
+        self._upkeep = upkeep
         self._folds = folds
         self._lake_root = lake_root
         self._default_app_id = default_app_id
-        self._on_fold = on_fold
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="apply-fold", daemon=True)
 
@@ -219,23 +223,34 @@ class FoldTimer:
         if self._thread.is_alive():
             self._thread.join()
 
-    def fold_due(self) -> int:
-        """Fold every due table whose lock is free; the number folded."""
+    def fold_due(self, *, every: bool = False) -> int:
+        """Fold every due table whose lock is free; the number folded. ``every``: every
+        table with logged changes, waiting for its lock (the last fold of a job whose
+        queries ended)."""
         count = 0
-        for table in self._folds.due():
-            if self._stop.is_set():
+        for table in self._folds.due(every=every):
+            if self._stop.is_set() and not every:
                 break
             lock = self._folds.lock(table)
-            if not lock.acquire(blocking=False):
+            if not lock.acquire(blocking=every):
                 continue  # its batch is applying it: the next tick folds it
             try:
+                session = table_session(self._spark)
                 result = fold_table(
-                    table_session(self._spark),
+                    session,
                     lake_root=self._lake_root,
                     table=table,
                     default_app_id=self._default_app_id,
                 )
                 self._folds.folded(table)
+                if result is not None and self._upkeep is not None:
+                    self._upkeep.after_commit(
+                        session,
+                        table=result.table,
+                        path=table_path(self._lake_root, table),
+                        version_before=result.version_before,
+                        version_after=result.version,
+                    )
             except Exception:
                 # Kept in the log; the view is still right and the next tick retries.
                 log.exception("fold of %s failed; retried on the next tick", table)
@@ -244,7 +259,6 @@ class FoldTimer:
                 lock.release()
             if result is not None:
                 count += 1
-                self._on_fold(result)
         return count
 
     def _run(self) -> None:

@@ -79,6 +79,24 @@ class LakeSettings(BaseModel):
             "creates, for jobs that read row-level changes from the lake"
         ),
     )
+    change_log: bool = Field(
+        False,
+        description=(
+            "each micro-batch appends a table's changes to its change log at "
+            "<root>/_change-log/<schema>/<table> instead of MERGEing them, and the job folds "
+            "the log into the table every fold_every_s: the freshest view (python -m apply "
+            "view) is a batch behind, the table itself a fold (docs/lake-change-log.md)"
+        ),
+    )
+    fold_every_s: float = Field(
+        10.0,
+        gt=0,
+        description=(
+            "with change_log: how often a table with logged changes is folded into its "
+            "Delta table, one MERGE each time; shorter keeps the table fresher, at a MERGE "
+            "per table per fold"
+        ),
+    )
 
 
 class TriggerSettings(BaseModel):

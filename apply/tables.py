@@ -69,6 +69,12 @@ def table_of_topic(topic: str) -> TableId:
         ) from exc
 
 
+def table_of_segments(schema_segment: str, table_segment: str) -> TableId:
+    """The table whose lake folders are ``<schema_segment>/<table_segment>``; raises
+    ``ValueError`` for names :func:`table_path` never writes."""
+    return TableId(_unescape(schema_segment), _unescape(table_segment))
+
+
 def table_path(lake_root: str, table: TableId) -> str:
     """The location of the Delta table of ``table`` under ``lake_root`` (path or URI)."""
     return f"{lake_root.rstrip('/')}/{topic_segment(table.schema)}/{topic_segment(table.table)}"
