@@ -59,7 +59,14 @@ from dataclasses import dataclass, replace
 
 from pyspark.sql import DataFrame, SparkSession
 
-from apply.change_log import Append, append, change_log_path, create_log, newer_state
+from apply.change_log import (
+    Append,
+    append,
+    change_log_path,
+    create_log,
+    newer_state,
+    reshape_log,
+)
 from apply.dead_letter import (
     ErroredTable,
     ParkRequest,
@@ -78,6 +85,7 @@ from apply.delta_schema import (
     plan_columns,
     prepare_replacement,
     read_existing_table,
+    support_timestamp_ntz,
 )
 from apply.errors import (
     BadRecordError,
@@ -690,7 +698,7 @@ def _apply_table_logged(
                 )
             folds.folded(table)
             direct = read_history(spark, path, name)
-            return _apply_decoded(
+            merged = _apply_decoded(
                 spark,
                 batch_id=batch_id,
                 topic_survey=topic_survey,
@@ -701,6 +709,19 @@ def _apply_table_logged(
                 decoded=decoded,
                 measured=measured,
             )
+            if log_history is not None and (plan.replace or plan.columns.added):
+                # The emptied log takes the table's new columns, so the next append and
+                # the freshest view's SQL find them (a retyped column included).
+                reshape_log(spark, log_path, plan.columns.columns)
+            if merged.committed and context.upkeep is not None:
+                context.upkeep.after_commit(
+                    spark,
+                    table=name,
+                    path=path,
+                    version_before=-1 if direct is None else direct.version,
+                    version_after=merged.version,
+                )
+            return merged
         result = _append_decoded(
             spark,
             batch_id=batch_id,
@@ -781,7 +802,10 @@ def _append_decoded(
         create_log(spark, log_path, table, plan.columns, plan.key_columns)
         version_before = newest_version(spark, log_path)
     else:
-        version_before = log_history.version
+        # The append adds the batch's new columns to the log (mergeSchema), all but the
+        # feature a zone-less timestamp needs.
+        support_timestamp_ntz(spark, log_path, plan.added)
+        version_before = newest_version(spark, log_path) if plan.added else log_history.version
     seq = version_before + 1
     state = replace(
         advance(

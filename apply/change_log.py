@@ -66,6 +66,7 @@ from apply.delta_schema import (
     ORDINAL_COLUMN,
     ColumnSpec,
     read_existing_table,
+    support_timestamp_ntz,
 )
 from apply.errors import ConfigError, TransientError
 from apply.history import newest_version
@@ -157,6 +158,20 @@ def create_log(
         .property(KEY_COLUMNS_PROPERTY, json.dumps(list(keys)))
         .property("delta.enableDeletionVectors", "false")
         .execute()
+    )
+
+
+def reshape_log(spark: SparkSession, path: str, columns: Sequence[ColumnSpec]) -> None:
+    """Give an emptied log the table's columns after the table was replaced or took new
+    columns directly (:mod:`apply.batch`): an overwrite with no rows and the new schema,
+    one commit. The log must hold no rows (the fold before the batch trimmed them)."""
+    support_timestamp_ntz(spark, path, columns)
+    (
+        spark.createDataFrame([], log_schema(columns))
+        .write.format("delta")
+        .mode("overwrite")
+        .option("overwriteSchema", "true")
+        .save(path)
     )
 
 
@@ -336,6 +351,7 @@ __all__ = [
     "log_schema",
     "logged_tables",
     "newer_state",
+    "reshape_log",
     "trim",
     "unfolded",
     "view_sql",

@@ -373,6 +373,14 @@ def _contains_timestamp_ntz(data_type: DataType) -> bool:
     return False
 
 
+def support_timestamp_ntz(spark: SparkSession, path: str, columns: Sequence[ColumnSpec]) -> None:
+    """Turn on the ``timestampNtz`` feature of the existing Delta table at ``path`` when
+    ``columns`` hold a zone-less timestamp: Delta turns it on by itself only when a table
+    is created with one."""
+    if any(_contains_timestamp_ntz(column.data_type) for column in columns):
+        DeltaTable.forPath(spark, path).addFeatureSupport(_TIMESTAMP_NTZ_FEATURE)
+
+
 def table_schema(columns: Sequence[ColumnSpec]) -> StructType:
     """The full Delta schema: data columns, then the metadata columns."""
     return StructType(

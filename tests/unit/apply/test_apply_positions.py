@@ -174,3 +174,10 @@ def test_a_batch_below_every_next_offset_is_covered() -> None:
     assert not covers(state, {("t", 0): 11}), "offset 10 is not applied yet"
     assert not covers(state, {("t", 2): 1}), "a partition the table never saw"
     assert covers(state, {})
+
+
+def test_the_change_log_sequence_round_trips_and_is_absent_without_a_log() -> None:
+    logged = replace(STATE, log_seq=17)
+    assert '"log_seq":17' in encode_state(logged)
+    assert decode_state(encode_state(logged)) == logged
+    assert "log_seq" not in encode_state(STATE)
