@@ -66,6 +66,7 @@ from apply.change_log import (
     create_log,
     newer_state,
     reshape_log,
+    resolve_unchanged,
 )
 from apply.dead_letter import (
     ErroredTable,
@@ -681,7 +682,7 @@ def _apply_table_logged(
     )
     with persisted(decoded):
         measured = _measure(decoded, state, topic_survey, name)
-        loggable = not plan.replace and measured.truncate is None and not measured.unchanged_columns
+        loggable = not plan.replace and measured.truncate is None
         if not loggable:
             # The table takes this batch directly: first it takes everything the log
             # holds, and the log is emptied, so no row left there is older than a change
@@ -819,13 +820,20 @@ def _append_decoded(
         log_seq=seq,
     )
     source = (
-        merge_source(
-            decoded,
-            previous=previous,
-            topic=topic,
-            plan=plan,
-            erased_before=None if previous is None else previous.truncated_at,
-            unchanged_columns=frozenset(),
+        resolve_unchanged(
+            spark,
+            merge_source(
+                decoded,
+                previous=previous,
+                topic=topic,
+                plan=plan,
+                erased_before=None if previous is None else previous.truncated_at,
+                unchanged_columns=measured.unchanged_columns,
+            ),
+            table_path=path,
+            log_path=log_path,
+            columns=plan.columns,
+            key_columns=plan.key_columns,
         )
         if decoded is not None
         else empty_source(spark, plan)

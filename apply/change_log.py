@@ -32,11 +32,12 @@ Guarantees:
   its log's and its table's (:func:`newer_state`).
 - **A log is a suffix.** Rows leave the log only from its oldest end (:func:`trim`),
   so for every key, the newest row the log holds, if any, is the key's newest change.
-- **What goes to the log.** Only a batch the MERGE would apply with plain upserts and
-  deletes: no TRUNCATE, no table replacement, no unchanged TOAST column (whose value
-  would come from the table). Any other batch first folds and empties the log, then is
-  merged into the table as without a log (:mod:`apply.batch`), so a change in the
-  table is never older than a row left in the log.
+- **What goes to the log.** Every batch but one with a TRUNCATE or one that replaces
+  the table (a retyped column after a resync): those first fold and empty the log, then
+  are merged into the table as without a log (:mod:`apply.batch`), so a change in the
+  table is never older than a row left in the log. Rows go to the log whole: an
+  unchanged TOAST value is taken from the freshest view before the append
+  (:func:`resolve_unchanged`).
 
 The freshest view (:func:`freshest_view_sql`) reads the table and its log together:
 for each key, the log's newest row wins when it is positioned after the table's row
@@ -221,6 +222,62 @@ def append(
     return own_outcome(spark, to.path, to.version_before, to.app_id, to.batch_id)
 
 
+def resolve_unchanged(
+    spark: SparkSession,
+    source: MergeSource,
+    *,
+    table_path: str,
+    log_path: str,
+    columns: Sequence[ColumnSpec],
+    key_columns: Sequence[str],
+) -> MergeSource:
+    """``source`` with every unchanged TOAST value filled in from the freshest view (the
+    table overlaid with its log, as it stands before this batch), so the log holds whole
+    rows and neither the fold nor the view has to look back for them. A key the view
+    lacks keeps null, as a MERGE inserting it would. Costs a join with the table and its
+    log, only for a batch that has such values; the others pass through."""
+    if not source.unchanged_columns:
+        return source
+    names = [c.name for c in columns]
+    current = spark.sql(
+        freshest_view_sql("{t}", "{l}", names, key_columns, "spark"),
+        t=spark.read.format("delta").load(table_path),
+        l=spark.read.format("delta").load(log_path),
+    ).select(
+        *[sf.col(k).alias(f"_key_{i}") for i, k in enumerate(key_columns)],
+        *[sf.col(name).alias(f"_now_{name}") for name in source.unchanged_columns],
+    )
+    matches = [
+        sf.col(ROW)[key].eqNullSafe(sf.col(f"_key_{i}")) for i, key in enumerate(key_columns)
+    ]
+    condition = matches[0]
+    for match in matches[1:]:
+        condition = condition & match
+    joined = source.frame.join(current, condition, "left")
+    kept = set(source.unchanged_columns)
+    row = sf.struct(
+        *[
+            (
+                sf.when(
+                    sf.array_contains(sf.col(UNCHANGED), sf.lit(name)), sf.col(f"_now_{name}")
+                ).otherwise(sf.col(ROW)[name])
+                if name in kept
+                else sf.col(ROW)[name]
+            ).alias(name)
+            for name in names
+        ]
+    )
+    frame = joined.select(
+        OP,
+        COMMIT_LSN,
+        ORDINAL,
+        COMMIT_TS,
+        sf.array().cast(ArrayType(StringType())).alias(UNCHANGED),
+        row.alias(ROW),
+    )
+    return MergeSource(frame=frame, unchanged_columns=())
+
+
 def unfolded(
     spark: SparkSession,
     path: str,
@@ -352,6 +409,7 @@ __all__ = [
     "logged_tables",
     "newer_state",
     "reshape_log",
+    "resolve_unchanged",
     "trim",
     "unfolded",
     "view_sql",

@@ -176,11 +176,23 @@ def test_batches_append_the_view_is_fresh_and_folds_catch_the_table_up(
     }
     assert fresh() == {5: "n5"}
 
-    # Back to the log; a restarted job (nothing kept) finds the same state.
-    sixth = apply_next(6, change(UPDATE, 0x600, 0, after={"id": 5, "note": "n5b"}))
+    # Back to the log. An unchanged TOAST value is taken from the view before the append:
+    # from the table (row 5) and from the log's own rows (row 6, not folded yet).
+    sixth = apply_next(
+        6,
+        change(INSERT, 0x600, 0, after={"id": 6, "note": "n6"}),
+        change(UPDATE, 0x600, 1, after={"id": 5, "note": None}, unchanged_columns=("note",)),
+    )
     assert sixth.path == change_log_path(root, table)
-    assert fresh() == {5: "n5b"}
+    assert fresh() == {5: "n5", 6: "n6"}
+    sixth = apply_next(
+        7, change(UPDATE, 0x700, 0, after={"id": 6, "note": None}, unchanged_columns=("note",))
+    )
+    assert sixth.path == change_log_path(root, table)
+    assert fresh() == {5: "n5", 6: "n6"}
+    assert fold_table(spark, lake_root=root, table=table, default_app_id=ctx.txn_app_id)
+    assert rows(spark, path, "note", "_cdc_commit_lsn") == {5: ("n5", 0x600), 6: ("n6", 0x700)}
     restarted = dataclasses.replace(ctx, known=None, folds=Folds(every_s=0.0))
-    again = apply_batch(topic.batch(spark, marks[-2], marks[-1]), 6, restarted).applied[0]
+    again = apply_batch(topic.batch(spark, marks[-2], marks[-1]), 7, restarted).applied[0]
     assert (again.committed, again.state) == (False, sixth.state)
     assert applied_state(spark, root, table) == sixth.state
