@@ -445,6 +445,7 @@ class ApplyJob:
             lake_root=self._settings.lake.root,
             default_app_id=self._context_id,
             upkeep=TableUpkeep(self._settings.upkeep, self.metrics),
+            observer=self.metrics,
         )
         timer.start()
         return timer

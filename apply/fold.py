@@ -34,6 +34,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 from pyspark.sql import SparkSession
 
@@ -68,6 +69,17 @@ class FoldResult:
     """The table's version after the fold."""
     source_rows: int
     duration_s: float
+    commit_ts: int | None
+    """Commit time of the newest source transaction the table now holds (µs)."""
+
+
+class FoldObserver(Protocol):
+    """Told of every fold the timer ran (:class:`apply.metrics.ApplyMetrics`)."""
+
+    def fold(
+        self, table: str, result: FoldResult | None, duration_s: float, *, failed: bool
+    ) -> None:
+        """``result`` None: nothing was left to fold, or the fold failed."""
 
 
 def fold_table(
@@ -144,6 +156,7 @@ def fold_table(
         version=outcome.version,
         source_rows=int(outcome.metrics.get("numSourceRows", "0")),
         duration_s=time.monotonic() - started,
+        commit_ts=logged.commit_ts,
     )
     log.info(
         "fold of %s: log up to sequence %d merged, %d rows, table version %d, %.2fs",
@@ -205,9 +218,11 @@ class FoldTimer:
         lake_root: str,
         default_app_id: str,
         upkeep: TableUpkeep | None = None,
+        observer: FoldObserver | None = None,
     ) -> None:
         self._spark = spark
         self._upkeep = upkeep
+        self._observer = observer
         self._folds = folds
         self._lake_root = lake_root
         self._default_app_id = default_app_id
@@ -234,6 +249,8 @@ class FoldTimer:
             lock = self._folds.lock(table)
             if not lock.acquire(blocking=every):
                 continue  # its batch is applying it: the next tick folds it
+            started = time.monotonic()
+            result = None
             try:
                 session = table_session(self._spark)
                 result = fold_table(
@@ -254,9 +271,13 @@ class FoldTimer:
             except Exception:
                 # Kept in the log; the view is still right and the next tick retries.
                 log.exception("fold of %s failed; retried on the next tick", table)
+                if self._observer is not None:
+                    self._observer.fold(str(table), None, time.monotonic() - started, failed=True)
                 continue
             finally:
                 lock.release()
+            if self._observer is not None:
+                self._observer.fold(str(table), result, time.monotonic() - started, failed=False)
             if result is not None:
                 count += 1
         return count
@@ -267,4 +288,12 @@ class FoldTimer:
             self.fold_due()
 
 
-__all__ = ["FOLD_SUFFIX", "FoldResult", "FoldTimer", "Folds", "fold_app_id", "fold_table"]
+__all__ = [
+    "FOLD_SUFFIX",
+    "FoldObserver",
+    "FoldResult",
+    "FoldTimer",
+    "Folds",
+    "fold_app_id",
+    "fold_table",
+]
