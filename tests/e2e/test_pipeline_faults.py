@@ -154,9 +154,17 @@ def test_pgbench_through_the_pipeline(spark: Any, pipeline: Pipeline) -> None:
     _finish(spark, pipeline, bench)
 
 
-def test_kill_9_of_capture_and_apply_during_the_workload(spark: Any, pipeline: Pipeline) -> None:
+@pytest.mark.parametrize("change_log", [False, True], ids=["merge", "change-log"])
+def test_kill_9_of_capture_and_apply_during_the_workload(
+    spark: Any, pipeline: Pipeline, change_log: bool
+) -> None:
+    """With the change log too: apply killed between appends and folds, and mid-fold,
+    the restarted job folds what it finds; verify reads the freshest view."""
     seed = random.randrange(1 << 32)
     chooser = random.Random(seed)
+    if change_log:
+        pipeline.apply.env["APPLY_LAKE__CHANGE_LOG"] = "true"
+        pipeline.apply.env["APPLY_LAKE__FOLD_EVERY_S"] = "2"
     _started(pipeline)
     bench = _workload(pipeline, SECONDS)
     victims = [pipeline.capture, pipeline.apply] * KILLS
