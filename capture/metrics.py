@@ -28,7 +28,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from capture.progress import ProgressBook
+from capture.in_flight import ProgressBook
 from runtime.telemetry import Health, MetricDoc, MetricSet
 from schemas.control import TableState
 from schemas.headers import OPERATION as OPERATION_HEADER

@@ -12,7 +12,7 @@ Loop invariants:
 - On stop: no more reading, the producer is flushed, one last status update is sent.
 - Metrics and health (:mod:`capture.metrics`, :mod:`runtime.telemetry`) are updated
   from this loop without slowing it: plain attribute writes per transaction, the rest
-  once per status interval; the slot's retained WAL is read by :mod:`capture.wal_safety`
+  once per status interval; the slot's retained WAL is read by :mod:`capture.source.wal_safety`
   on a connection and thread of its own, and a lost slot found there ends the attempt
   here with its resync procedure.
 """
@@ -28,29 +28,19 @@ from collections.abc import Callable, Sequence
 import psycopg
 from pydantic import SecretStr
 
-from capture import stream_lane
-from capture.change_stream import (
-    ChangeFailed,
-    ChangeStream,
-    OutgoingRecord,
-    RelationChanged,
-    SchemaRecord,
-    TransactionCommitted,
-    TransactionStarted,
-)
-from capture.credentials import connection_error, source_password
 from capture.errors import ConfigError, PipelineError, TransientError
+from capture.in_flight import ProgressBook
 from capture.metrics import CaptureMetrics
 from capture.pgoutput import Relation
-from capture.progress import ProgressBook
-from capture.publisher import ChangePublisher, ControlReader, ControlState, Topics
-from capture.replication import Frame, ReplicationStream
-from capture.replication_protocol import PrimaryKeepalive, parse_copy_data
-from capture.schema_change import added_columns, read_added_columns, resync_reason
-from capture.schema_registration import Framer, framer_for
+from capture.publish.publisher import ChangePublisher, ControlReader, ControlState, Topics
+from capture.publish.schema_registration import Framer, framer_for
+from capture.rows.type_catalog import load_array_dimensions, load_types
+from capture.rows.typemap import SESSION_SETTINGS, ColumnMapping, libpq_options, map_column
 from capture.settings import CaptureSettings
-from capture.snapshot import SnapshotRun
-from capture.source import (
+from capture.snapshot.run import SnapshotRun
+from capture.source.connection import with_dead_peer_detection
+from capture.source.credentials import connection_error, source_password
+from capture.source.setup import (
     SlotState,
     check_server,
     check_tables,
@@ -60,19 +50,29 @@ from capture.source import (
     key_by_primary_key,
     resolve_tables,
 )
-from capture.source_connection import with_dead_peer_detection
-from capture.stream_lane import StreamLane
-from capture.table_flow import TableFlow, now_micros
-from capture.table_states import TableStates
-from capture.type_catalog import load_array_dimensions, load_types
-from capture.typemap import SESSION_SETTINGS, ColumnMapping, libpq_options, map_column
-from capture.wal_safety import (
+from capture.source.wal_safety import (
     WalWatch,
     check,
     read_keep_size,
     read_slot_wal,
     warn_if_unlimited,
 )
+from capture.stream import lane as stream_lane
+from capture.stream.change_stream import (
+    ChangeFailed,
+    ChangeStream,
+    OutgoingRecord,
+    RelationChanged,
+    SchemaRecord,
+    TransactionCommitted,
+    TransactionStarted,
+)
+from capture.stream.copy_data import PrimaryKeepalive, parse_copy_data
+from capture.stream.lane import StreamLane
+from capture.stream.replication import Frame, ReplicationStream
+from capture.stream.schema_change import added_columns, read_added_columns, resync_reason
+from capture.stream.table_flow import TableFlow, now_micros
+from capture.stream.table_states import TableStates
 from runtime.telemetry import Health
 from schemas.control import SnapshotResume, TableState, TableStatus
 from schemas.lsn import Lsn, format_lsn
@@ -145,7 +145,7 @@ def _resync_reason(
     catalog: psycopg.Connection[tuple[object, ...]], changed: RelationChanged
 ) -> str | None:
     """Why a table whose Relation changed must be snapshotted again, if it must
-    (:mod:`capture.schema_change`); the catalog is read only when columns were added."""
+    (:mod:`capture.stream.schema_change`); the catalog is read only when columns were added."""
     added = added_columns(changed.previous, changed.current)
     if not added:
         return None
@@ -551,7 +551,7 @@ class CaptureService:
         states: TableStates,
         stream: ReplicationStream,
     ) -> StreamLane | None:
-        """The stream lane, where it can run (:mod:`capture.stream_lane`)."""
+        """The stream lane, where it can run (:mod:`capture.stream.lane`)."""
         settings = self._settings
         producer = publisher.compiled_producer
         connection = stream.connection_pointer

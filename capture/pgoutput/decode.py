@@ -2,7 +2,7 @@
 
 Formats: https://www.postgresql.org/docs/current/protocol-logicalrep-message-formats.html
 (protocol versions 1 to 4). The bytes are the payload of one XLogData frame; see
-:mod:`capture.replication_protocol`.
+:mod:`capture.stream.copy_data`.
 
 Invariants:
 

@@ -3,8 +3,8 @@ gauges read at scrape time."""
 
 from __future__ import annotations
 
+from capture.in_flight import ProgressBook
 from capture.metrics import CaptureMetrics, operation_label
-from capture.progress import ProgressBook
 from schemas.control import TableState
 from schemas.headers import position_headers, record_headers
 from schemas.lsn import Lsn

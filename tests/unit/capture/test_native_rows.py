@@ -15,9 +15,6 @@ from typing import Any
 
 import pytest
 
-from capture import native_rows
-from capture.change_stream import ChangeFailed, ChangeStream, OutgoingRecord, Output, TableCodec
-from capture.copy_text import CopyRows
 from capture.errors import ProtocolError, TableError
 from capture.pgoutput import (
     Begin,
@@ -32,7 +29,16 @@ from capture.pgoutput import (
     Update,
     decode,
 )
-from capture.typemap import ColumnMapping, map_column
+from capture.rows import native as native_rows
+from capture.rows.typemap import ColumnMapping, map_column
+from capture.snapshot.copy_text import CopyRows
+from capture.stream.change_stream import (
+    ChangeFailed,
+    ChangeStream,
+    OutgoingRecord,
+    Output,
+    TableCodec,
+)
 from schemas.errors import ChangeEncodingError
 from schemas.headers import CHANGE_LSN
 from schemas.lsn import Lsn, format_lsn

@@ -11,7 +11,7 @@ import pytest
 
 from capture.errors import ProtocolError
 from capture.pgoutput import Begin, DecodeError, decode
-from capture.replication_protocol import (
+from capture.stream.copy_data import (
     PRIMARY_KEEPALIVE,
     STANDBY_STATUS_UPDATE,
     XLOG_DATA,

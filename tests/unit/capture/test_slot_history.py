@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from capture.errors import ConfigError
-from capture.publisher import ControlState
+from capture.publish.publisher import ControlState
 from capture.service import check_slot_history
-from capture.source import SlotState
+from capture.source.setup import SlotState
 from schemas.lsn import Lsn
 
 APPLIED = {("cdc.public.orders", 0): 10, ("other.public.x", 0): 5}

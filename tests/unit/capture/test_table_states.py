@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from capture.table_states import Route, TableStates
+from capture.stream.table_states import Route, TableStates
 from schemas.control import SnapshotResume, TableState, TableStatus
 from schemas.lsn import Lsn
 

@@ -44,9 +44,9 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource
 
 from apply.settings import ApplySettings
-from capture.publisher import ChangePublisher
+from capture.publish.publisher import ChangePublisher
 from capture.settings import CaptureSettings
-from capture.snapshot import SnapshotRun
+from capture.snapshot.run import SnapshotRun
 from runtime.settings_table import defaults, setting_rows
 
 ROOT = Path(__file__).resolve().parents[3]

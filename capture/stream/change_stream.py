@@ -31,7 +31,6 @@ from typing import Any, cast
 
 from capture.errors import TableError
 from capture.metrics import Tally
-from capture.native_rows import RowEncoder, row_encoder
 from capture.pgoutput import (
     Begin,
     ColumnKind,
@@ -47,8 +46,9 @@ from capture.pgoutput import (
     pg_micros_to_unix_micros,
 )
 from capture.pgoutput.messages import DELETE, INSERT, UPDATE, frozen_constructor
-from capture.schema_registration import Framer, single_object
-from capture.typemap import ColumnMapping
+from capture.publish.schema_registration import Framer, single_object
+from capture.rows.native import RowEncoder, row_encoder
+from capture.rows.typemap import ColumnMapping
 from schemas.change_record import (
     ChangeEncoder,
     Column,
@@ -109,7 +109,7 @@ class TransactionCommitted:
 class RelationChanged:
     """A table's Relation differs from the one cached (a DDL): the codec is rebuilt
     already. The caller decides whether the rows the table held before need a resync
-    (:mod:`capture.schema_change`)."""
+    (:mod:`capture.stream.schema_change`)."""
 
     table: str
     previous: Relation
@@ -182,10 +182,10 @@ class TableCodec:
         *,
         compiled: bool = True,
     ) -> None:
-        """``framer`` gives the record headers (:mod:`capture.schema_registration`): in
+        """``framer`` gives the record headers (:mod:`capture.publish.schema_registration`): in
         registry mode it registers the schemas first, and may raise TransientError.
         ``compiled``: use the compiled row encoder where it applies
-        (:mod:`capture.native_rows`); off only to measure or test the Python path."""
+        (:mod:`capture.rows.native`); off only to measure or test the Python path."""
         if len(mappings) != len(relation.columns):
             raise ValueError("one mapping per relation column is required")
         description = TableDescription(
@@ -313,20 +313,20 @@ class ChangeStream:
     codecs: dict[int, TableCodec] = field(default_factory=dict)
     errored: dict[str, TableError] = field(default_factory=dict)
     rekey: Callable[[Relation], Relation] = _as_sent
-    """Chooses the key columns of a Relation (see capture.source.key_by_primary_key)."""
+    """Chooses the key columns of a Relation (see capture.source.setup.key_by_primary_key)."""
     defer_errors: bool = False
     """Hand failed changes out (:class:`ChangeFailed`) instead of erroring the table at
     once: the caller knows whether a snapshot already holds the change."""
     decoded: Tally | None = None
     """Counts every change record made, by (table, operation), for the metrics."""
     framer: Framer = single_object
-    """Record headers per table version (:mod:`capture.schema_registration`)."""
+    """Record headers per table version (:mod:`capture.publish.schema_registration`)."""
     compiled_rows: bool = True
     """Encode all-text rows with the compiled encoder where it applies
-    (:mod:`capture.native_rows`); off only to measure or test the Python path."""
+    (:mod:`capture.rows.native`); off only to measure or test the Python path."""
     version: int = 0
     """Bumped whenever a table's codec, its errored mark or its schema's publication
-    changes: what the stream lane's arming depends on (:mod:`capture.stream_lane`)."""
+    changes: what the stream lane's arming depends on (:mod:`capture.stream.lane`)."""
     _published_schemas: set[int] = field(default_factory=set)
     _tx: _Transaction | None = None
     _encoded_operations: dict[int, Operation] = field(init=False, repr=False)

@@ -8,7 +8,7 @@ States (:class:`~schemas.control.TableState`) and what moves a table between the
   table found pending at start, or mid-snapshot before its first chunk was in Kafka, is
   snapshotted again from scratch.
 - ``snapshot``: a snapshot run copies the table at a consistent point ``C`` of a fresh
-  exported snapshot (:mod:`capture.snapshot`); its rows are published at position
+  exported snapshot (:mod:`capture.snapshot.run`); its rows are published at position
   ``snapshot_lsn = C - 1``. Each chunk published in full moves its ``resume`` point
   (:meth:`TableStates.chunk_published`); a table found mid-snapshot at start with one
   is pending again but **resumes** there: see below.

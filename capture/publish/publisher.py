@@ -24,20 +24,20 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic, TopicPartition
 
-from capture import native_producer
-from capture.change_stream import OutgoingRecord, SchemaRecord
 from capture.errors import ConfigError, TransientError
+from capture.in_flight import ProgressBook, RecordTicket
 from capture.metrics import CaptureMetrics
-from capture.native_producer import (
+from capture.publish import native_producer
+from capture.publish.native_producer import (
     Delivery,
     NativeProducer,
     RecordProducer,
     Report,
     StreamedRun,
 )
-from capture.partitioning import key_partitions
-from capture.progress import ProgressBook, RecordTicket
+from capture.publish.partitioning import key_partitions
 from capture.settings import KafkaSettings
+from capture.stream.change_stream import OutgoingRecord, SchemaRecord
 from runtime.kafka_client import (
     ConnectionErrors,
     KafkaConf,
@@ -173,7 +173,7 @@ class ChangePublisher:
         compiled: bool = True,
     ) -> None:
         """``compiled``: produce through :class:`NativeProducer` where this process can
-        (:func:`capture.native_producer.library`); otherwise, or when false,
+        (:func:`capture.publish.native_producer.library`); otherwise, or when false,
         confluent-kafka's producer does, with the same records and guarantees."""
         self._settings = settings
         self._book = book
@@ -209,7 +209,7 @@ class ChangePublisher:
 
     def publish_status(self, status: TableStatus) -> None:
         """Persist a table's state on the control topic (asynchronously; a lost status
-        only means a table is snapshotted again, see capture/table_states.py)."""
+        only means a table is snapshotted again, see capture/stream/table_states.py)."""
         self._produce(
             self._settings.control_topic, status.value(), status.key(), self._status_report
         )
@@ -265,7 +265,7 @@ class ChangePublisher:
         that share ``headers`` (a snapshot batch) under ``pin``: the per-record work
         that does not depend on the record (topic, metrics, headers) is done once.
 
-        Each record goes to its key's partition, computed here (capture/partitioning.py),
+        Each record goes to its key's partition, computed here (capture/publish/partitioning.py),
         and only the first and the last record of each partition's run ask for a
         delivery report: a report costs as much as the ``produce`` call, and a batch's
         records of one partition are one run in the log. The two reports' offsets tell

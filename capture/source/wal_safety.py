@@ -1,6 +1,6 @@
 """WAL safety: how much WAL the slot keeps on the source, and whether it is still whole.
 
-The slot moves only as far as the lake has applied (:mod:`capture.progress`), so while
+The slot moves only as far as the lake has applied (:mod:`capture.in_flight`), so while
 apply is down, or slow, PostgreSQL keeps every WAL segment since then. Without a cap
 (``max_slot_wal_keep_size = -1``, the default) that fills the source's disk; with one,
 the server *invalidates* the slot once it would keep more, and the slot's
