@@ -48,9 +48,10 @@ from bench.capture_drain import (
     _write_backlog,
 )
 from capture.pgoutput import Commit, Relation, decode
+from capture.records import OutgoingRecord, SchemaRecord
 from capture.rows import native as native_rows
 from capture.rows.typemap import SESSION_SETTINGS, ColumnMapping, map_column
-from capture.stream.change_stream import ChangeStream, OutgoingRecord, Output, SchemaRecord
+from capture.stream.change_stream import ChangeStream, Output
 from capture.stream.copy_data import XLogData, parse_copy_data
 from capture.stream.replication import ReplicationStream
 from deploy.local import stack

@@ -7,7 +7,7 @@ Usage::
 (frames recorded by ``bench.capture_hot_path --rows N --save /tmp/frames.bin``).
 
 Two runs over the same recorded CopyData frames, each ending with every record as an
-:class:`~capture.stream.change_stream.OutgoingRecord` in the measuring process, in stream order:
+:class:`~capture.records.OutgoingRecord` in the measuring process, in stream order:
 
 - **one process**: ``parse_copy_data``, ``decode`` and ``ChangeStream.handle`` inline,
   as capture's loop does them today;
@@ -38,11 +38,10 @@ from typing import Any
 
 from bench.capture_hot_path import _describe, load
 from capture.pgoutput import decode
+from capture.records import OutgoingRecord, SchemaRecord
 from capture.stream.change_stream import (
     ChangeStream,
-    OutgoingRecord,
     Output,
-    SchemaRecord,
     TransactionCommitted,
     TransactionStarted,
 )

@@ -50,8 +50,8 @@ from capture.publish import native_producer
 from capture.publish.native_producer import Delivery, NativeProducer, Report
 from capture.publish.partitioning import key_partitions
 from capture.publish.publisher import ChangePublisher, Topics, producer_conf
+from capture.records import OutgoingRecord
 from capture.settings import KafkaSettings
-from capture.stream.change_stream import OutgoingRecord
 from deploy.local import stack
 from runtime import gc_tuning
 from schemas.lsn import Lsn

@@ -34,6 +34,7 @@ from capture.metrics import CaptureMetrics
 from capture.pgoutput import Relation
 from capture.publish.publisher import ChangePublisher, ControlReader, ControlState, Topics
 from capture.publish.schema_registration import Framer, framer_for
+from capture.records import OutgoingRecord, SchemaRecord
 from capture.rows.type_catalog import load_array_dimensions, load_types
 from capture.rows.typemap import SESSION_SETTINGS, ColumnMapping, libpq_options, map_column
 from capture.settings import CaptureSettings
@@ -61,9 +62,7 @@ from capture.stream import lane as stream_lane
 from capture.stream.change_stream import (
     ChangeFailed,
     ChangeStream,
-    OutgoingRecord,
     RelationChanged,
-    SchemaRecord,
     TransactionCommitted,
     TransactionStarted,
 )

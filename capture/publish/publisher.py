@@ -36,8 +36,8 @@ from capture.publish.native_producer import (
     StreamedRun,
 )
 from capture.publish.partitioning import key_partitions
+from capture.records import OutgoingRecord, SchemaRecord
 from capture.settings import KafkaSettings
-from capture.stream.change_stream import OutgoingRecord, SchemaRecord
 from runtime.kafka_client import (
     ConnectionErrors,
     KafkaConf,

@@ -1,7 +1,7 @@
 """The headers of a table version's records: single-object, or registered schemas' ids.
 
 A :data:`Framer` is asked once per table version (each time a :class:`TableCodec
-<capture.stream.change_stream.TableCodec>` is built, before its first record is encoded) for
+<capture.rows.codec.TableCodec>` is built, before its first record is encoded) for
 the headers its encoder writes (:class:`~schemas.change_record.RecordFraming`).
 
 - :func:`single_object` (``CAPTURE_KAFKA__ENCODING=single-object``, the default): the

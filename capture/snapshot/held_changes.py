@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import IO
 
 from capture.errors import ConfigError
-from capture.stream.change_stream import OutgoingRecord
+from capture.records import OutgoingRecord
 from schemas.lsn import Lsn
 
 # commit LSN, then the lengths of topic, table, key, value (-1 = None), header count.

@@ -65,6 +65,8 @@ from capture.errors import ConfigError, PipelineError, TableError, TransientErro
 from capture.metrics import CaptureMetrics
 from capture.pgoutput import Relation, RelationColumn, ReplicaIdentity
 from capture.publish.schema_registration import Framer, single_object
+from capture.records import OutgoingRecord, SchemaRecord
+from capture.rows.codec import TableCodec
 from capture.snapshot.chunks import (
     TID_RANGE_SCAN_VERSION,
     Chunk,
@@ -91,7 +93,6 @@ from capture.snapshot.worker import (
     unexpected_message,
 )
 from capture.source.setup import key_by_primary_key
-from capture.stream.change_stream import OutgoingRecord, SchemaRecord, TableCodec
 from schemas.change_record import Change, RecordFraming, TableSchemas
 from schemas.control import SnapshotResume
 from schemas.errors import ChangeEncodingError

@@ -54,10 +54,10 @@ from capture.errors import (
     TransientError,
 )
 from capture.pgoutput import Relation
+from capture.rows.codec import TableCodec
 from capture.rows.typemap import SESSION_SETTINGS, ColumnMapping, libpq_options
 from capture.snapshot.chunks import CHUNK_ORDINALS, Chunk
 from capture.snapshot.copy_text import CopyRows
-from capture.stream.change_stream import TableCodec
 from schemas.change_record import RecordFraming
 from schemas.errors import ChangeEncodingError
 from schemas.lsn import Lsn

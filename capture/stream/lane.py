@@ -44,7 +44,8 @@ from typing import TYPE_CHECKING
 from capture.in_flight import ProgressBook
 from capture.metrics import CaptureMetrics
 from capture.publish.native_producer import loaded_library
-from capture.stream.change_stream import ChangeStream, TableCodec
+from capture.rows.codec import TableCodec
+from capture.stream.change_stream import ChangeStream
 from capture.stream.table_states import TableStates
 from schemas.control import TableState
 from schemas.headers import CHANGE_LSN, COMMIT_LSN, operation_headers

@@ -26,6 +26,7 @@ from pathlib import Path
 from capture.errors import TableError
 from capture.in_flight import ProgressBook
 from capture.publish.publisher import ChangePublisher
+from capture.records import OutgoingRecord, SchemaRecord
 from capture.snapshot.held_changes import HeldChanges, HeldFailure
 from capture.snapshot.run import (
     ChunkPublished,
@@ -37,7 +38,7 @@ from capture.snapshot.run import (
     TableCopied,
     TableFailed,
 )
-from capture.stream.change_stream import ChangeFailed, ChangeStream, OutgoingRecord, SchemaRecord
+from capture.stream.change_stream import ChangeFailed, ChangeStream
 from capture.stream.table_states import Route, TableStates
 from schemas.control import SnapshotResume, TableState, TableStatus
 from schemas.lsn import Lsn

@@ -21,13 +21,12 @@ from capture.pgoutput import (
     Update,
     unix_micros_to_pg_micros,
 )
+from capture.records import OutgoingRecord, SchemaRecord
 from capture.rows.typemap import ColumnMapping
 from capture.stream.change_stream import (
     ChangeFailed,
     ChangeStream,
-    OutgoingRecord,
     Output,
-    SchemaRecord,
     TransactionCommitted,
     TransactionStarted,
 )

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from capture.errors import ConfigError
+from capture.records import OutgoingRecord
 from capture.snapshot.held_changes import HeldChanges
-from capture.stream.change_stream import OutgoingRecord
 from schemas.lsn import Lsn
 
 

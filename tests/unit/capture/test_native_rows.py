@@ -29,16 +29,12 @@ from capture.pgoutput import (
     Update,
     decode,
 )
+from capture.records import OutgoingRecord
 from capture.rows import native as native_rows
+from capture.rows.codec import TableCodec
 from capture.rows.typemap import ColumnMapping, map_column
 from capture.snapshot.copy_text import CopyRows
-from capture.stream.change_stream import (
-    ChangeFailed,
-    ChangeStream,
-    OutgoingRecord,
-    Output,
-    TableCodec,
-)
+from capture.stream.change_stream import ChangeFailed, ChangeStream, Output
 from schemas.errors import ChangeEncodingError
 from schemas.headers import CHANGE_LSN
 from schemas.lsn import Lsn, format_lsn
