@@ -32,7 +32,8 @@ from capture.errors import ConfigError, PipelineError, TransientError
 from capture.in_flight import ProgressBook
 from capture.metrics import CaptureMetrics
 from capture.pgoutput import Relation
-from capture.publish.publisher import ChangePublisher, ControlReader, ControlState, Topics
+from capture.publish.control import ControlReader, ControlState
+from capture.publish.publisher import ChangePublisher, Topics
 from capture.publish.schema_registration import Framer, framer_for
 from capture.records import OutgoingRecord, SchemaRecord
 from capture.rows.type_catalog import load_array_dimensions, load_types

@@ -11,7 +11,8 @@ import time
 from confluent_kafka import Producer
 
 from capture.in_flight import ProgressBook
-from capture.publish.publisher import ControlReader, Topics
+from capture.publish.control import ControlReader
+from capture.publish.publisher import Topics
 from schemas.control import AppliedProgress
 from schemas.lsn import Lsn
 from tests.plugins.capture import capture_settings

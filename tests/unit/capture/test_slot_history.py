@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from capture.errors import ConfigError
-from capture.publish.publisher import ControlState
+from capture.publish.control import ControlState
 from capture.service import check_slot_history
 from capture.source.setup import SlotState
 from schemas.lsn import Lsn
