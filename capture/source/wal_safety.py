@@ -110,6 +110,13 @@ def warn_if_unlimited(keep_size: int) -> None:
         )
 
 
+def report_keep_size(conn: Connection, metrics: CaptureMetrics) -> None:
+    """``max_slot_wal_keep_size`` to the metrics, with the warning when it is unlimited."""
+    keep_size = read_keep_size(conn)
+    metrics.keep_size.set(keep_size)
+    warn_if_unlimited(keep_size)
+
+
 def read_slot_wal(conn: Connection, slot: str) -> SlotWal | None:
     """The slot's WAL facts, or None when the slot does not exist."""
     row = conn.execute(

@@ -105,3 +105,12 @@ def read_added_columns(
         str(name): AddedColumn(bool(missing), bool(default), bool(identity))
         for name, missing, default, identity in rows
     }
+
+
+def resync_reason_after(conn: Connection, previous: Relation, current: Relation) -> str | None:
+    """:func:`resync_reason` for a Relation that changed, reading the catalog only when
+    columns were added."""
+    added = added_columns(previous, current)
+    if not added:
+        return None
+    return resync_reason(previous, current, read_added_columns(conn, current, added))

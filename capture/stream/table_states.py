@@ -128,6 +128,16 @@ class TableStates:
         """Tables captured from now on; returns the statuses of the new ones."""
         return [self.discover(t) for t in tables if t not in self._tables]
 
+    def at_start(self, captured: Iterable[str], problems: Mapping[str, str]) -> list[TableStatus]:
+        """The statuses to publish when an attempt starts: every captured table not known
+        yet, and every table that cannot be captured (``problems``, table -> why), made
+        errored unless it already is."""
+        statuses = self.add(captured)
+        for table, problem in problems.items():
+            if table not in self._tables or self.state(table) is not TableState.ERRORED:
+                statuses.append(self.errored(table, problem))
+        return statuses
+
     def discover(self, table: str) -> TableStatus:
         """A table seen for the first time (configured, or first met in the stream)."""
         state = TableState.PENDING if self._snapshot_new else TableState.STREAMING

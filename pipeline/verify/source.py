@@ -34,9 +34,9 @@ from psycopg import sql
 
 from capture.errors import ConfigError, TransientError
 from capture.pgoutput import ReplicaIdentity
+from capture.rows.describe import describe_columns
 from capture.rows.type_catalog import load_types
 from capture.rows.typemap import SESSION_SETTINGS, libpq_options
-from capture.service import describe_columns
 from capture.snapshot.run import relation_from_catalog
 from capture.source.setup import TableRef
 from pipeline.verify.canonical import (

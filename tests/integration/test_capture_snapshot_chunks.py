@@ -38,7 +38,7 @@ from psycopg import sql
 
 from capture import admin
 from capture.errors import TransientError
-from capture.service import describe_columns
+from capture.rows.describe import describe_columns
 from capture.settings import CaptureSettings
 from capture.snapshot.chunks import CHUNK_ORDINALS
 from capture.snapshot.run import (

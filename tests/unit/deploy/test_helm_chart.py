@@ -555,7 +555,7 @@ def test_without_a_metrics_port_there_are_no_probes_nor_services(helm: Path) -> 
 
 
 def test_capture_grace_period_outlasts_its_stop() -> None:
-    """capture's stop (capture/service.py) cancels a running snapshot, flushes the producer,
+    """capture's stop (capture/stream/loop.py) cancels a running snapshot, flushes the producer,
     writes the checkpoint and flushes again; each wait has its own bound in the code."""
 
     def default(function: Any, parameter: str) -> float:
