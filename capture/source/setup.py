@@ -17,7 +17,6 @@ All SQL identifiers are composed with :mod:`psycopg.sql`, never formatted.
 
 from __future__ import annotations
 
-import enum
 import logging
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
@@ -27,8 +26,7 @@ from psycopg import sql
 
 from capture.errors import ConfigError, TableError, TransientError
 from capture.metrics import CaptureMetrics
-from capture.pgoutput import Relation
-from capture.pgoutput import ReplicaIdentity as PgReplicaIdentity
+from capture.pgoutput import Relation, ReplicaIdentity
 from capture.rows.typemap import SESSION_SETTINGS, libpq_options
 from capture.settings import PostgresSettings
 from capture.source.credentials import connection_error
@@ -60,13 +58,6 @@ class TableRef:
         if not dot or not schema or not name:
             raise ConfigError(f"table {text!r} must be schema-qualified, e.g. public.{text}")
         return cls(schema, name)
-
-
-class ReplicaIdentity(enum.Enum):
-    DEFAULT = "d"
-    FULL = "f"
-    INDEX = "i"
-    NOTHING = "n"
 
 
 @dataclass(frozen=True, slots=True)
@@ -376,7 +367,7 @@ def key_by_primary_key(conn: Connection, relation: Relation) -> Relation:
     unchanged-TOAST values), not to change what identifies a row, so a primary key, when
     there is one, stays the key. Without one, the whole row is the key, as sent.
     """
-    if relation.replica_identity is not PgReplicaIdentity.FULL:
+    if relation.replica_identity is not ReplicaIdentity.FULL:
         return relation
     rows = conn.execute(
         "SELECT a.attname FROM pg_index i JOIN pg_attribute a "
