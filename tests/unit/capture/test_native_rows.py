@@ -20,8 +20,8 @@ from capture.pgoutput import (
     Begin,
     ColumnKind,
     Commit,
-    DecodeError,
     Insert,
+    MalformedMessageError,
     Relation,
     RelationColumn,
     ReplicaIdentity,
@@ -696,9 +696,9 @@ def test_a_malformed_row_message_raises_what_decoding_raises() -> None:
         b"D" + oid + b"N" + _tuple_bytes([b"1", None]),
     )
     for bad in bad_messages:
-        with pytest.raises(DecodeError) as from_frame:
+        with pytest.raises(MalformedMessageError) as from_frame:
             list(stream.handle_frame(bad, Lsn(3)))
-        with pytest.raises(DecodeError) as decoded:
+        with pytest.raises(MalformedMessageError) as decoded:
             decode(bad)
         assert str(from_frame.value) == str(decoded.value)
 
