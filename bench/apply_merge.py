@@ -85,7 +85,7 @@ from apply.settings import KafkaSettings as ApplyKafka
 from apply.spark_jars import configured_jars
 from apply.spark_session import build_session
 from apply.tables import TableId, table_path
-from capture.publisher import producer_conf
+from capture.publish.publisher import producer_conf
 from capture.settings import KafkaSettings as CaptureKafka
 from deploy.local import stack
 from schemas import column_type as ct

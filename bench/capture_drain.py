@@ -74,7 +74,7 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from bench import debezium_drain
-from capture import native_rows
+from capture.rows import native as native_rows
 from capture.service import CaptureService
 from capture.settings import CaptureSettings, KafkaSettings, PostgresSettings
 from deploy.local import stack

@@ -10,18 +10,18 @@ tables, same pgbench and 1000-row transactions) writes a backlog, and the CopyDa
 of one pgoutput slot are recorded as the server sent them (``--save`` keeps them in a
 file, so later runs replay the identical bytes with ``--load``). Then, for each round,
 every frame goes through exactly what capture's loop does with it before the producer:
-:func:`~capture.replication_protocol.parse_copy_data`, :func:`~capture.pgoutput.decode`
-and :meth:`~capture.change_stream.ChangeStream.handle` (row parsing, Avro key and value,
+:func:`~capture.stream.copy_data.parse_copy_data`, :func:`~capture.pgoutput.decode`
+and :meth:`~capture.stream.change_stream.ChangeStream.handle` (row parsing, Avro key and value,
 headers). The report is the best round, in microseconds of one core per row change,
 split by stage, plus a checksum over every record's bytes, which must not change when
 the code gets faster (the bytes are the wire contract).
 
 ``ChangeStream.handle`` runs twice per round: with the compiled row encoder
-(:mod:`capture.native_rows`, where built) and with the Python path alone, the baseline
+(:mod:`capture.rows.native`, where built) and with the Python path alone, the baseline
 of the same run; then ``ChangeStream.handle_frame``, as the service's Python loop calls
 it, which takes Inserts and new-tuple-only Updates from their bytes without decoding
 them. The digests of all three must be equal, or the run fails. The service's stream
-lane (:mod:`capture.stream_lane`) is not measured here: it produces to Kafka, so the
+lane (:mod:`capture.stream.lane`) is not measured here: it produces to Kafka, so the
 drain benchmark measures it (``--python-loop`` for the loop without it).
 
 What it leaves out, and the drain benchmark includes: reading the socket, producing to
@@ -47,12 +47,13 @@ from bench.capture_drain import (
     _drop_postgres_objects,
     _write_backlog,
 )
-from capture import native_rows
-from capture.change_stream import ChangeStream, OutgoingRecord, Output, SchemaRecord
 from capture.pgoutput import Commit, Relation, decode
-from capture.replication import ReplicationStream
-from capture.replication_protocol import XLogData, parse_copy_data
-from capture.typemap import SESSION_SETTINGS, ColumnMapping, map_column
+from capture.records import OutgoingRecord, SchemaRecord
+from capture.rows import native as native_rows
+from capture.rows.typemap import SESSION_SETTINGS, ColumnMapping, map_column
+from capture.stream.change_stream import ChangeStream, Output
+from capture.stream.copy_data import XLogData, parse_copy_data
+from capture.stream.replication import ReplicationStream
 from deploy.local import stack
 from deploy.local.postgres import find_bindir
 

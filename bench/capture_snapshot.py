@@ -84,8 +84,8 @@ from bench.capture_drain import (
     _run_measured,
     _workload_dsn,
 )
-from capture import native_rows
 from capture.admin import table_statuses
+from capture.rows import native as native_rows
 from capture.settings import CaptureSettings
 from deploy.local import stack
 from deploy.local.process import read_pid

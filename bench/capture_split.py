@@ -7,7 +7,7 @@ Usage::
 (frames recorded by ``bench.capture_hot_path --rows N --save /tmp/frames.bin``).
 
 Two runs over the same recorded CopyData frames, each ending with every record as an
-:class:`~capture.change_stream.OutgoingRecord` in the measuring process, in stream order:
+:class:`~capture.records.OutgoingRecord` in the measuring process, in stream order:
 
 - **one process**: ``parse_copy_data``, ``decode`` and ``ChangeStream.handle`` inline,
   as capture's loop does them today;
@@ -37,16 +37,15 @@ from pathlib import Path
 from typing import Any
 
 from bench.capture_hot_path import _describe, load
-from capture.change_stream import (
+from capture.pgoutput import decode
+from capture.records import OutgoingRecord, SchemaRecord
+from capture.stream.change_stream import (
     ChangeStream,
-    OutgoingRecord,
     Output,
-    SchemaRecord,
     TransactionCommitted,
     TransactionStarted,
 )
-from capture.pgoutput import decode
-from capture.replication_protocol import XLogData, parse_copy_data
+from capture.stream.copy_data import XLogData, parse_copy_data
 from schemas.lsn import Lsn
 
 _RECORD, _SCHEMA, _BEGIN, _COMMIT = range(4)

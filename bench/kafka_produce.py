@@ -5,7 +5,7 @@ Usage: ``.venv/bin/python -m bench.kafka_produce [--records N] [--rounds R]``
 Capture produces every record from one Python thread; with the compiled row encoder the
 record itself is cheap, and the produce call is what is left. This measures that call
 alone on the local stack's broker, with capture's producer settings
-(``capture.publisher.producer_conf``: idempotent, ``acks=all``, lz4, 5 ms linger), a
+(``capture.publish.publisher.producer_conf``: idempotent, ``acks=all``, lz4, 5 ms linger), a
 topic of 3 partitions, 150-byte values and 12-byte keys:
 
 - ``plain``: key and value (the baseline);
@@ -15,7 +15,7 @@ topic of 3 partitions, 150-byte values and 12-byte keys:
   capture's publisher makes), served by ``poll(0)`` every 200 records as capture's loop
   does;
 - ``compiled + report``: ``headers + report`` through the compiled producer
-  (``capture.native_producer.NativeProducer``, docs/capture.md, "The compiled producer");
+  (``capture.publish.native_producer.NativeProducer``, docs/capture.md, "The compiled producer");
 - ``compiled batch``: the compiled producer's ``produce_batch``, 500 records a call to
   the partitions of their keys, reports for the first and last record of each
   partition's run, as a snapshot batch is produced;
@@ -44,13 +44,13 @@ from confluent_kafka import KafkaError, Message, Producer
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
-from capture import native_producer
-from capture.change_stream import OutgoingRecord
+from capture.in_flight import ProgressBook
 from capture.metrics import CaptureMetrics
-from capture.native_producer import Delivery, NativeProducer, Report
-from capture.partitioning import key_partitions
-from capture.progress import ProgressBook
-from capture.publisher import ChangePublisher, Topics, producer_conf
+from capture.publish import native_producer
+from capture.publish.native_producer import Delivery, NativeProducer, Report
+from capture.publish.partitioning import key_partitions
+from capture.publish.publisher import ChangePublisher, Topics, producer_conf
+from capture.records import OutgoingRecord
 from capture.settings import KafkaSettings
 from deploy.local import stack
 from runtime import gc_tuning

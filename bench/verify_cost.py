@@ -34,7 +34,7 @@ from apply.delta_schema import KEY_COLUMNS_PROPERTY, TABLE_PROPERTY
 from apply.settings import SparkSettings
 from apply.spark_session import build_session
 from apply.tables import TableId, table_path
-from capture.source import TableRef
+from capture.source.setup import TableRef
 from deploy.local import jars, stack
 from pipeline.verify import lake as lake_side
 from pipeline.verify import source as source_side

@@ -17,9 +17,11 @@ import threading
 
 from pydantic import ValidationError
 
-from capture import admin, native_producer, native_rows
+from capture import admin
 from capture.errors import ConfigError, ProtocolError, TransientError
 from capture.metrics import CaptureMetrics
+from capture.publish import native_producer
+from capture.rows import native as native_rows
 from capture.service import CaptureService
 from capture.settings import CaptureSettings
 from runtime import gc_tuning, logs

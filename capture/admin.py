@@ -21,10 +21,11 @@ from collections.abc import Sequence
 from confluent_kafka import Producer
 
 from capture.errors import ConfigError, TransientError
-from capture.publisher import ControlReader, Topics, producer_conf
+from capture.publish.control import ControlReader
+from capture.publish.publisher import Topics, producer_conf
 from capture.settings import CaptureSettings
-from capture.source import TableRef
-from capture.table_flow import now_micros
+from capture.source.setup import TableRef
+from capture.stream.table_flow import now_micros
 from schemas.control import TableState, TableStatus
 from schemas.lsn import format_lsn
 
@@ -32,7 +33,7 @@ from schemas.lsn import format_lsn
 def table_statuses(settings: CaptureSettings) -> list[TableStatus]:
     """The last state of every table of the configured slot, by table name. Only reads:
     a missing control topic raises
-    :class:`~capture.publisher.ControlTopicMissingError` and is not created."""
+    :class:`~capture.publish.control.ControlTopicMissingError` and is not created."""
     control = ControlReader(settings.kafka, None)
     try:
         state = control.load(settings.postgres.slot)

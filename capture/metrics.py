@@ -28,7 +28,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from capture.progress import ProgressBook
+from capture.in_flight import ProgressBook
 from runtime.telemetry import Health, MetricDoc, MetricSet
 from schemas.control import TableState
 from schemas.headers import OPERATION as OPERATION_HEADER
@@ -199,6 +199,8 @@ class CaptureMetrics(MetricSet):
         self.position = StreamPosition()
         self.book: ProgressBook | None = None
         """The current attempt's in-flight book (None between attempts)."""
+        self._errored_tables: set[str] = set()
+        """The tables errored at the last :meth:`table_states`."""
         for tally in (
             _TallyCollector(
                 f"{PREFIX}changes_decoded_total",
@@ -299,6 +301,12 @@ class CaptureMetrics(MetricSet):
             self.slot_wal_status.labels(status).set(1 if status == wal_status else 0)
 
     def table_states(self, states: dict[str, TableState]) -> None:
+        """Every table's state, once per status interval; a table newly errored counts as
+        an error of its kind (``TableError``), once however long it stays errored."""
         for table, current in states.items():
             for state in TableState:
                 self.table_state.labels(table, state.value).set(1 if state is current else 0)
+        errored = {t for t, s in states.items() if s is TableState.ERRORED}
+        for _ in errored - self._errored_tables:
+            self.errors.labels("TableError").inc()
+        self._errored_tables = errored

@@ -37,7 +37,7 @@ from capture.pgoutput.messages import (
     pg_micros_to_unix_micros,
     unix_micros_to_pg_micros,
 )
-from capture.pgoutput.reader import DecodeError, Reader
+from capture.pgoutput.reader import MalformedMessageError, Reader
 
 __all__ = [
     "PG_EPOCH_UNIX_MICROS",
@@ -46,10 +46,10 @@ __all__ = [
     "ColumnKind",
     "Commit",
     "CommitPrepared",
-    "DecodeError",
     "Delete",
     "Insert",
     "LogicalMessage",
+    "MalformedMessageError",
     "Message",
     "Origin",
     "Prepare",

@@ -2,11 +2,11 @@
 
 Formats: https://www.postgresql.org/docs/current/protocol-logicalrep-message-formats.html
 (protocol versions 1 to 4). The bytes are the payload of one XLogData frame; see
-:mod:`capture.replication_protocol`.
+:mod:`capture.stream.copy_data`.
 
 Invariants:
 
-- :func:`decode` consumes the whole buffer or raises :class:`DecodeError`: empty,
+- :func:`decode` consumes the whole buffer or raises :class:`MalformedMessageError`: empty,
   truncated, unknown tags, unknown flags or submessage markers, invalid UTF-8 and
   trailing bytes are all errors, never a partially filled message.
 - Whether a message carries an xid is not in the message itself: the server adds it
@@ -23,7 +23,7 @@ instead of one :class:`Reader` call per field; Begin and Commit, fixed-size, are
 with one unpack when their length and flags are right. These fast paths check every
 bound too, but only say whether the message is well formed: on anything unexpected
 they give up and the :class:`Reader`-based decoder reads the message again, to raise
-the precise :class:`DecodeError`. Both build the same message from the same bytes
+the precise :class:`MalformedMessageError`. Both build the same message from the same bytes
 (tests/unit/capture/test_pgoutput_decode.py compares them on mutated vectors).
 """
 
@@ -82,7 +82,7 @@ from capture.pgoutput.messages import (
     Update,
     frozen_constructor,
 )
-from capture.pgoutput.reader import DecodeError, Reader
+from capture.pgoutput.reader import MalformedMessageError, Reader
 
 _COLUMN_KINDS = {ord(kind.value): kind for kind in ColumnKind}
 _REPLICA_IDENTITIES = {ord(identity.value): identity for identity in ReplicaIdentity}
@@ -132,11 +132,11 @@ def _decode_checked(buf: bytes | memoryview, in_stream: bool) -> Message:
     """:func:`decode` with a :class:`Reader`: any message, and the precise error."""
     reader = Reader(buf)
     if not reader.remaining():
-        raise DecodeError(0, "pgoutput message tag", "empty message")
+        raise MalformedMessageError(0, "pgoutput message tag", "empty message")
     tag = reader.u8()
     decoder = _DECODERS.get(tag)
     if decoder is None:
-        raise DecodeError(0, "pgoutput message tag", _describe_byte(tag))
+        raise MalformedMessageError(0, "pgoutput message tag", _describe_byte(tag))
     message = decoder(reader, in_stream)
     reader.finish()
     return message
@@ -240,7 +240,7 @@ def _describe_byte(value: int) -> str:
 
 def _check_flags(flags: int, allowed: int, offset: int, wanted: str) -> None:
     if flags & ~allowed:
-        raise DecodeError(offset, wanted, f"0x{flags:02x}")
+        raise MalformedMessageError(offset, wanted, f"0x{flags:02x}")
 
 
 def _stream_xid(reader: Reader, in_stream: bool) -> int | None:
@@ -255,7 +255,7 @@ def _tuple(reader: Reader) -> TupleData:
         tag = reader.u8()
         kind = _COLUMN_KINDS.get(tag)
         if kind is None:
-            raise DecodeError(
+            raise MalformedMessageError(
                 reader.offset - 1, "column kind 'n', 'u', 't' or 'b'", _describe_byte(tag)
             )
         kinds.append(kind)
@@ -266,7 +266,7 @@ def _tuple(reader: Reader) -> TupleData:
 def _tuple_marker(reader: Reader, allowed: tuple[int, ...], wanted: str) -> int:
     marker = reader.u8()
     if marker not in allowed:
-        raise DecodeError(reader.offset - 1, wanted, _describe_byte(marker))
+        raise MalformedMessageError(reader.offset - 1, wanted, _describe_byte(marker))
     return marker
 
 
@@ -299,7 +299,7 @@ def _relation(reader: Reader, in_stream: bool) -> Relation:
     identity_byte = reader.u8()
     identity = _REPLICA_IDENTITIES.get(identity_byte)
     if identity is None:
-        raise DecodeError(
+        raise MalformedMessageError(
             reader.offset - 1,
             "replica identity 'd', 'n', 'f' or 'i'",
             _describe_byte(identity_byte),
@@ -408,7 +408,7 @@ def _stream_abort(reader: Reader, in_stream: bool) -> StreamAbort:
     if left == 0:
         return StreamAbort(xid=xid, subxid=subxid, abort_lsn=None, abort_time=None)
     if left != _STREAM_ABORT_INFO.size:
-        raise DecodeError(
+        raise MalformedMessageError(
             reader.offset,
             "end of message, or abort LSN and timestamp (16 bytes)",
             f"{left} bytes",

@@ -7,7 +7,7 @@ frame from the front.
 Invariants:
 
 - Every read checks the frame's length first. Malformed input raises
-  :class:`DecodeError` carrying the byte offset where the read started, what was
+  :class:`MalformedMessageError` carrying the byte offset where the read started, what was
   wanted and what was found; ``IndexError``, ``struct.error`` and
   ``UnicodeDecodeError`` never escape.
 - A failed read does not move the cursor.
@@ -38,7 +38,7 @@ _U64 = struct.Struct("!Q")
 _NUL = re.compile(b"\x00")
 
 
-class DecodeError(ProtocolError):
+class MalformedMessageError(ProtocolError):
     """A replication message is malformed: short, unknown, invalid or overlong.
 
     ``offset`` is the byte position in the message where decoding failed, ``wanted``
@@ -174,7 +174,7 @@ class Reader:
         n: int = _U32.unpack_from(self._buf, pos)[0]
         stop = start + n
         if stop > end:
-            raise DecodeError(start, f"{n} bytes", f"{end - start} bytes left in message")
+            raise MalformedMessageError(start, f"{n} bytes", f"{end - start} bytes left in message")
         self._pos = stop
         return self._buf[start:stop].tobytes()
 
@@ -197,13 +197,15 @@ class Reader:
         pos = self._pos
         match = _NUL.search(self._buf, pos)
         if match is None:
-            raise DecodeError(pos, "NUL-terminated string", "end of message before NUL")
+            raise MalformedMessageError(pos, "NUL-terminated string", "end of message before NUL")
         nul = match.start()
         try:
             text = str(self._buf[pos:nul], "utf-8")
         except UnicodeDecodeError as exc:
             bad = self._buf[pos + exc.start]
-            raise DecodeError(pos + exc.start, "UTF-8 text", f"invalid byte 0x{bad:02x}") from exc
+            raise MalformedMessageError(
+                pos + exc.start, "UTF-8 text", f"invalid byte 0x{bad:02x}"
+            ) from exc
         self._pos = nul + 1
         return text
 
@@ -211,9 +213,9 @@ class Reader:
         """Assert the frame is fully consumed; trailing bytes mean we misread it."""
         left = self._end - self._pos
         if left:
-            raise DecodeError(self._pos, "end of message", f"{left} trailing bytes")
+            raise MalformedMessageError(self._pos, "end of message", f"{left} trailing bytes")
 
-    def _short(self, wanted: int) -> DecodeError:
-        return DecodeError(
+    def _short(self, wanted: int) -> MalformedMessageError:
+        return MalformedMessageError(
             self._pos, f"{wanted} bytes", f"{self._end - self._pos} bytes left in message"
         )

@@ -19,8 +19,8 @@ from collections.abc import Callable
 from types import TracebackType
 
 from apply.settings import ApplySettings
-from capture.credentials import source_password
 from capture.settings import CaptureSettings
+from capture.source.credentials import source_password
 from pipeline.status.errors import StatusConfigError
 from pipeline.status.kafka import KafkaReader, KafkaSnapshot, Partition
 from pipeline.status.lag import WaitingChange, oldest, table_lag, waiting_offsets

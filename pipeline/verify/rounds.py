@@ -27,9 +27,9 @@ from apply.dead_letter import dead_letter_path
 from apply.settings import ApplySettings
 from apply.tables import TableId
 from capture import errors as capture_errors
-from capture.credentials import source_password
 from capture.settings import CaptureSettings, PostgresSettings
-from capture.source import TableRef
+from capture.source.credentials import source_password
+from capture.source.setup import TableRef
 from pipeline.verify import lake as lake_side
 from pipeline.verify import source as source_side
 from pipeline.verify.compare import (

@@ -5,12 +5,12 @@ A **verify point** is the consistent point ``C`` of a temporary logical slot cre
 (https://www.postgresql.org/docs/current/protocol-replication.html): a second, ordinary
 connection imports the snapshot (``REPEATABLE READ``, ``SET TRANSACTION SNAPSHOT``) and
 then sees exactly the transactions whose commit record starts before ``C``, which is
-how capture's own snapshots are tied to the stream (:mod:`capture.snapshot`). The
+how capture's own snapshots are tied to the stream (:mod:`capture.snapshot.run`). The
 replication connection stays open while the snapshot is used; the temporary slot goes
 with it.
 
 Both connections carry capture's session settings
-(:data:`capture.typemap.SESSION_SETTINGS`), so text-form values print exactly as capture
+(:data:`capture.rows.typemap.SESSION_SETTINGS`), so text-form values print exactly as capture
 sent them; ``search_path`` is ``pg_catalog``, so every name here is qualified.
 
 Only aggregates and the keys of differing buckets leave the server: the row texts and
@@ -34,11 +34,11 @@ from psycopg import sql
 
 from capture.errors import ConfigError, TransientError
 from capture.pgoutput import ReplicaIdentity
-from capture.service import describe_columns
-from capture.snapshot import relation_from_catalog
-from capture.source import TableRef
-from capture.type_catalog import load_types
-from capture.typemap import SESSION_SETTINGS, libpq_options
+from capture.rows.describe import describe_columns
+from capture.rows.type_catalog import load_types
+from capture.rows.typemap import SESSION_SETTINGS, libpq_options
+from capture.snapshot.run import relation_from_catalog
+from capture.source.setup import TableRef
 from pipeline.verify.canonical import (
     SOURCE_ALIAS,
     CanonColumn,

@@ -213,7 +213,7 @@ def test_postgres_restarted_mid_workload(
     os.kill(pid, signal.SIGINT)  # fast shutdown: sessions are cut
     # A logical walsender exits only once its client confirmed all it sent, which
     # capture does only as far as the lake applied; capture's stream lets go as soon as
-    # its idle watch session is ended (capture/replication.py), so the shutdown does not
+    # its idle watch session is ended (capture/stream/replication.py), so the shutdown does not
     # wait for apply to catch up.
     try:
         wait_for(lambda: not postgres.running(), "PostgreSQL to shut down", 120)

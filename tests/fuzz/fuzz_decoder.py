@@ -7,7 +7,7 @@ Usage::
 Every input is one pgoutput message (its first byte says whether it is read inside a
 streamed transaction). The properties:
 
-- :func:`capture.pgoutput.decode` returns a message or raises ``DecodeError``: never
+- :func:`capture.pgoutput.decode` returns a message or raises ``MalformedMessageError``: never
   another exception, never a hang, whatever the bytes.
 - The fast paths of ``decode`` (row changes, Begin, Commit) and the ``Reader``-based
   decoder agree: the same message, or both refuse it.
@@ -23,7 +23,7 @@ import sys
 import atheris
 
 with atheris.instrument_imports():
-    from capture.pgoutput import DecodeError, decode
+    from capture.pgoutput import MalformedMessageError, decode
     from capture.pgoutput.decode import _decode_checked
 
 
@@ -33,11 +33,11 @@ def test_one_input(data: bytes) -> None:
     in_stream, payload = bool(data[0] & 1), data[1:]
     try:
         fast = decode(payload, in_stream=in_stream)
-    except DecodeError:
+    except MalformedMessageError:
         fast = None
     try:
         checked = _decode_checked(payload, in_stream)
-    except DecodeError:
+    except MalformedMessageError:
         checked = None
     if fast != checked:
         raise AssertionError(

@@ -27,8 +27,6 @@ from typing import Any
 import atheris
 
 with atheris.instrument_imports():
-    from capture.change_stream import ChangeFailed, ChangeStream, Output, TableCodec
-    from capture.copy_text import CopyRows
     from capture.errors import ProtocolError, TableError
     from capture.pgoutput import (
         Begin,
@@ -39,7 +37,10 @@ with atheris.instrument_imports():
         TupleData,
         decode,
     )
-    from capture.typemap import map_column
+    from capture.rows.codec import TableCodec
+    from capture.rows.typemap import map_column
+    from capture.snapshot.copy_text import CopyRows
+    from capture.stream.change_stream import ChangeFailed, ChangeStream, Output
     from schemas.errors import ChangeEncodingError
     from schemas.lsn import Lsn
     from schemas.operation import Operation

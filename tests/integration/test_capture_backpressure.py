@@ -22,7 +22,7 @@ BOUND = 2_000
 ROWS = 20_000
 # How far past the bound one step of the loop may go: the Python loop checks it after
 # every frame, the lane before each call, which takes up to its budget of frames
-# (capture/service.py, _LANE_BUDGET).
+# (capture/stream/loop.py, _LANE_BUDGET).
 PAST_THE_BOUND = {True: 512, False: 1}
 
 

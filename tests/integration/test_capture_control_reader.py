@@ -1,5 +1,5 @@
 """On the real broker: the control reader replaces a consumer that has been silent, and
-the new one goes on exactly where the old one was (capture/publisher.py,
+the new one goes on exactly where the old one was (capture/publish/publisher.py,
 ``ControlReader``). A consumer that stops fetching after a broker restart is a
 librdkafka bug that cannot be triggered on demand, so the silence here is a quiet topic:
 what is checked is the replacement, not its trigger."""
@@ -10,8 +10,9 @@ import time
 
 from confluent_kafka import Producer
 
-from capture.progress import ProgressBook
-from capture.publisher import ControlReader, Topics
+from capture.in_flight import ProgressBook
+from capture.publish.control import ControlReader
+from capture.publish.publisher import Topics
 from schemas.control import AppliedProgress
 from schemas.lsn import Lsn
 from tests.plugins.capture import capture_settings

@@ -16,7 +16,7 @@ from psycopg import sql
 from capture.metrics import CaptureMetrics
 from capture.service import CaptureService
 from capture.settings import CaptureSettings, WalSettings
-from capture.wal_safety import read_keep_size, read_slot_wal
+from capture.source.wal_safety import read_keep_size, read_slot_wal
 from runtime.logs import LogSettings
 from runtime.telemetry import Health, MetricsSettings, TelemetryServer
 from tests.plugins.capture import capture_settings, current_lsn, slot_active, slot_streaming

@@ -1,4 +1,4 @@
-"""On the real broker: the compiled producer (capture/native_producer.py) writes what
+"""On the real broker: the compiled producer (capture/publish/native_producer.py) writes what
 confluent-kafka's would -- keys, values, headers, partitions -- reports where each
 record went, and reports failures, a full queue, a refused property and an unreachable
 broker as confluent-kafka's producer does."""
@@ -12,8 +12,8 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
-from capture import native_producer
-from capture.native_producer import Delivery, NativeProducer
+from capture.publish import native_producer
+from capture.publish.native_producer import Delivery, NativeProducer
 from tests.plugins.services import Services
 
 pytestmark = pytest.mark.skipif(

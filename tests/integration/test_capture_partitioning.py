@@ -13,9 +13,9 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
 from capture.errors import TransientError
-from capture.partitioning import key_partitions
-from capture.progress import ProgressBook
-from capture.publisher import ChangePublisher, Topics, producer_conf
+from capture.in_flight import ProgressBook
+from capture.publish.partitioning import key_partitions
+from capture.publish.publisher import ChangePublisher, Topics, producer_conf
 from capture.settings import KafkaSettings
 from schemas.lsn import Lsn
 from tests.plugins.services import Services

@@ -8,9 +8,9 @@ import time
 import psycopg
 
 from capture.pgoutput import Begin, Commit, Insert, decode
-from capture.replication import ReplicationStream
-from capture.replication_protocol import PrimaryKeepalive, XLogData
-from capture.typemap import SESSION_SETTINGS
+from capture.rows.typemap import SESSION_SETTINGS
+from capture.stream.copy_data import PrimaryKeepalive, XLogData
+from capture.stream.replication import ReplicationStream
 from schemas.lsn import Lsn
 from tests.plugins.services import Services
 

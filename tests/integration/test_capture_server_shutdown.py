@@ -19,9 +19,9 @@ import psycopg
 import pytest
 
 from capture.errors import TransientError
-from capture.replication import ReplicationStream
-from capture.replication_protocol import XLogData
-from capture.typemap import SESSION_SETTINGS
+from capture.rows.typemap import SESSION_SETTINGS
+from capture.stream.copy_data import XLogData
+from capture.stream.replication import ReplicationStream
 from deploy.local.postgres import LocalPostgres
 from schemas.lsn import Lsn
 

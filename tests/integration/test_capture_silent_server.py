@@ -16,8 +16,8 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from capture.errors import TransientError
-from capture.replication import ReplicationStream
-from capture.typemap import SESSION_SETTINGS
+from capture.rows.typemap import SESSION_SETTINGS
+from capture.stream.replication import ReplicationStream
 from schemas.lsn import Lsn
 from tests.plugins.services import Services
 from tests.plugins.tcp_proxy import Cut, TcpProxy

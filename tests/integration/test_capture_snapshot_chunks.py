@@ -38,9 +38,10 @@ from psycopg import sql
 
 from capture import admin
 from capture.errors import TransientError
-from capture.service import describe_columns
+from capture.rows.describe import describe_columns
 from capture.settings import CaptureSettings
-from capture.snapshot import (
+from capture.snapshot.chunks import CHUNK_ORDINALS
+from capture.snapshot.run import (
     RunFailed,
     RunFinished,
     SnapshotItem,
@@ -49,7 +50,6 @@ from capture.snapshot import (
     TableCopied,
     TableFailed,
 )
-from capture.snapshot_chunks import CHUNK_ORDINALS
 from schemas.change_record import RecordFraming, TableSchemas
 from schemas.control import TableState
 from schemas.reader import ContractReader

@@ -36,7 +36,7 @@ from confluent_kafka import Consumer
 from psycopg import sql
 
 from capture.settings import CaptureSettings
-from capture.snapshot_chunks import CHUNK_ORDINALS
+from capture.snapshot.chunks import CHUNK_ORDINALS
 from pipeline.status import collect
 from pipeline.status.render import render_text
 from schemas.control import TableState

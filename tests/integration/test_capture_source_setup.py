@@ -8,7 +8,7 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from capture.errors import ConfigError
-from capture.source import (
+from capture.source.setup import (
     TableRef,
     check_server,
     check_tables,

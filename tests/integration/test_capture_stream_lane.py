@@ -1,4 +1,4 @@
-"""On the real PostgreSQL and broker: the stream lane (capture/stream_lane.py,
+"""On the real PostgreSQL and broker: the stream lane (capture/stream/lane.py,
 native/src/lane.rs) publishes exactly what the Python loop publishes.
 
 Two captures read the same WAL through two slots created before it was written: one
@@ -17,10 +17,11 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from capture import native_producer, stream_lane
-from capture.native_rows import AVAILABLE
+from capture.publish import native_producer
+from capture.rows.native import AVAILABLE
 from capture.service import CaptureService
-from capture.stream_lane import StreamLane
+from capture.stream import lane as stream_lane
+from capture.stream.lane import StreamLane
 from tests.plugins.capture import capture_settings, current_lsn
 from tests.plugins.services import Services
 from tests.plugins.topics import read_to_end

@@ -16,7 +16,7 @@ import pytest
 
 from capture.metrics import CaptureMetrics
 from capture.service import CaptureService
-from capture.wal_safety import SlotLostError, read_keep_size, read_slot_wal
+from capture.source.wal_safety import SlotLostError, read_keep_size, read_slot_wal
 from deploy.local.postgres import LocalPostgres
 from tests.plugins.capture import capture_settings
 from tests.plugins.services import Services

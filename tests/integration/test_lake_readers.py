@@ -35,7 +35,7 @@ from psycopg import sql
 
 from apply.settings import ApplySettings, LakeSettings, TriggerSettings
 from apply.settings import KafkaSettings as ApplyKafka
-from capture.typemap import libpq_options
+from capture.rows.typemap import libpq_options
 from tests.integration.test_type_roundtrip import (
     CASES,
     ROWS,

@@ -26,7 +26,7 @@ from psycopg import sql
 from apply.errors import ConfigError as ApplyConfigError
 from apply.table_status import read_table_statuses
 from capture import admin
-from capture.publisher import ControlTopicMissingError
+from capture.publish.control import ControlTopicMissingError
 from capture.settings import CaptureSettings
 from pipeline.status import PipelineStatus, StatusReader, TableView, main
 from schemas.control import TableState

@@ -2,9 +2,9 @@
 
 One table has a column of each type; its rows hold edge values. The test reads the rows
 exactly as the capture does -- a logical replication stream opened with
-:data:`capture.typemap.SESSION_SETTINGS`, decoded by :mod:`capture.pgoutput` --, maps the
-Relation's columns with :func:`capture.typemap.map_column` over the types
-:func:`capture.type_catalog.load_types` read, parses each Insert, encodes it with the
+:data:`capture.rows.typemap.SESSION_SETTINGS`, decoded by :mod:`capture.pgoutput` --, maps the
+Relation's columns with :func:`capture.rows.typemap.map_column` over the types
+:func:`capture.rows.type_catalog.load_types` read, parses each Insert, encodes it with the
 contract's :class:`~schemas.change_record.ChangeEncoder` (both modes, which must write
 the same bytes: the parsers give Avro physical values) and decodes it with
 :class:`~schemas.reader.ContractReader`. Then every value a consumer sees is compared
@@ -46,12 +46,12 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from capture import native_rows
 from capture.pgoutput import Begin, ColumnKind, Commit, Insert, Relation, decode
 from capture.pgoutput.messages import Message, pg_micros_to_unix_micros
-from capture.replication_protocol import XLogData, parse_copy_data
-from capture.type_catalog import TypType, load_array_dimensions, load_types
-from capture.typemap import SESSION_SETTINGS, ColumnMapping, libpq_options, map_column
+from capture.rows import native as native_rows
+from capture.rows.type_catalog import TypType, load_array_dimensions, load_types
+from capture.rows.typemap import SESSION_SETTINGS, ColumnMapping, libpq_options, map_column
+from capture.stream.copy_data import XLogData, parse_copy_data
 from schemas import avro_binary
 from schemas import column_type as ct
 from schemas.change_record import (
@@ -610,7 +610,7 @@ def _parse_row(insert: Insert, mappings: list[ColumnMapping]) -> list[Any]:
 def _assert_compiled_encoder_agrees(
     relation: Relation, mappings: Sequence[ColumnMapping], inserts: Sequence[Insert]
 ) -> None:
-    """Each column the compiled row encoder reads (:mod:`capture.native_rows`), every
+    """Each column the compiled row encoder reads (:mod:`capture.rows.native`), every
     edge value as the server sent it: the encoder writes what the Python parser and
     :mod:`schemas.avro_binary` write, or leaves the value to them, which only happens
     for the forms it does not take on purpose (:data:`_LEFT_TO_PYTHON`)."""

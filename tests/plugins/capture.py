@@ -19,7 +19,7 @@ import psycopg
 from apply.settings import ApplySettings, LakeSettings, TriggerSettings
 from apply.settings import KafkaSettings as ApplyKafka
 from capture import admin
-from capture.publisher import ControlTopicMissingError
+from capture.publish.control import ControlTopicMissingError
 from capture.service import CaptureService
 from capture.settings import CaptureSettings, KafkaSettings, PostgresSettings
 from schemas.control import TableStatus

@@ -33,7 +33,7 @@ from confluent_kafka.admin._resource import ResourcePatternType, ResourceType
 
 from apply.kafka_clients import SCHEMA_GROUP, SPARK_SOURCE_GROUP_PREFIX
 from apply.kafka_clients import STATUS_GROUP as APPLY_STATUS_GROUP
-from capture.publisher import CONTROL_GROUP
+from capture.publish.control import CONTROL_GROUP
 from deploy.local.kafka import SCRAM_MECHANISM, LocalKafka, SaslSslListener
 from deploy.local.postgres import LocalPostgres, ServerTls
 from deploy.local.process import free_port

@@ -3,8 +3,8 @@ gauges read at scrape time."""
 
 from __future__ import annotations
 
+from capture.in_flight import ProgressBook
 from capture.metrics import CaptureMetrics, operation_label
-from capture.progress import ProgressBook
 from schemas.control import TableState
 from schemas.headers import position_headers, record_headers
 from schemas.lsn import Lsn
@@ -64,3 +64,13 @@ def test_table_state_is_one_series_per_state() -> None:
         r.get_sample_value("cdc_capture_table_state", {"table": "public.b", "state": "errored"})
         == 1
     )
+
+
+def test_a_table_newly_errored_counts_as_one_table_error() -> None:
+    metrics = CaptureMetrics()
+    r = metrics.registry
+    metrics.table_states({"public.a": TableState.STREAMING, "public.b": TableState.ERRORED})
+    metrics.table_states({"public.a": TableState.STREAMING, "public.b": TableState.ERRORED})
+    assert r.get_sample_value("cdc_capture_errors_total", {"kind": "TableError"}) == 1
+    metrics.table_states({"public.a": TableState.ERRORED, "public.b": TableState.ERRORED})
+    assert r.get_sample_value("cdc_capture_errors_total", {"kind": "TableError"}) == 2

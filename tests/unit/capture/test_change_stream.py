@@ -5,15 +5,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from capture.change_stream import (
-    ChangeFailed,
-    ChangeStream,
-    OutgoingRecord,
-    Output,
-    SchemaRecord,
-    TransactionCommitted,
-    TransactionStarted,
-)
 from capture.errors import TableError
 from capture.pgoutput import (
     Begin,
@@ -30,7 +21,15 @@ from capture.pgoutput import (
     Update,
     unix_micros_to_pg_micros,
 )
-from capture.typemap import ColumnMapping
+from capture.records import OutgoingRecord, SchemaRecord
+from capture.rows.typemap import ColumnMapping
+from capture.stream.change_stream import (
+    ChangeFailed,
+    ChangeStream,
+    Output,
+    TransactionCommitted,
+    TransactionStarted,
+)
 from schemas.column_type import LONG, STRING
 from schemas.lsn import Lsn
 from schemas.reader import ContractReader

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from capture.copy_text import CopyRows, unescape
 from capture.errors import ProtocolError
 from capture.pgoutput import ColumnKind
+from capture.snapshot.copy_text import CopyRows, unescape
 
 
 def test_rows_split_across_chunks_and_nulls() -> None:

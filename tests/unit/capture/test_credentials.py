@@ -6,8 +6,8 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from capture.credentials import connection_error
 from capture.errors import ConfigError, TransientError
+from capture.source.credentials import connection_error
 
 # libpq's texts, as recorded against a TLS-only PostgreSQL 15 (tests/integration).
 _PREFIX = 'connection failed: connection to server at "127.0.0.1", port 41555 failed: '

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from capture import native_rows
+from capture.rows import native as native_rows
 
 ROOT = Path(__file__).resolve().parents[3]
 VECTORS = Path(__file__).parent / "vectors"

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from capture.change_stream import OutgoingRecord
 from capture.errors import ConfigError
-from capture.held_changes import HeldChanges
+from capture.records import OutgoingRecord
+from capture.snapshot.held_changes import HeldChanges
 from schemas.lsn import Lsn
 
 

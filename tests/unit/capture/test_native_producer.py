@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from capture import native_producer
-from capture.native_producer import _property
+from capture.publish import native_producer
+from capture.publish.native_producer import _property
 
 
 def test_properties_are_written_as_librdkafka_reads_them() -> None:

@@ -15,16 +15,13 @@ from typing import Any
 
 import pytest
 
-from capture import native_rows
-from capture.change_stream import ChangeFailed, ChangeStream, OutgoingRecord, Output, TableCodec
-from capture.copy_text import CopyRows
 from capture.errors import ProtocolError, TableError
 from capture.pgoutput import (
     Begin,
     ColumnKind,
     Commit,
-    DecodeError,
     Insert,
+    MalformedMessageError,
     Relation,
     RelationColumn,
     ReplicaIdentity,
@@ -32,7 +29,12 @@ from capture.pgoutput import (
     Update,
     decode,
 )
-from capture.typemap import ColumnMapping, map_column
+from capture.records import OutgoingRecord
+from capture.rows import native as native_rows
+from capture.rows.codec import TableCodec
+from capture.rows.typemap import ColumnMapping, map_column
+from capture.snapshot.copy_text import CopyRows
+from capture.stream.change_stream import ChangeFailed, ChangeStream, Output
 from schemas.errors import ChangeEncodingError
 from schemas.headers import CHANGE_LSN
 from schemas.lsn import Lsn, format_lsn
@@ -694,9 +696,9 @@ def test_a_malformed_row_message_raises_what_decoding_raises() -> None:
         b"D" + oid + b"N" + _tuple_bytes([b"1", None]),
     )
     for bad in bad_messages:
-        with pytest.raises(DecodeError) as from_frame:
+        with pytest.raises(MalformedMessageError) as from_frame:
             list(stream.handle_frame(bad, Lsn(3)))
-        with pytest.raises(DecodeError) as decoded:
+        with pytest.raises(MalformedMessageError) as decoded:
             decode(bad)
         assert str(from_frame.value) == str(decoded.value)
 

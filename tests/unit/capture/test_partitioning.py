@@ -9,10 +9,10 @@ import random
 
 import pytest
 
-from capture import native_rows
-from capture.partitioning import key_partitions, murmur2, partition_of
-from capture.progress import RecordTicket
-from capture.publisher import BrokenRunError, PartitionRun
+from capture.in_flight import RecordTicket
+from capture.publish.partitioning import key_partitions, murmur2, partition_of
+from capture.publish.publisher import BrokenRunError, PartitionRun
+from capture.rows import native as native_rows
 
 # Apache Kafka's own vectors (UtilsTest.testMurmur2), as the Java client's signed ints.
 KAFKA_VECTORS = {

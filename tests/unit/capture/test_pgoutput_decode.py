@@ -24,10 +24,10 @@ from capture.pgoutput import (
     ColumnKind,
     Commit,
     CommitPrepared,
-    DecodeError,
     Delete,
     Insert,
     LogicalMessage,
+    MalformedMessageError,
     Message,
     Origin,
     Prepare,
@@ -461,11 +461,11 @@ def test_memoryview_slices_decode_like_bytes():
     assert decode(framed) == decode(payload)
 
 
-# Malformed input: every failure is a DecodeError (a ProtocolError) with an offset.
+# Malformed input: every failure is a MalformedMessageError (a ProtocolError) with an offset.
 
 
-def decode_error(buf: bytes, *, in_stream: bool = False) -> DecodeError:
-    with pytest.raises(DecodeError) as info:
+def decode_error(buf: bytes, *, in_stream: bool = False) -> MalformedMessageError:
+    with pytest.raises(MalformedMessageError) as info:
         decode(buf, in_stream=in_stream)
     return info.value
 
@@ -626,12 +626,12 @@ def test_stream_stop_has_no_fields():
 
 def test_reader_does_not_move_on_a_failed_read():
     reader = Reader(b"\x00\x01\xff")
-    with pytest.raises(DecodeError):
+    with pytest.raises(MalformedMessageError):
         reader.i32()
     assert reader.offset == 0
     assert reader.i16() == 1
     assert reader.remaining() == 1
-    with pytest.raises(DecodeError) as info:
+    with pytest.raises(MalformedMessageError) as info:
         reader.finish()
     assert info.value.got == "1 trailing bytes"
     assert reader.u8() == 0xFF
@@ -649,10 +649,10 @@ def test_reader_signed_and_unsigned_reads():
 def test_reader_byte_reads_are_bounds_checked():
     reader = Reader(b"\x00\x00\x00\x02abc")
     assert reader.counted_bytes() == b"ab"
-    with pytest.raises(DecodeError) as info:
+    with pytest.raises(MalformedMessageError) as info:
         reader.bytes_(2)
     assert (info.value.offset, info.value.wanted) == (6, "2 bytes")
-    with pytest.raises(DecodeError):
+    with pytest.raises(MalformedMessageError):
         reader.bytes_(-1)
     assert reader.bytes_(1) == b"c"
     assert len(reader.rest()) == 0
@@ -736,13 +736,15 @@ def test_fast_decoding_agrees_with_the_checked_decoder(message):
         else:
             fast = None
         try:
-            checked: Message | DecodeError = decode_module._decode_checked(variant, in_stream)
-        except DecodeError as exc:
+            checked: Message | MalformedMessageError = decode_module._decode_checked(
+                variant, in_stream
+            )
+        except MalformedMessageError as exc:
             checked = exc
         if fast is not None:
             assert fast == checked, variant.hex()
         # What decode() returns or raises is always the checked decoder's answer.
-        if isinstance(checked, DecodeError):
+        if isinstance(checked, MalformedMessageError):
             assert decode_error(variant, in_stream=in_stream).offset == checked.offset
         else:
             assert decode(variant, in_stream=in_stream) == checked

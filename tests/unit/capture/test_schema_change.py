@@ -1,6 +1,6 @@
-"""Which Relation changes resync a table (capture.schema_change), the resync transition
-(capture.table_states), the Relation change the stream reports, and when a table being
-snapshotted is taken again (capture.table_flow, with an in-memory publisher and run)."""
+"""Which Relation changes resync a table (capture.stream.schema_change), the resync transition
+(capture.stream.table_states), the Relation change the stream reports, and when a table being
+snapshotted is taken again (capture.stream.table_flow, with an in-memory publisher and run)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ from typing import Any, cast
 
 import pytest
 
-from capture.change_stream import ChangeStream, RelationChanged
+from capture.in_flight import ProgressBook
 from capture.pgoutput import Relation, RelationColumn
-from capture.progress import ProgressBook
-from capture.schema_change import AddedColumn, added_columns, resync_reason
-from capture.snapshot import RunFinished, SnapshotTaken, TableCopied
-from capture.table_flow import TableFlow
-from capture.table_states import Route, TableStates
+from capture.snapshot.run import RunFinished, SnapshotTaken, TableCopied
+from capture.stream.change_stream import ChangeStream, RelationChanged
+from capture.stream.schema_change import AddedColumn, added_columns, resync_reason
+from capture.stream.table_flow import TableFlow
+from capture.stream.table_states import Route, TableStates
 from schemas.control import TableState
 from schemas.lsn import Lsn
 from tests.unit.capture.test_change_stream import ORDERS, _describe, _run

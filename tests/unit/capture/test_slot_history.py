@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 
 from capture.errors import ConfigError
-from capture.publisher import ControlState
-from capture.service import check_slot_history
-from capture.source import SlotState
+from capture.publish.control import ControlState
+from capture.source.setup import SlotState, check_slot_history
 from schemas.lsn import Lsn
 
 APPLIED = {("cdc.public.orders", 0): 10, ("other.public.x", 0): 5}
@@ -17,25 +16,31 @@ def _slot(lsn: int, created: bool = False) -> SlotState:
     return SlotState("s", created, Lsn(lsn), active=False)
 
 
+def _check(slot: SlotState | None, state: ControlState) -> None:
+    check_slot_history(
+        slot, "s", checkpoint=state.checkpoint, applied_topics=state.applied_topics("cdc")
+    )
+
+
 def test_fresh_start_is_accepted() -> None:
-    check_slot_history(None, ControlState(None, {}), "s", "cdc")
+    _check(None, ControlState(None, {}))
 
 
 def test_dropped_slot_with_applied_changes_is_refused() -> None:
     with pytest.raises(ConfigError, match=r"does not exist.*cdc\.public\.orders.*Resync"):
-        check_slot_history(None, ControlState(Lsn(100), APPLIED), "s", "cdc")
+        _check(None, ControlState(Lsn(100), APPLIED))
 
 
 def test_missing_slot_is_fine_when_only_other_pipelines_applied() -> None:
-    check_slot_history(None, ControlState(None, {("other.public.x", 0): 5}), "s", "cdc")
+    _check(None, ControlState(None, {("other.public.x", 0): 5}))
 
 
 def test_slot_ahead_of_the_checkpoint_is_refused() -> None:
     with pytest.raises(ConfigError, match="someone else advanced it"):
-        check_slot_history(_slot(200), ControlState(Lsn(100), APPLIED), "s", "cdc")
+        _check(_slot(200), ControlState(Lsn(100), APPLIED))
 
 
 def test_slot_at_or_behind_the_checkpoint_is_accepted() -> None:
-    check_slot_history(_slot(100), ControlState(Lsn(100), APPLIED), "s", "cdc")
-    check_slot_history(_slot(50), ControlState(Lsn(100), APPLIED), "s", "cdc")
-    check_slot_history(_slot(50), ControlState(None, APPLIED), "s", "cdc")
+    _check(_slot(100), ControlState(Lsn(100), APPLIED))
+    _check(_slot(50), ControlState(Lsn(100), APPLIED))
+    _check(_slot(50), ControlState(None, APPLIED))

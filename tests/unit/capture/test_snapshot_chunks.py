@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 
 from capture.pgoutput import Relation, RelationColumn, ReplicaIdentity
-from capture.snapshot import cgroup_cpu_limit, format_duration
-from capture.snapshot_chunks import (
+from capture.snapshot.chunks import (
     CHUNK_ORDINALS,
     MAX_CHUNK_BLOCKS,
     UNANALYZED_ROWS_PER_BLOCK,
@@ -23,7 +22,8 @@ from capture.snapshot_chunks import (
     dispatch_order,
     plan_chunks,
 )
-from capture.snapshot_worker import chunk_query
+from capture.snapshot.run import cgroup_cpu_limit, format_duration
+from capture.snapshot.worker import chunk_query
 from schemas.control import SnapshotResume
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from psycopg.conninfo import conninfo_to_dict
 
-from capture.source_connection import DEAD_PEER_DEFAULTS, with_dead_peer_detection
+from capture.source.connection import DEAD_PEER_DEFAULTS, with_dead_peer_detection
 
 
 def test_a_plain_dsn_gains_every_default() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from capture.table_states import Route, TableStates
+from capture.stream.table_states import Route, TableStates
 from schemas.control import SnapshotResume, TableState, TableStatus
 from schemas.lsn import Lsn
 
@@ -150,3 +150,20 @@ def test_every_transition_moves_the_version() -> None:
     states.route("public.a", Lsn(200))
     assert states.version == seen[-1], "a question is not a transition"
     assert seen == sorted(set(seen)), seen
+
+
+def test_at_start_new_tables_and_problems_get_a_status_errored_ones_keep_theirs() -> None:
+    persisted = {
+        "public.old": _status("public.old", TableState.STREAMING, 5),
+        "public.broken": _status("public.broken", TableState.ERRORED),
+    }
+    states = _states(persisted)
+    statuses = states.at_start(
+        ["public.old", "public.new"],
+        {"public.broken": "no primary key", "public.nokey": "no primary key"},
+    )
+    assert [(s.table, s.state) for s in statuses] == [
+        ("public.new", TableState.PENDING),
+        ("public.nokey", TableState.ERRORED),
+    ]
+    assert states.state("public.old") is TableState.STREAMING

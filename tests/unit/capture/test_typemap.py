@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from capture.errors import ConfigError, TableError
-from capture.type_catalog import PgType, TypType
-from capture.typemap import (
+from capture.rows.type_catalog import PgType, TypType
+from capture.rows.typemap import (
     SESSION_SETTINGS,
     ColumnMapping,
     libpq_options,

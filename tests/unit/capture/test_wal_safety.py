@@ -8,7 +8,7 @@ import pytest
 
 from capture.errors import ConfigError
 from capture.metrics import CaptureMetrics
-from capture.wal_safety import SlotWal, assess, check, warn_if_unlimited
+from capture.source.wal_safety import SlotWal, assess, check, warn_if_unlimited
 
 
 def test_assess_flags_lost_and_over_threshold() -> None:

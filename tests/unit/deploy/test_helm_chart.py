@@ -44,9 +44,9 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource
 
 from apply.settings import ApplySettings
-from capture.publisher import ChangePublisher
+from capture.publish.publisher import ChangePublisher
 from capture.settings import CaptureSettings
-from capture.snapshot import SnapshotRun
+from capture.snapshot.run import SnapshotRun
 from runtime.settings_table import defaults, setting_rows
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -555,7 +555,7 @@ def test_without_a_metrics_port_there_are_no_probes_nor_services(helm: Path) -> 
 
 
 def test_capture_grace_period_outlasts_its_stop() -> None:
-    """capture's stop (capture/service.py) cancels a running snapshot, flushes the producer,
+    """capture's stop (capture/stream/loop.py) cancels a running snapshot, flushes the producer,
     writes the checkpoint and flushes again; each wait has its own bound in the code."""
 
     def default(function: Any, parameter: str) -> float:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from capture.errors import ConfigError
-from capture.source import TableRef
+from capture.source.setup import TableRef
 from pipeline.verify.rounds import choose_tables
 
 ORDERS, ITEMS, NOTES = TableRef("public", "orders"), TableRef("public", "items"), TableRef("s", "n")

@@ -1,4 +1,4 @@
-"""Kafka side of capture: topics, the idempotent producer, the control-topic reader.
+"""Kafka side of capture: topics and the idempotent producer.
 
 The producer is idempotent with ``acks=all``, so a record is either in the log once,
 in order, or its delivery report says it failed. A failed delivery stops the service
@@ -12,31 +12,30 @@ is produced, so a consumer that reads the schema topic first can always decode.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, cast
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
+from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
-from confluent_kafka.cimpl import NewTopic, TopicPartition
+from confluent_kafka.cimpl import NewTopic
 
-from capture import native_producer
-from capture.change_stream import OutgoingRecord, SchemaRecord
-from capture.errors import ConfigError, TransientError
+from capture.errors import TransientError
+from capture.in_flight import ProgressBook, RecordTicket
 from capture.metrics import CaptureMetrics
-from capture.native_producer import (
+from capture.publish import native_producer
+from capture.publish.native_producer import (
     Delivery,
     NativeProducer,
     RecordProducer,
     Report,
     StreamedRun,
 )
-from capture.partitioning import key_partitions
-from capture.progress import ProgressBook, RecordTicket
+from capture.publish.partitioning import key_partitions
+from capture.records import OutgoingRecord, SchemaRecord
 from capture.settings import KafkaSettings
 from runtime.kafka_client import (
     ConnectionErrors,
@@ -45,12 +44,8 @@ from runtime.kafka_client import (
     connection_conf,
 )
 from schemas.control import (
-    AppliedProgress,
-    ControlMessage,
-    ControlMessageError,
     SlotCheckpoint,
     TableStatus,
-    decode_control,
 )
 from schemas.headers import Headers
 from schemas.lsn import Lsn
@@ -60,7 +55,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_SETTING = "CAPTURE_KAFKA"
+KAFKA_SETTING = "CAPTURE_KAFKA"
+"""The settings every Kafka client of capture is configured by, as errors name them."""
 _COMPACTED = {"cleanup.policy": "compact"}
 _FLUSH_TIMEOUT_S = 30.0
 _TOPIC_METADATA_WAIT_S = 30.0
@@ -71,7 +67,9 @@ def client_conf(settings: KafkaSettings) -> KafkaConf:
     shared client properties (``kafka.client`` and its secrets directory, read anew for
     each client so a rotated secret is used by the next one). The properties each
     client sets for itself go on top: they are what its guarantees rest on."""
-    properties = client_properties(settings.client, settings.client_secrets_dir, setting=_SETTING)
+    properties = client_properties(
+        settings.client, settings.client_secrets_dir, setting=KAFKA_SETTING
+    )
     return connection_conf(settings.bootstrap_servers, properties)
 
 
@@ -98,7 +96,7 @@ class Topics:
 
     def __init__(self, settings: KafkaSettings) -> None:
         self._settings = settings
-        self._errors = ConnectionErrors(_SETTING)
+        self._errors = ConnectionErrors(KAFKA_SETTING)
         self._admin = AdminClient(client_conf(settings), error_cb=self._errors)
         self._partitions: dict[str, int] = {}
 
@@ -173,13 +171,13 @@ class ChangePublisher:
         compiled: bool = True,
     ) -> None:
         """``compiled``: produce through :class:`NativeProducer` where this process can
-        (:func:`capture.native_producer.library`); otherwise, or when false,
+        (:func:`capture.publish.native_producer.library`); otherwise, or when false,
         confluent-kafka's producer does, with the same records and guarantees."""
         self._settings = settings
         self._book = book
         self._metrics = metrics
         self._topics = topics
-        self._errors = ConnectionErrors(_SETTING)
+        self._errors = ConnectionErrors(KAFKA_SETTING)
         self._producer: RecordProducer
         if compiled and native_producer.library() is not None:
             self._producer = NativeProducer(producer_conf(settings), error_cb=self._errors)
@@ -209,7 +207,7 @@ class ChangePublisher:
 
     def publish_status(self, status: TableStatus) -> None:
         """Persist a table's state on the control topic (asynchronously; a lost status
-        only means a table is snapshotted again, see capture/table_states.py)."""
+        only means a table is snapshotted again, see capture/stream/table_states.py)."""
         self._produce(
             self._settings.control_topic, status.value(), status.key(), self._status_report
         )
@@ -265,7 +263,7 @@ class ChangePublisher:
         that share ``headers`` (a snapshot batch) under ``pin``: the per-record work
         that does not depend on the record (topic, metrics, headers) is done once.
 
-        Each record goes to its key's partition, computed here (capture/partitioning.py),
+        Each record goes to its key's partition, computed here (capture/publish/partitioning.py),
         and only the first and the last record of each partition's run ask for a
         delivery report: a report costs as much as the ``produce`` call, and a batch's
         records of one partition are one run in the log. The two reports' offsets tell
@@ -436,212 +434,3 @@ class PartitionRun:
                 "writes to capture's topics"
             )
         return self.first_offset, self.last_offset
-
-
-@dataclass(frozen=True, slots=True)
-class ControlState:
-    """What the control topic said when capture started."""
-
-    checkpoint: Lsn | None
-    """The slot checkpoint capture wrote last, if any."""
-    applied: dict[tuple[str, int], int]
-    """Applied next offset per change-topic partition."""
-    tables: dict[str, TableStatus] = field(default_factory=dict)
-    """The last status of each table of the slot."""
-
-    def applied_topics(self, topic_prefix: str) -> set[str]:
-        return {
-            t for (t, _), n in self.applied.items() if n > 0 and t.startswith(f"{topic_prefix}.")
-        }
-
-
-_UNKNOWN_TOPIC = (KafkaError._UNKNOWN_TOPIC, KafkaError.UNKNOWN_TOPIC_OR_PART)
-_CONTROL_METADATA_WAIT_S = 30.0
-CONTROL_SILENCE_S = 30.0
-"""After this long without a message from the control topic, its consumer is opened
-anew where it was (:meth:`ControlReader.poll`)."""
-
-
-class ControlTopicMissingError(ConfigError):
-    """The control topic does not exist: capture has not started on this cluster yet."""
-
-
-CONTROL_GROUP = "pgdelta-capture-control"
-"""The group id of capture's control-topic consumer. Nothing is committed under it
-(partitions are assigned), but a secured cluster's ACLs still name it."""
-
-
-class ControlReader:
-    """Reads the compacted control topic from the beginning and feeds applied offsets
-    to the book. No consumer group: every capture instance needs the whole state.
-
-    With ``topics`` (the service, which writes to the topic) a missing control topic is
-    created; without (operator commands that only read) it never is, and a missing one
-    raises :class:`ControlTopicMissingError`.
-
-    A consumer with assigned partitions may stop fetching for good after its broker
-    restarts (librdkafka, https://github.com/confluentinc/librdkafka/issues/5153: only a
-    new consumer reads again). Capture would then never hear of applied offsets and the
-    slot would stop advancing. So a consumer that has brought nothing, not even an
-    end-of-partition event, for :data:`CONTROL_SILENCE_S` is replaced by a new one at the
-    offsets it had reached. On a quiet topic that costs a reconnection per interval;
-    nothing is read twice that matters (applied offsets only ever move forward)."""
-
-    def __init__(
-        self,
-        settings: KafkaSettings,
-        topics: Topics | None,
-        *,
-        silence_s: float = CONTROL_SILENCE_S,
-    ) -> None:
-        if topics is not None:
-            topics.ensure(settings.control_topic, compacted=True)
-        errors = ConnectionErrors(_SETTING)
-        self._conf = client_conf(settings) | {
-            "group.id": CONTROL_GROUP,
-            "enable.auto.commit": False,
-            "auto.offset.reset": "earliest",
-            "enable.partition.eof": True,
-        }
-        self._errors = errors
-        self._consumer = Consumer(self._conf, error_cb=errors)
-        self._silence_s = silence_s
-        self._heard_at = time.monotonic()
-        self._next: dict[int, int] = {}
-        """By partition, the offset after the last message read."""
-        self.reopened = 0
-        """How many times the consumer was replaced after a silence."""
-        self._topic = settings.control_topic
-        # A topic created a moment ago may not be in the metadata yet (a broker that just
-        # started shows it without partitions for a while): assigning no partitions would
-        # read nothing, ever, and the slot would never advance. So the service, which
-        # created it, waits for its partitions.
-        deadline = time.monotonic() + _CONTROL_METADATA_WAIT_S
-        while True:
-            try:
-                metadata = self._consumer.list_topics(settings.control_topic, timeout=10)
-            except KafkaException as exc:
-                self._consumer.poll(0)  # serves the error callback: a refused login says so
-                self._consumer.close()
-                errors.check()
-                raise TransientError(f"cannot read the control topic's metadata: {exc}") from exc
-            found = metadata.topics.get(settings.control_topic)
-            partitions = [] if found is None else sorted(found.partitions)
-            unknown = (
-                found is not None
-                and found.error is not None
-                and found.error.code() in _UNKNOWN_TOPIC
-            )
-            if partitions and not unknown:
-                break
-            if topics is None:
-                self._consumer.close()
-                raise ControlTopicMissingError(
-                    f"capture has not started yet (no control topic {settings.control_topic})"
-                )
-            if time.monotonic() > deadline:
-                self._consumer.close()
-                raise TransientError(
-                    f"the control topic {settings.control_topic} has no partitions in the "
-                    f"cluster's metadata {_CONTROL_METADATA_WAIT_S:.0f} s after it was "
-                    "created; retrying"
-                )
-            time.sleep(0.2)
-        self._partitions = partitions
-        self._consumer.assign(
-            [TopicPartition(settings.control_topic, p, 0) for p in self._partitions]
-        )
-
-    def load(self, slot: str, timeout_s: float = 30.0) -> ControlState:
-        """Read the topic to its end; what it says about ``slot`` and the change topics."""
-        # The end of each partition as of now; an empty partition is read already. Waiting
-        # for end-of-partition events alone would cost a consume timeout per start.
-        deadline = time.monotonic() + timeout_s
-        ends = {p: self._end_offset(p, deadline) for p in self._partitions}
-        at_end = {p for p, end in ends.items() if end == 0}
-        checkpoint: Lsn | None = None
-        applied: dict[tuple[str, int], int] = {}
-        tables: dict[str, TableStatus] = {}
-        while len(at_end) < len(self._partitions):
-            if time.monotonic() > deadline:
-                raise TransientError("the control topic could not be read to its end in time")
-            for message in self._consumer.consume(1000, timeout=0.1):
-                error = message.error()
-                partition = message.partition() or 0
-                if error is not None and error.code() == KafkaError._PARTITION_EOF:
-                    at_end.add(partition)
-                    continue
-                if (message.offset() or 0) + 1 >= ends[partition]:
-                    at_end.add(partition)
-                self._next[partition] = (message.offset() or 0) + 1
-                decoded = self._decode(message)
-                if isinstance(decoded, SlotCheckpoint) and decoded.slot == slot:
-                    checkpoint = decoded.confirmed_lsn
-                elif isinstance(decoded, AppliedProgress):
-                    applied[(decoded.topic, decoded.partition)] = decoded.next_offset
-                elif isinstance(decoded, TableStatus) and decoded.slot == slot:
-                    tables[decoded.table] = decoded
-        return ControlState(checkpoint, applied, tables)
-
-    def _end_offset(self, partition: int, deadline: float) -> int:
-        """The partition's end offset now, 0 when it is empty. A topic created a moment
-        ago may have no leader yet; that passes, so it is retried until ``deadline``."""
-        while True:
-            try:
-                low, high = self._consumer.get_watermark_offsets(
-                    TopicPartition(self._topic, partition), timeout=5
-                )
-            except KafkaException as exc:
-                if time.monotonic() > deadline:
-                    raise TransientError(f"cannot read the control topic's end: {exc}") from exc
-                time.sleep(0.1)
-            else:
-                return int(high) if high > low else 0
-
-    def poll(self, book: ProgressBook, max_messages: int = 1000) -> int:
-        """Feed what has arrived to ``book``; returns how many progress messages were read."""
-        count = 0
-        messages = self._consumer.consume(max_messages, timeout=0)
-        now = time.monotonic()
-        if messages:
-            self._heard_at = now
-        elif now - self._heard_at >= self._silence_s:
-            self._reopen()
-            self._heard_at = now
-        for message in messages:
-            decoded = self._decode(message)
-            if message.error() is None:
-                self._next[message.partition() or 0] = (message.offset() or 0) + 1
-            if isinstance(decoded, AppliedProgress):
-                book.applied(decoded.topic, decoded.partition, decoded.next_offset)
-                count += 1
-        return count
-
-    def _reopen(self) -> None:
-        """Replace the consumer by a new one at the offsets reached (see the class)."""
-        log.debug("control topic silent for %.0f s: opening its consumer anew", self._silence_s)
-        with contextlib.suppress(KafkaException, RuntimeError):
-            self._consumer.close()
-        self._consumer = Consumer(self._conf, error_cb=self._errors)
-        self._consumer.assign(
-            [TopicPartition(self._topic, p, self._next.get(p, 0)) for p in self._partitions]
-        )
-        self.reopened += 1
-
-    @staticmethod
-    def _decode(message: Message) -> ControlMessage | None:
-        error = message.error()
-        if error is not None:
-            if error.code() == KafkaError._PARTITION_EOF:
-                return None
-            raise TransientError(f"control topic read failed: {error.str()}")
-        key, value = message.key(), message.value()
-        if key is None or value is None:
-            return None
-        try:
-            return decode_control(key, value)
-        except ControlMessageError as exc:
-            raise ConfigError(str(exc)) from exc
-
-    def close(self) -> None:
-        self._consumer.close()

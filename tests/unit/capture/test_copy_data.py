@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from capture.errors import ProtocolError
-from capture.pgoutput import Begin, DecodeError, decode
-from capture.replication_protocol import (
+from capture.pgoutput import Begin, MalformedMessageError, decode
+from capture.stream.copy_data import (
     PRIMARY_KEEPALIVE,
     STANDBY_STATUS_UPDATE,
     XLOG_DATA,
@@ -75,12 +75,12 @@ def test_keepalive_fields():
 def test_every_truncated_header_raises_decode_error(frame):
     header = 25 if frame[:1] == b"w" else len(frame)
     for length in range(header):
-        with pytest.raises(DecodeError):
+        with pytest.raises(MalformedMessageError):
             parse_copy_data(frame[:length])
 
 
 def test_empty_frame_raises_decode_error():
-    with pytest.raises(DecodeError) as info:
+    with pytest.raises(MalformedMessageError) as info:
         parse_copy_data(b"")
     assert (info.value.offset, info.value.got) == (0, "empty message")
     assert isinstance(info.value, ProtocolError)
@@ -88,20 +88,20 @@ def test_empty_frame_raises_decode_error():
 
 @pytest.mark.parametrize("tag", [b"r", b"B", b"\x00"])
 def test_unknown_tag_raises_decode_error(tag):
-    with pytest.raises(DecodeError) as info:
+    with pytest.raises(MalformedMessageError) as info:
         parse_copy_data(tag + KEEPALIVE_FRAME[1:])
     assert info.value.offset == 0
     assert info.value.got == f"0x{tag[0]:02x}"
 
 
 def test_keepalive_with_trailing_bytes_raises_decode_error():
-    with pytest.raises(DecodeError) as info:
+    with pytest.raises(MalformedMessageError) as info:
         parse_copy_data(KEEPALIVE_FRAME + b"\x00")
     assert (info.value.offset, info.value.got) == (18, "1 trailing bytes")
 
 
 def test_keepalive_with_unknown_reply_flag_raises_decode_error():
-    with pytest.raises(DecodeError) as info:
+    with pytest.raises(MalformedMessageError) as info:
         parse_copy_data(KEEPALIVE_FRAME[:-1] + b"\x02")
     assert info.value.offset == 17
 

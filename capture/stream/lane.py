@@ -26,7 +26,7 @@ decides which, and keeps the Python objects that stay the authority in step:
   lane's transactions are replayed into the book in order: begin (the lane gave its
   records the id the book gives it, checked here), records and bytes produced, commit.
   The lane's records carry no per-record ticket; their delivery reports come summed per
-  transaction and partition (:meth:`~capture.progress.ProgressBook.delivered_records`).
+  transaction and partition (:meth:`~capture.in_flight.ProgressBook.delivered_records`).
 - **Backpressure.** The loop checks the in-flight bound per burst (``budget`` frames)
   instead of per frame, so it may overshoot the bound by up to one burst.
 
@@ -41,11 +41,12 @@ import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from capture.change_stream import ChangeStream, TableCodec
+from capture.in_flight import ProgressBook
 from capture.metrics import CaptureMetrics
-from capture.native_producer import loaded_library
-from capture.progress import ProgressBook
-from capture.table_states import TableStates
+from capture.publish.native_producer import loaded_library
+from capture.rows.codec import TableCodec
+from capture.stream.change_stream import ChangeStream
+from capture.stream.table_states import TableStates
 from schemas.control import TableState
 from schemas.headers import CHANGE_LSN, COMMIT_LSN, operation_headers
 from schemas.lsn import Lsn

@@ -8,7 +8,7 @@ States (:class:`~schemas.control.TableState`) and what moves a table between the
   table found pending at start, or mid-snapshot before its first chunk was in Kafka, is
   snapshotted again from scratch.
 - ``snapshot``: a snapshot run copies the table at a consistent point ``C`` of a fresh
-  exported snapshot (:mod:`capture.snapshot`); its rows are published at position
+  exported snapshot (:mod:`capture.snapshot.run`); its rows are published at position
   ``snapshot_lsn = C - 1``. Each chunk published in full moves its ``resume`` point
   (:meth:`TableStates.chunk_published`); a table found mid-snapshot at start with one
   is pending again but **resumes** there: see below.
@@ -127,6 +127,16 @@ class TableStates:
     def add(self, tables: Iterable[str]) -> list[TableStatus]:
         """Tables captured from now on; returns the statuses of the new ones."""
         return [self.discover(t) for t in tables if t not in self._tables]
+
+    def at_start(self, captured: Iterable[str], problems: Mapping[str, str]) -> list[TableStatus]:
+        """The statuses to publish when an attempt starts: every captured table not known
+        yet, and every table that cannot be captured (``problems``, table -> why), made
+        errored unless it already is."""
+        statuses = self.add(captured)
+        for table, problem in problems.items():
+            if table not in self._tables or self.state(table) is not TableState.ERRORED:
+                statuses.append(self.errored(table, problem))
+        return statuses
 
     def discover(self, table: str) -> TableStatus:
         """A table seen for the first time (configured, or first met in the stream)."""

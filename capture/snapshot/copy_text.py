@@ -3,7 +3,7 @@
 The snapshot reads tables with COPY because it streams rows without a cursor round trip
 per batch, and its text format prints every value with the type's output function --
 the same text pgoutput sends, under the same session settings
-(:data:`capture.typemap.SESSION_SETTINGS`). Turning a COPY line into a
+(:data:`capture.rows.typemap.SESSION_SETTINGS`). Turning a COPY line into a
 :class:`~capture.pgoutput.TupleData` therefore lets the snapshot reuse the stream's
 parsers unchanged, so a row reads the same whichever path it took.
 

@@ -1,7 +1,7 @@
 """The headers of a table version's records: single-object, or registered schemas' ids.
 
 A :data:`Framer` is asked once per table version (each time a :class:`TableCodec
-<capture.change_stream.TableCodec>` is built, before its first record is encoded) for
+<capture.rows.codec.TableCodec>` is built, before its first record is encoded) for
 the headers its encoder writes (:class:`~schemas.change_record.RecordFraming`).
 
 - :func:`single_object` (``CAPTURE_KAFKA__ENCODING=single-object``, the default): the
@@ -9,7 +9,7 @@ the headers its encoder writes (:class:`~schemas.change_record.RecordFraming`).
 - :class:`RegistryFramer` (``registry``): registers the value schema, the key schema and
   the TRUNCATE key's ``TableKey`` schema under their subjects
   (:func:`runtime.schema_registry.subject_name`) and writes their ids. The schema topic
-  is still written (:mod:`capture.change_stream`), so our own reader keeps working.
+  is still written (:mod:`capture.stream.change_stream`), so our own reader keeps working.
 
 Compatibility, set explicitly on every subject the first time this process registers
 under it (a registry's default may be anything; Apicurio's is no check at all):

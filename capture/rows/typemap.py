@@ -64,7 +64,7 @@ Rules:
 - **Built-in types by OID.** The scalar types above are recognised by their fixed OIDs
   (below 10000, never reassigned), so they need no catalog entry. Arrays, domains,
   enums and every other type are resolved through the ``types`` mapping that
-  :func:`capture.type_catalog.load_types` returns; an OID missing from it (dropped since
+  :func:`capture.rows.type_catalog.load_types` returns; an OID missing from it (dropped since
   the Relation message) is a TableError naming the OID.
 - **numeric typmod.** ``((p << 16) | (s & 0x7ff)) + 4``; the scale is an 11-bit signed
   field since PostgreSQL 15. A value's text always carries exactly ``s`` fractional
@@ -80,7 +80,7 @@ Rules:
 - **Arrays.** An Avro schema fixes the nesting depth, PostgreSQL does not: any array
   column can hold values of any number of dimensions. A column is published with the
   dimensions it was declared with (``pg_attribute.attndims``, read by
-  :func:`capture.type_catalog.load_array_dimensions`; 0 counts as 1), a
+  :func:`capture.rows.type_catalog.load_array_dimensions`; 0 counts as 1), a
   two-dimensional one as an ARRAY of ARRAY, and a value with a different number of
   dimensions is a TableError. The empty array ``{}`` has no dimensions and is ``[]``
   for any depth. Lower bounds other than 1 (``[0:1]={1,2}``) are dropped: the consumer
@@ -110,7 +110,7 @@ from datetime import UTC, date, datetime, time
 from typing import Any, Literal
 
 from capture.errors import ConfigError, TableError
-from capture.type_catalog import PgType, TypType
+from capture.rows.type_catalog import PgType, TypType
 from schemas import column_type as ct
 from schemas.column_type import ColumnType
 
@@ -171,7 +171,7 @@ class ColumnMapping:
     pg_type_name: str
     """The PostgreSQL type, e.g. ``int4``, ``numeric(10,2)[]``, ``public.mood``."""
     text_kind: TextKind | None = None
-    """How the compiled row encoder (:mod:`capture.native_rows`) reads this column's
+    """How the compiled row encoder (:mod:`capture.rows.native`) reads this column's
     text, when it can (:data:`TextKind`): the scalar types whose text form it reads as
     ``parse`` does (``native/src/lib.rs``); None for the rest (bytea, numeric(p,s),
     arrays), whose rows take the Python path."""
@@ -192,7 +192,7 @@ class _Site:
         return ConfigError(
             f"table {self.table}: a value of column {self.column} ({self.type_name}) is not "
             f"in the form {setting} gives: open the replication and snapshot connections "
-            "with capture.typemap.SESSION_SETTINGS (options=libpq_options())"
+            "with capture.rows.typemap.SESSION_SETTINGS (options=libpq_options())"
         )
 
 
@@ -582,7 +582,7 @@ class _Mapper:
             raise TableError(
                 self.table,
                 f"column {self.column} uses type oid {oid}, which is not in the type catalog "
-                "given to the mapping: load it with capture.type_catalog.load_types; if it "
+                "given to the mapping: load it with capture.rows.type_catalog.load_types; if it "
                 "is missing from pg_type, the type was dropped, so restore it or drop the "
                 "column",
             )
@@ -648,7 +648,7 @@ def map_column(
 ) -> ColumnMapping:
     """The contract type and value parser of one Relation column.
 
-    ``types`` comes from :func:`capture.type_catalog.load_types` over the Relation's
+    ``types`` comes from :func:`capture.rows.type_catalog.load_types` over the Relation's
     column types; built-in scalar types need no entry. ``table`` (``schema.table``) and
     ``column`` name the column in errors. ``dimensions`` is the column's declared
     number of array dimensions (``pg_attribute.attndims``); values below 1 mean 1.

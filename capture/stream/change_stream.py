@@ -25,41 +25,33 @@ they need a resync (docs/architecture.md) -- the other tables keep streaming.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 from capture.errors import TableError
 from capture.metrics import Tally
-from capture.native_rows import RowEncoder, row_encoder
 from capture.pgoutput import (
     Begin,
-    ColumnKind,
     Commit,
     Delete,
     Insert,
     Message,
     Relation,
     Truncate,
-    TupleData,
     Update,
     decode,
     pg_micros_to_unix_micros,
 )
 from capture.pgoutput.messages import DELETE, INSERT, UPDATE, frozen_constructor
-from capture.schema_registration import Framer, single_object
-from capture.typemap import ColumnMapping
+from capture.publish.schema_registration import Framer, single_object
+from capture.records import OutgoingRecord, SchemaRecord
+from capture.rows.codec import DescribeColumns, TableCodec
 from schemas.change_record import (
-    ChangeEncoder,
-    Column,
-    TableDescription,
-    TableSchemas,
-    build_table_schemas,
     transaction_fields,
 )
 from schemas.errors import ChangeEncodingError
 from schemas.headers import (
-    Headers,
     SharedHeaders,
     commit_lsn_header,
     headers_at,
@@ -68,31 +60,8 @@ from schemas.headers import (
     record_headers,
 )
 from schemas.lsn import Lsn
-from schemas.naming import table_topic
 from schemas.operation import Operation
 from schemas.schema_topic import table_schema_messages
-
-DescribeColumns = Callable[[Relation], Sequence[ColumnMapping]]
-"""Maps a Relation's columns to contract types; may query the catalog."""
-
-
-@dataclass(frozen=True, slots=True)
-class OutgoingRecord:
-    """One Kafka record to produce, with the facts the in-flight book needs."""
-
-    topic: str
-    key: bytes
-    value: bytes | None
-    headers: Headers
-    table: str
-
-
-@dataclass(frozen=True, slots=True)
-class SchemaRecord:
-    """A writer schema to publish on the schema topic before records that use it."""
-
-    key: bytes
-    value: bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +78,7 @@ class TransactionCommitted:
 class RelationChanged:
     """A table's Relation differs from the one cached (a DDL): the codec is rebuilt
     already. The caller decides whether the rows the table held before need a resync
-    (:mod:`capture.schema_change`)."""
+    (:mod:`capture.stream.schema_change`)."""
 
     table: str
     previous: Relation
@@ -151,131 +120,8 @@ _ENCODED_WITHOUT_TOMBSTONES: dict[int, Operation] = {
     tag: op for tag, op in _ENCODED_OPERATIONS.items() if op is not Operation.DELETE
 }
 """The same where a DELETE is followed by a tombstone, which the Python path adds."""
-_UNCHANGED = ColumnKind.UNCHANGED_TOAST
-_BINARY = ColumnKind.BINARY
 
 
-class TableCodec:
-    """Everything needed to turn one relation's tuples into records."""
-
-    __slots__ = (
-        "_all_text",
-        "_columns",
-        "_parsers",
-        "_table",
-        "compiled",
-        "encoder",
-        "key_indexes",
-        "names",
-        "record_prefixes",
-        "relation",
-        "schemas",
-        "topic",
-    )
-
-    def __init__(
-        self,
-        relation: Relation,
-        mappings: Sequence[ColumnMapping],
-        topic_prefix: str,
-        framer: Framer = single_object,
-        *,
-        compiled: bool = True,
-    ) -> None:
-        """``framer`` gives the record headers (:mod:`capture.schema_registration`): in
-        registry mode it registers the schemas first, and may raise TransientError.
-        ``compiled``: use the compiled row encoder where it applies
-        (:mod:`capture.native_rows`); off only to measure or test the Python path."""
-        if len(mappings) != len(relation.columns):
-            raise ValueError("one mapping per relation column is required")
-        description = TableDescription(
-            schema=relation.namespace,
-            table=relation.name,
-            columns=tuple(
-                Column(name=c.name, type=m.column_type, key=c.is_key)
-                for c, m in zip(relation.columns, mappings, strict=True)
-            ),
-        )
-        self.relation = relation
-        self.schemas: TableSchemas = build_table_schemas(description)
-        self.topic = table_topic(topic_prefix, relation.namespace, relation.name)
-        # The type mapping hands over Avro physical values (ints, unscaled decimal bytes),
-        # so the encoder skips its logical-type conversions.
-        self.encoder = ChangeEncoder(
-            self.schemas, physical_values=True, framing=framer(self.schemas, self.topic)
-        )
-        self.names = self.schemas.field_names
-        self.key_indexes = tuple(i for i, c in enumerate(relation.columns) if c.is_key)
-        self._parsers = tuple(m.parse for m in mappings)
-        self._columns = tuple(zip(self.names, self._parsers, strict=True))
-        self._all_text = (ColumnKind.TEXT,) * len(self.names)
-        self._table = f"{relation.namespace}.{relation.name}"
-        self.compiled: RowEncoder | None = None
-        self.record_prefixes: dict[int, _RecordPrefix] = {}
-        """By pgoutput tag, what every record the compiled encoder writes whole for this
-        table version shares, whatever its transaction (``ChangeStream._shape``)."""
-        """Encodes an all-text row to the bytes of its image and key (``encode_texts``)."""
-        if compiled:
-            self.compiled = row_encoder(
-                [m.text_kind for m in mappings],
-                self.key_indexes,
-                [self.schemas.description.columns[i].nullable for i in self.key_indexes],
-            )
-
-    @property
-    def table(self) -> str:
-        return self._table
-
-    def row(self, data: TupleData) -> tuple[dict[str, Any], tuple[str, ...]]:
-        """The row image of ``data`` and the names of its unchanged-TOAST columns."""
-        if len(data.values) != len(self.names):
-            raise TableError(
-                self.table,
-                f"a tuple has {len(data.values)} columns, the relation {len(self.names)}: "
-                "the stream and the relation cache disagree; restart capture",
-            )
-        row: dict[str, Any] = {}
-        if data.kinds == self._all_text:
-            # Every column sent as text, the usual case: nothing is null or unchanged.
-            texts = cast("tuple[bytes, ...]", data.values)
-            for (name, parse), text in zip(self._columns, texts, strict=True):
-                row[name] = parse(text)
-            return row, ()
-        unchanged: list[str] = []
-        for name, kind, value, parse in zip(
-            self.names, data.kinds, data.values, self._parsers, strict=True
-        ):
-            if value is not None:
-                row[name] = parse(value)
-            else:
-                row[name] = None
-                if kind is ColumnKind.UNCHANGED_TOAST:
-                    unchanged.append(name)
-        return row, tuple(unchanged)
-
-    def encode_texts(self, data: TupleData) -> tuple[bytes, bytes] | None:
-        """The encoded row fields and key fields of ``data`` by the compiled encoder, for
-        :meth:`ChangeEncoder.encode_encoded_after` and ``encode_encoded_key``; None when
-        the row takes the Python path (:meth:`row`): no compiled encoder for the table, a
-        column neither text nor null (unchanged TOAST, binary), or a text the encoder
-        leaves to the Python parsers."""
-        compiled = self.compiled
-        if compiled is None:
-            return None
-        kinds = data.kinds
-        # None in ``values`` must mean NULL: unchanged TOAST is None too.
-        if kinds != self._all_text and (_UNCHANGED in kinds or _BINARY in kinds):
-            return None
-        return compiled.encode(data.values)
-
-    def key_of(self, row: dict[str, Any]) -> tuple[Any, ...]:
-        names = self.names
-        return tuple(row[names[i]] for i in self.key_indexes)
-
-
-_RecordPrefix = tuple[bytes, tuple[str, bytes], tuple[str, bytes]]
-"""The value's header and ``op``, and the ``op`` and fingerprint headers, of one table
-version and operation."""
 _TransactionParts = tuple[bytes, bytes, tuple[str, bytes]]
 """``commit_lsn``, then ``xid`` and ``commit_ts``, encoded, and the ``commit_lsn``
 header, of one transaction."""
@@ -313,20 +159,20 @@ class ChangeStream:
     codecs: dict[int, TableCodec] = field(default_factory=dict)
     errored: dict[str, TableError] = field(default_factory=dict)
     rekey: Callable[[Relation], Relation] = _as_sent
-    """Chooses the key columns of a Relation (see capture.source.key_by_primary_key)."""
+    """Chooses the key columns of a Relation (see capture.source.setup.key_by_primary_key)."""
     defer_errors: bool = False
     """Hand failed changes out (:class:`ChangeFailed`) instead of erroring the table at
     once: the caller knows whether a snapshot already holds the change."""
     decoded: Tally | None = None
     """Counts every change record made, by (table, operation), for the metrics."""
     framer: Framer = single_object
-    """Record headers per table version (:mod:`capture.schema_registration`)."""
+    """Record headers per table version (:mod:`capture.publish.schema_registration`)."""
     compiled_rows: bool = True
     """Encode all-text rows with the compiled encoder where it applies
-    (:mod:`capture.native_rows`); off only to measure or test the Python path."""
+    (:mod:`capture.rows.native`); off only to measure or test the Python path."""
     version: int = 0
     """Bumped whenever a table's codec, its errored mark or its schema's publication
-    changes: what the stream lane's arming depends on (:mod:`capture.stream_lane`)."""
+    changes: what the stream lane's arming depends on (:mod:`capture.stream.lane`)."""
     _published_schemas: set[int] = field(default_factory=set)
     _tx: _Transaction | None = None
     _encoded_operations: dict[int, Operation] = field(init=False, repr=False)

@@ -14,7 +14,7 @@ transactions are spilled to disk by the server, not held by us.
 
 The session settings of the connection fix the text form of values (ISO dates, UTC,
 hex bytea...), because pgoutput renders columns with the walsender session's output
-functions; :data:`capture.typemap.SESSION_SETTINGS` lists them.
+functions; :data:`capture.rows.typemap.SESSION_SETTINGS` lists them.
 
 **The server's shutdown.** A logical walsender told to stop (fast or smart shutdown)
 exits only once its client has confirmed everything it sent (``WalSndDone`` in
@@ -33,7 +33,7 @@ a third of ``silence_timeout_s``, status updates ask the server to answer
 (``reply_requested``), which a live walsender does at once with a keepalive; if nothing
 at all arrives within ``silence_timeout_s`` of the first unanswered request, the
 connection is taken as dead (:class:`TransientError`) and the retry reconnects. The
-kernel's own TCP timeouts (:mod:`capture.source_connection`) catch the same thing when
+kernel's own TCP timeouts (:mod:`capture.source.connection`) catch the same thing when
 the peer is truly gone, but not when something in between still acknowledges the
 packets (a proxy, a stuck load balancer).
 """
@@ -48,14 +48,14 @@ import psycopg
 from psycopg import sql
 
 from capture.errors import ConfigError, TransientError
-from capture.replication_protocol import (
+from capture.rows.typemap import libpq_options
+from capture.stream.copy_data import (
     PrimaryKeepalive,
     XLogData,
     encode_status_update,
     parse_copy_data,
     pg_now_micros,
 )
-from capture.typemap import libpq_options
 from schemas.lsn import Lsn, format_lsn
 
 Frame = XLogData | PrimaryKeepalive

@@ -3,9 +3,9 @@ processes that each import the run's exported snapshot.
 
 Reading a chunk (:func:`read_chunk`) is the same wherever it runs: ``COPY (SELECT cols
 FROM t WHERE ctid ...) TO STDOUT`` in text form, each row parsed by the stream's own
-parsers (:mod:`capture.copy_text`) and encoded by a :class:`TableCodec`, as ``READ``
+parsers (:mod:`capture.snapshot.copy_text`) and encoded by a :class:`TableCodec`, as ``READ``
 records at the snapshot's position with the chunk's ordinals
-(:func:`capture.snapshot_chunks.chunk_ordinal`).
+(:func:`capture.snapshot.chunks.chunk_ordinal`).
 
 Workers are processes, not threads: parsing and encoding a row is Python code (about
 28 µs of CPU), and threads would take turns on the GIL. They are started with the
@@ -46,8 +46,6 @@ from typing import Any, cast
 import psycopg
 from psycopg import sql
 
-from capture.change_stream import TableCodec
-from capture.copy_text import CopyRows
 from capture.errors import (
     ConfigError,
     PipelineError,
@@ -56,8 +54,10 @@ from capture.errors import (
     TransientError,
 )
 from capture.pgoutput import Relation
-from capture.snapshot_chunks import CHUNK_ORDINALS, Chunk
-from capture.typemap import SESSION_SETTINGS, ColumnMapping, libpq_options
+from capture.rows.codec import TableCodec
+from capture.rows.typemap import SESSION_SETTINGS, ColumnMapping, libpq_options
+from capture.snapshot.chunks import CHUNK_ORDINALS, Chunk
+from capture.snapshot.copy_text import CopyRows
 from schemas.change_record import RecordFraming
 from schemas.errors import ChangeEncodingError
 from schemas.lsn import Lsn

@@ -8,7 +8,7 @@ https://www.postgresql.org/docs/current/protocol-replication.html.
 Invariants:
 
 - :func:`parse_copy_data` consumes the whole frame or raises
-  :class:`~capture.pgoutput.DecodeError`; the XLogData payload is a slice of the
+  :class:`~capture.pgoutput.MalformedMessageError`; the XLogData payload is a slice of the
   frame, not a copy, so it stays valid only as long as the frame's buffer does.
 - The three positions of a status update are the LSN *after* the last byte the
   client has written, flushed (made durable downstream) and applied. The server may
@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 
 from capture.pgoutput.messages import frozen_constructor, unix_micros_to_pg_micros
-from capture.pgoutput.reader import DecodeError, Reader
+from capture.pgoutput.reader import MalformedMessageError, Reader
 from schemas.lsn import MAX_LSN, Lsn
 
 # Server to client.
@@ -84,7 +84,7 @@ def parse_copy_data(buf: bytes | memoryview) -> XLogData | PrimaryKeepalive:
         )
     reader = Reader(buf)
     if not reader.remaining():
-        raise DecodeError(0, "replication message tag 'w' or 'k'", "empty message")
+        raise MalformedMessageError(0, "replication message tag 'w' or 'k'", "empty message")
     tag = reader.u8()
     if tag == XLOG_DATA:
         return XLogData(
@@ -99,10 +99,10 @@ def parse_copy_data(buf: bytes | memoryview) -> XLogData | PrimaryKeepalive:
         offset = reader.offset
         reply = reader.u8()
         if reply > 1:
-            raise DecodeError(offset, "reply-requested flag 0 or 1", f"0x{reply:02x}")
+            raise MalformedMessageError(offset, "reply-requested flag 0 or 1", f"0x{reply:02x}")
         reader.finish()
         return PrimaryKeepalive(wal_end=wal_end, send_time=send_time, reply_requested=bool(reply))
-    raise DecodeError(0, "replication message tag 'w' or 'k'", f"0x{tag:02x}")
+    raise MalformedMessageError(0, "replication message tag 'w' or 'k'", f"0x{tag:02x}")
 
 
 def encode_status_update(

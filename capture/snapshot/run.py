@@ -12,21 +12,21 @@ A run snapshots a set of tables at one consistent point:
 2. The run's thread imports it in a ``REPEATABLE READ READ ONLY`` transaction
    (``SET TRANSACTION SNAPSHOT``) and plans each table there: its columns as a pgoutput
    Relation would list them (so the writer schema matches the stream's), its codec,
-   and its chunks (:mod:`capture.snapshot_chunks`: ``ctid`` block ranges).
+   and its chunks (:mod:`capture.snapshot.chunks`: ``ctid`` block ranges).
 3. With more than one worker and more than one chunk, worker processes
-   (:mod:`capture.snapshot_worker`) each import the same snapshot; the replication
+   (:mod:`capture.snapshot.worker`) each import the same snapshot; the replication
    connection stays open until every one has (an exported snapshot lives only as long
    as the transaction that exported it), then closes, and the temporary slot with it.
 4. The chunks of every table form one queue, one table's chunk after another's in turn;
    each chunk is a ``COPY (SELECT ... WHERE ctid ...) TO STDOUT`` in text form, parsed
-   by the stream's own parsers (:mod:`capture.copy_text`). At most one chunk per
+   by the stream's own parsers (:mod:`capture.snapshot.copy_text`). At most one chunk per
    worker is in flight; each table's records are published in chunk order
-   (:class:`~capture.snapshot_chunks.ChunkSequencer`), so records of a later chunk that
+   (:class:`~capture.snapshot.chunks.ChunkSequencer`), so records of a later chunk that
    arrive early are held, at most ``workers`` chunks' worth. With one worker, or a run
    of one chunk, the run's thread reads the chunks itself, in the same order.
 
 Positions: every record of the run carries commit LSN and change LSN ``C - 1`` (see
-:mod:`capture.table_states` for why), ordinal 0 for the TRUNCATE and
+:mod:`capture.stream.table_states` for why), ordinal 0 for the TRUNCATE and
 ``chunk * 2**32 + i`` for row ``i`` (from 1) of a chunk: unique, increasing in publish
 order, not consecutive, and the same however many workers read them. xid is 0 (no
 transaction produced them) and the time the run started is the commit time. The
@@ -61,12 +61,13 @@ from pathlib import Path
 import psycopg
 from psycopg import sql
 
-from capture.change_stream import OutgoingRecord, SchemaRecord, TableCodec
 from capture.errors import ConfigError, PipelineError, TableError, TransientError
 from capture.metrics import CaptureMetrics
 from capture.pgoutput import Relation, RelationColumn, ReplicaIdentity
-from capture.schema_registration import Framer, single_object
-from capture.snapshot_chunks import (
+from capture.publish.schema_registration import Framer, single_object
+from capture.records import OutgoingRecord, SchemaRecord
+from capture.rows.codec import TableCodec
+from capture.snapshot.chunks import (
     TID_RANGE_SCAN_VERSION,
     Chunk,
     ChunkSequencer,
@@ -74,7 +75,7 @@ from capture.snapshot_chunks import (
     dispatch_order,
     plan_chunks,
 )
-from capture.snapshot_worker import (
+from capture.snapshot.worker import (
     ChunkFailed,
     ChunkRead,
     ChunkRows,
@@ -91,7 +92,7 @@ from capture.snapshot_worker import (
     read_chunk,
     unexpected_message,
 )
-from capture.source import key_by_primary_key
+from capture.source.setup import key_by_primary_key
 from schemas.change_record import Change, RecordFraming, TableSchemas
 from schemas.control import SnapshotResume
 from schemas.errors import ChangeEncodingError
@@ -140,7 +141,7 @@ class SnapshotRecords:
     topic: str
     headers: Headers
     keys: list[bytes]
-    """A list, as the compiled partitioner reads it (capture/partitioning.py)."""
+    """A list, as the compiled partitioner reads it (capture/publish/partitioning.py)."""
     values: Sequence[bytes]
 
     @property
@@ -202,7 +203,7 @@ def relation_from_catalog(conn: Connection, table: str) -> Relation:
     """``table`` as a pgoutput Relation message would describe it: the same columns in
     the same order (no dropped or generated ones), keyed as the stream keys it: the
     replica identity index's columns, and under ``REPLICA IDENTITY FULL`` the primary key
-    (every column without one; :func:`capture.source.key_by_primary_key`)."""
+    (every column without one; :func:`capture.source.setup.key_by_primary_key`)."""
     schema, _, name = table.partition(".")
     row = conn.execute(
         "SELECT c.oid, c.relreplident FROM pg_class c "
@@ -321,7 +322,7 @@ class SnapshotRun:
         published, with their position and where to go on (``truncate`` must not name
         them): their remaining chunks are read at this run's point and published at
         theirs (docs/capture.md, "Resuming a snapshot"). ``compiled_rows``: as
-        :attr:`capture.change_stream.ChangeStream.compiled_rows`."""
+        :attr:`capture.stream.change_stream.ChangeStream.compiled_rows`."""
         self.tables = tuple(tables)
         self._resume = dict(resume or {})
         self._framer = framer

@@ -7,22 +7,33 @@ fixes it; the other tables keep going. Everything else wrong at this stage (wal_
 privileges, a missing table, a slot of another plugin or database) is a
 :class:`~capture.errors.ConfigError`: starting anyway would capture the wrong thing.
 
+At every attempt the service runs, in this order: :func:`connect_catalog`,
+:func:`check_server`, :func:`capturable_tables` (which also publishes them), then, once the
+control topic is read, :func:`adopt_slot`, which refuses a slot whose position cannot be
+trusted (:func:`check_slot_history`) or whose WAL is lost (:mod:`capture.source.wal_safety`).
+
 All SQL identifiers are composed with :mod:`psycopg.sql`, never formatted.
 """
 
 from __future__ import annotations
 
-import enum
-from collections.abc import Sequence
+import logging
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 
 import psycopg
 from psycopg import sql
 
 from capture.errors import ConfigError, TableError, TransientError
-from capture.pgoutput import Relation
-from capture.pgoutput import ReplicaIdentity as PgReplicaIdentity
-from schemas.lsn import Lsn, parse_lsn
+from capture.metrics import CaptureMetrics
+from capture.pgoutput import Relation, ReplicaIdentity
+from capture.rows.typemap import SESSION_SETTINGS, libpq_options
+from capture.settings import PostgresSettings
+from capture.source.credentials import connection_error
+from capture.source.wal_safety import check, read_slot_wal
+from schemas.lsn import Lsn, format_lsn, parse_lsn
+
+log = logging.getLogger(__name__)
 
 Connection = psycopg.Connection[tuple[object, ...]]
 PLUGIN = "pgoutput"
@@ -49,13 +60,6 @@ class TableRef:
         return cls(schema, name)
 
 
-class ReplicaIdentity(enum.Enum):
-    DEFAULT = "d"
-    FULL = "f"
-    INDEX = "i"
-    NOTHING = "n"
-
-
 @dataclass(frozen=True, slots=True)
 class SlotState:
     name: str
@@ -63,6 +67,106 @@ class SlotState:
     confirmed_flush: Lsn
     """Where streaming resumes: the server re-sends every transaction that ends after it."""
     active: bool
+
+
+@dataclass(frozen=True, slots=True)
+class CapturedTables:
+    """The tables of an attempt: the ones captured, and the ones that cannot be."""
+
+    capturable: list[TableRef]
+    problems: dict[TableRef, TableError]
+
+
+def connect_catalog(dsn: str, password: str | None) -> Connection:
+    """The attempt's ordinary connection to the source, under the session settings the
+    parsers rely on (:data:`capture.rows.typemap.SESSION_SETTINGS`); a connection only a
+    setting can fix is a :class:`~capture.errors.ConfigError`."""
+    try:
+        return psycopg.connect(
+            dsn,
+            password=password,
+            autocommit=True,
+            options=libpq_options(SESSION_SETTINGS),
+        )
+    except psycopg.OperationalError as exc:
+        raise connection_error(exc) from exc
+
+
+def capturable_tables(conn: Connection, postgres: PostgresSettings) -> CapturedTables:
+    """The configured tables, each checked; the capturable ones are added to the
+    publication. A table that cannot be captured is logged with its fix and left out;
+    none left is a :class:`~capture.errors.ConfigError`."""
+    tables = resolve_tables(conn, postgres.tables, postgres.schemas)
+    problems = check_tables(conn, tables)
+    for table, problem in problems.items():
+        log.error("table not captured: %s", problem, extra={"table": table.qualified})
+    capturable = [t for t in tables if t not in problems]
+    if not capturable:
+        raise ConfigError("no table can be captured; see the errors above")
+    ensure_publication(conn, postgres.publication, capturable)
+    return CapturedTables(capturable, problems)
+
+
+def adopt_slot(
+    conn: Connection,
+    name: str,
+    *,
+    checkpoint: Lsn | None,
+    applied_topics: Collection[str],
+    warn_retained_bytes: int,
+    metrics: CaptureMetrics,
+) -> SlotState:
+    """The slot to stream from, created if missing, once its position can be trusted
+    (:func:`check_slot_history`, with what the control topic says) and its WAL is whole."""
+    check_slot_history(
+        find_slot(conn, name), name, checkpoint=checkpoint, applied_topics=applied_topics
+    )
+    slot = ensure_slot(conn, name)
+    # A lost slot fails START_REPLICATION with a server error that looks transient;
+    # said here, with the resync, it is not retried forever.
+    check(
+        read_slot_wal(conn, slot.name),
+        slot=slot.name,
+        warn_retained_bytes=warn_retained_bytes,
+        metrics=metrics,
+    )
+    return slot
+
+
+def check_slot_history(
+    slot: SlotState | None,
+    slot_name: str,
+    *,
+    checkpoint: Lsn | None,
+    applied_topics: Collection[str],
+) -> None:
+    """Refuse to stream when the slot's position cannot be trusted.
+
+    ``checkpoint`` is the slot checkpoint capture last wrote to the control topic, and
+    ``applied_topics`` the change topics of this pipeline with applied records there.
+
+    - The slot is missing but the lake has applied records of our topics: it was dropped
+      (and would be recreated at the current WAL position), so every change since the
+      lake's last applied transaction would be skipped.
+    - The slot is ahead of capture's last checkpoint: someone advanced it, and WAL in
+      between may never have reached Kafka.
+    """
+    applied = sorted(applied_topics)
+    if slot is None and applied:
+        raise ConfigError(
+            f"replication slot {slot_name} does not exist, but the control topic shows "
+            f"applied changes for {', '.join(applied)}: the slot was dropped, and a new one "
+            "would silently skip every change made since. Resync: stop apply, delete those "
+            "Delta tables and their checkpoints, delete the change and control topics, then "
+            "start capture again with CAPTURE_SNAPSHOT_MODE=initial, which snapshots every "
+            "table anew (docs/capture.md)"
+        )
+    if slot is not None and checkpoint is not None and slot.confirmed_flush > checkpoint:
+        raise ConfigError(
+            f"replication slot {slot_name} is at {format_lsn(slot.confirmed_flush)}, past the "
+            f"{format_lsn(checkpoint)} capture last confirmed: someone else advanced it "
+            "and changes in between may be lost. Resync as for a dropped slot (docs/capture.md)"
+        )
 
 
 def check_server(conn: Connection) -> None:
@@ -263,7 +367,7 @@ def key_by_primary_key(conn: Connection, relation: Relation) -> Relation:
     unchanged-TOAST values), not to change what identifies a row, so a primary key, when
     there is one, stays the key. Without one, the whole row is the key, as sent.
     """
-    if relation.replica_identity is not PgReplicaIdentity.FULL:
+    if relation.replica_identity is not ReplicaIdentity.FULL:
         return relation
     rows = conn.execute(
         "SELECT a.attname FROM pg_index i JOIN pg_attribute a "

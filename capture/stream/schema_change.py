@@ -14,7 +14,7 @@ The stream announces the new column only with the next Relation message of the t
 sent before its next change. So when a Relation adds columns, capture reads the catalog
 for them (:func:`read_added_columns`); if one of them has a default or identity
 (:func:`resync_reason`, pure), the rows that existed before hold values the stream never
-carried, and the table is resynced online (:meth:`capture.table_flow.TableFlow.resync`).
+carried, and the table is resynced online (:meth:`capture.stream.table_flow.TableFlow.resync`).
 A column added without a default needs nothing: old rows are null at the source and in
 the lake alike.
 
@@ -105,3 +105,12 @@ def read_added_columns(
         str(name): AddedColumn(bool(missing), bool(default), bool(identity))
         for name, missing, default, identity in rows
     }
+
+
+def resync_reason_after(conn: Connection, previous: Relation, current: Relation) -> str | None:
+    """:func:`resync_reason` for a Relation that changed, reading the catalog only when
+    columns were added."""
+    added = added_columns(previous, current)
+    if not added:
+        return None
+    return resync_reason(previous, current, read_added_columns(conn, current, added))

@@ -1,7 +1,7 @@
 """What the type mapping needs to know about PostgreSQL types, read from ``pg_type``.
 
 A Relation message gives each column's type OID and type modifier, nothing more. To map
-a column, :func:`capture.typemap.map_column` must know whether the type is an array (and
+a column, :func:`capture.rows.typemap.map_column` must know whether the type is an array (and
 of what), a domain (and over what), an enum, a composite... :func:`load_types` reads
 that for a set of OIDs *and everything they lead to* -- array elements, domain base
 types, transitively -- in one query, so a mapping never needs another round trip.

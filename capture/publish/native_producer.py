@@ -107,7 +107,7 @@ class NativeProducer:
         self.unreported_failure: str | None = None
         """The first failure of a record produced without a report."""
         self.on_streamed: Callable[[list[StreamedRun]], None] | None = None
-        """Takes the stream lane's delivered records (:mod:`capture.stream_lane`)."""
+        """Takes the stream lane's delivered records (:mod:`capture.stream.lane`)."""
 
     @property
     def native(self) -> KafkaProducer:

@@ -1,6 +1,6 @@
 """WAL safety: how much WAL the slot keeps on the source, and whether it is still whole.
 
-The slot moves only as far as the lake has applied (:mod:`capture.progress`), so while
+The slot moves only as far as the lake has applied (:mod:`capture.in_flight`), so while
 apply is down, or slow, PostgreSQL keeps every WAL segment since then. Without a cap
 (``max_slot_wal_keep_size = -1``, the default) that fills the source's disk; with one,
 the server *invalidates* the slot once it would keep more, and the slot's
@@ -108,6 +108,13 @@ def warn_if_unlimited(keep_size: int) -> None:
             "max_slot_wal_keep_size = '50GB'; SELECT pg_reload_conf();) to what the disk "
             "can spare; docs/operations.md, WAL safety, says how to size it"
         )
+
+
+def report_keep_size(conn: Connection, metrics: CaptureMetrics) -> None:
+    """``max_slot_wal_keep_size`` to the metrics, with the warning when it is unlimited."""
+    keep_size = read_keep_size(conn)
+    metrics.keep_size.set(keep_size)
+    warn_if_unlimited(keep_size)
 
 
 def read_slot_wal(conn: Connection, slot: str) -> SlotWal | None:

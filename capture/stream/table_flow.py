@@ -1,10 +1,10 @@
 """Where each decoded record goes, and the snapshot runs that decide it: the capture
 loop's per-table side.
 
-:class:`TableFlow` owns the table states (:mod:`capture.table_states`), the held-back
-changes (:mod:`capture.held_changes`), one pin per table that is not streaming yet
-(:meth:`capture.progress.ProgressBook.pin`) and the snapshot run in progress
-(:mod:`capture.snapshot`). The capture loop calls :meth:`TableFlow.route` for every
+:class:`TableFlow` owns the table states (:mod:`capture.stream.table_states`), the held-back
+changes (:mod:`capture.snapshot.held_changes`), one pin per table that is not streaming yet
+(:meth:`capture.in_flight.ProgressBook.pin`) and the snapshot run in progress
+(:mod:`capture.snapshot.run`). The capture loop calls :meth:`TableFlow.route` for every
 record it decodes and :meth:`TableFlow.step` between frames; both run in the loop's
 thread, so the book and the producer are only ever touched from there.
 
@@ -23,12 +23,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from capture.change_stream import ChangeFailed, ChangeStream, OutgoingRecord, SchemaRecord
 from capture.errors import TableError
-from capture.held_changes import HeldChanges, HeldFailure
-from capture.progress import ProgressBook
-from capture.publisher import ChangePublisher
-from capture.snapshot import (
+from capture.in_flight import ProgressBook
+from capture.publish.publisher import ChangePublisher
+from capture.records import OutgoingRecord, SchemaRecord
+from capture.snapshot.held_changes import HeldChanges, HeldFailure
+from capture.snapshot.run import (
     ChunkPublished,
     RunFailed,
     SnapshotItem,
@@ -38,7 +38,8 @@ from capture.snapshot import (
     TableCopied,
     TableFailed,
 )
-from capture.table_states import Route, TableStates
+from capture.stream.change_stream import ChangeFailed, ChangeStream
+from capture.stream.table_states import Route, TableStates
 from schemas.control import SnapshotResume, TableState, TableStatus
 from schemas.lsn import Lsn
 
@@ -118,7 +119,7 @@ class TableFlow:
     def resync(self, table: str, reason: str, commit_lsn: Lsn) -> None:
         """Snapshot ``table`` again while everything keeps streaming, because of a change
         of the open transaction (committing at ``commit_lsn``) that filled its rows
-        without a logical change (:mod:`capture.schema_change`): from now on its changes
+        without a logical change (:mod:`capture.stream.schema_change`): from now on its changes
         are held and pin the book, the next run snapshots it starting with a TRUNCATE,
         then the held changes follow, as for a table added while running."""
         state = self._states.state(table)

@@ -1,7 +1,7 @@
 """Changes held back while their table is snapshotted, spooled to disk in stream order.
 
 A table's streamed changes wait here from the moment it is pending until its snapshot
-is in Kafka (:mod:`capture.table_states`). A snapshot of a big, busy table can take long
+is in Kafka (:mod:`capture.stream.table_states`). A snapshot of a big, busy table can take long
 enough for these to outgrow memory, so every held record goes straight to an unnamed
 temporary file (one per table, gone when closed or when the process dies) and only the
 file offsets live in memory. Records come back in the order they were held, with the
@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from capture.change_stream import OutgoingRecord
 from capture.errors import ConfigError
+from capture.records import OutgoingRecord
 from schemas.lsn import Lsn
 
 # commit LSN, then the lengths of topic, table, key, value (-1 = None), header count.

@@ -2,7 +2,7 @@
 
 Rows whose every column arrives as text -- nearly every pgoutput tuple, and every COPY
 row without an escape -- are the bulk of capture's work. For a table whose every column
-has a :attr:`~capture.typemap.ColumnMapping.text_kind`, :func:`row_encoder` gives the
+has a :attr:`~capture.rows.typemap.ColumnMapping.text_kind`, :func:`row_encoder` gives the
 encoder that turns such a row's texts straight into the Avro bytes of its row image and
 key (``native/src/lib.rs`` says how it is held to the Python path byte for byte).
 
@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from capture.typemap import TextKind
+from capture.rows.typemap import TextKind
 
 
 class RowEncoder(Protocol):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from capture.progress import ProgressBook, RecordTicket
+from capture.in_flight import ProgressBook, RecordTicket
 from schemas.lsn import Lsn
 
 T = "cdc.public.orders"
