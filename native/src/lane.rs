@@ -19,7 +19,7 @@
 //!   Python path, which reads it and says what is wrong with it. So the Python path
 //!   stays the reference for every message and every error.
 //! - **Same records.** Key, value and headers are built exactly as
-//!   `capture.change_stream.ChangeStream.handle_frame` builds them (the tests compare
+//!   `capture.stream.change_stream.ChangeStream.handle_frame` builds them (the tests compare
 //!   the two paths' topics byte for byte); ordinals continue across the two paths
 //!   within a transaction, through `transaction` and `adopt`.
 //! - **Bookkeeping stays in Python.** Records carry their transaction's in-flight book

@@ -3,7 +3,7 @@
 //! of the change record's row image and of its Kafka key, with no Python object per
 //! column in between.
 //!
-//! The Python path (`capture.change_stream.TableCodec.row` parsing each column, then
+//! The Python path (`capture.rows.codec.TableCodec.row` parsing each column, then
 //! `schemas.avro_binary`'s writers) stays the reference and the fallback, and this
 //! module is held to it byte for byte:
 //!
