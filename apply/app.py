@@ -446,6 +446,7 @@ class ApplyJob:
             default_app_id=self._context_id,
             upkeep=TableUpkeep(self._settings.upkeep, self.metrics),
             observer=self.metrics,
+            known=self._known,
         )
         timer.start()
         return timer

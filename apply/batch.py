@@ -55,11 +55,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 
 from pyspark.sql import DataFrame, SparkSession
 
 from apply.change_log import (
+    LOG_UPKEEP,
     Append,
     append,
     change_log_path,
@@ -552,10 +554,9 @@ def apply_table(
         for fingerprint in sorted(topic_survey.fingerprints)
     ]
     if context.folds is not None:
-        with context.folds.lock(table):
-            return _apply_table_logged(
-                spark, batch, batch_id, topic_survey, context, schemas=schemas, folds=context.folds
-            )
+        return _apply_table_logged(
+            spark, batch, batch_id, topic_survey, context, schemas=schemas, folds=context.folds
+        )
     known = context.known.current(spark, path) if context.known is not None else None
     existing: ExistingTable | None = None
     if known is not None:
@@ -636,16 +637,21 @@ def _apply_table_logged(
     schemas: list[ValueSchema],
     folds: Folds,
 ) -> TableResult | None:
-    """:func:`apply_table` with the change log on, holding the table's fold lock: the
-    batch's changes are appended to the table's log when the log can take them, else
-    the log is folded and emptied and the batch is merged into the table
-    (:mod:`apply.change_log`, What goes to the log)."""
+    """:func:`apply_table` with the change log on: the batch's changes are appended to
+    the table's log when the log can take them, while the table may be being folded
+    (an append and a fold's trim never conflict, :func:`apply.change_log.create_log`);
+    else, holding the table's fold lock, the log is folded and emptied and the batch is
+    merged into the table (:mod:`apply.change_log`, What goes to the log)."""
     topic = topic_survey.topic
     table = table_of_topic(topic)
     name = str(table)
     path = table_path(context.lake_root, table)
     log_path = change_log_path(context.lake_root, table)
-    known = context.known.current(spark, log_path) if context.known is not None else None
+    known = (
+        context.known.current(spark, log_path, passing=LOG_UPKEEP)
+        if context.known is not None
+        else None
+    )
     table_history: TableHistory | None = None
     if known is not None:
         log_history: TableHistory | None = known.history
@@ -689,52 +695,36 @@ def _apply_table_logged(
             # in the table.
             if context.known is not None:
                 context.known.forget(log_path)
-            if log_history is not None:
-                fold_table(
+            with folds.lock(table):
+                return _fold_then_merge(
                     spark,
-                    lake_root=context.lake_root,
-                    table=table,
-                    default_app_id=context.txn_app_id,
-                    empty_log=True,
+                    batch_id=batch_id,
+                    topic_survey=topic_survey,
+                    context=context,
+                    folds=folds,
+                    state=state,
+                    log_history=log_history,
+                    existing=existing,
+                    plan=plan,
+                    decoded=decoded,
+                    measured=measured,
                 )
-            folds.folded(table)
-            direct = read_history(spark, path, name)
-            merged = _apply_decoded(
+        # Creating the table or adding columns to it is a commit on the table: not while
+        # a fold MERGEs into it.
+        ddl = plan.columns.create or bool(plan.columns.added)
+        with folds.lock(table) if ddl else nullcontext():
+            result = _append_decoded(
                 spark,
                 batch_id=batch_id,
                 topic_survey=topic_survey,
                 context=context,
-                history=None if direct is None else TableHistory(direct.version, state),
+                previous=state,
+                log_history=log_history,
                 existing=existing,
-                plan=plan,
+                plan=plan.columns,
                 decoded=decoded,
                 measured=measured,
             )
-            if log_history is not None and (plan.replace or plan.columns.added):
-                # The emptied log takes the table's new columns, so the next append and
-                # the freshest view's SQL find them (a retyped column included).
-                reshape_log(spark, log_path, plan.columns.columns)
-            if merged.committed and context.upkeep is not None:
-                context.upkeep.after_commit(
-                    spark,
-                    table=name,
-                    path=path,
-                    version_before=-1 if direct is None else direct.version,
-                    version_after=merged.version,
-                )
-            return merged
-        result = _append_decoded(
-            spark,
-            batch_id=batch_id,
-            topic_survey=topic_survey,
-            context=context,
-            previous=state,
-            log_history=log_history,
-            existing=existing,
-            plan=plan.columns,
-            decoded=decoded,
-            measured=measured,
-        )
     folds.appended(table)
     if context.known is not None:
         plain = existing is not None and not plan.columns.added and log_history is not None
@@ -754,6 +744,63 @@ def _apply_table_logged(
             version_after=result.version,
         )
     return result
+
+
+def _fold_then_merge(
+    spark: SparkSession,
+    *,
+    batch_id: int,
+    topic_survey: TopicSurvey,
+    context: ApplyContext,
+    folds: Folds,
+    state: TableState | None,
+    log_history: TableHistory | None,
+    existing: ExistingTable | None,
+    plan: TablePlan,
+    decoded: DataFrame | None,
+    measured: BatchMeasure,
+) -> TableResult:
+    """A batch the log cannot take, under the table's fold lock: the table takes
+    everything the log holds and the log is emptied, so no row left there is older than
+    a change in the table; then the batch is merged into the table."""
+    table = table_of_topic(topic_survey.topic)
+    name = str(table)
+    path = table_path(context.lake_root, table)
+    log_path = change_log_path(context.lake_root, table)
+    if log_history is not None:
+        fold_table(
+            spark,
+            lake_root=context.lake_root,
+            table=table,
+            default_app_id=context.txn_app_id,
+            empty_log=True,
+        )
+    folds.folded(table)
+    direct = read_history(spark, path, name)
+    merged = _apply_decoded(
+        spark,
+        batch_id=batch_id,
+        topic_survey=topic_survey,
+        context=context,
+        history=None if direct is None else TableHistory(direct.version, state),
+        existing=existing,
+        plan=plan,
+        decoded=decoded,
+        measured=measured,
+    )
+    if log_history is not None and (plan.replace or plan.columns.added):
+        # The emptied log takes the table's new columns, so the next append and the
+        # freshest view's SQL find them (a retyped column included).
+        reshape_log(spark, log_path, plan.columns.columns)
+    if merged.committed and context.upkeep is not None:
+        context.upkeep.after_commit(
+            spark,
+            table=name,
+            path=path,
+            version_before=-1 if direct is None else direct.version,
+            version_after=merged.version,
+        )
+    return merged
 
 
 def _measure(

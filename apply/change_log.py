@@ -58,7 +58,6 @@ from pyspark.sql import functions as sf
 from pyspark.sql.types import ArrayType, LongType, StringType, StructField, StructType
 
 from apply.decode import COMMIT_LSN, COMMIT_TS, MALFORMED, OP, ORDINAL, ROW, UNCHANGED
-from apply.delta_log import DeltaLogFiles
 from apply.delta_schema import (
     COMMIT_LSN_COLUMN,
     COMMIT_TS_COLUMN,
@@ -70,7 +69,6 @@ from apply.delta_schema import (
     support_timestamp_ntz,
 )
 from apply.errors import ConfigError, TransientError
-from apply.history import newest_version
 from apply.merge import CONCURRENT_WRITES, MergeOutcome, MergeSource, own_outcome
 from apply.positions import TableState, covers
 from apply.tables import TableId, table_of_segments, table_path
@@ -83,6 +81,10 @@ OP_COLUMN = "_cdc_op"
 SEQ_COLUMN = "_cdc_seq"
 LOG_OF_PROPERTY = "pgdelta.changeLogOf"
 """Table property of a change log naming its source table, ``schema.table``."""
+
+LOG_UPKEEP = frozenset({"DELETE", "OPTIMIZE", "VACUUM START", "VACUUM END"})
+"""Operations of the commits on a log besides its appends: trims and upkeep, which
+change neither its applied state nor its columns (:class:`apply.known_tables.KnownTables`)."""
 
 LOG_FIELDS: tuple[StructField, ...] = (
     *METADATA_FIELDS,
@@ -149,12 +151,16 @@ def create_log(
     columns: Sequence[ColumnSpec],
     keys: Sequence[str],
 ) -> None:
-    """Create the log (a commit of its own, idempotent). No deletion vectors: a trim
-    removes whole files, and every reader can read the log."""
+    """Create the log (a commit of its own, idempotent). Partitioned by ``_cdc_seq``, one
+    partition per append: a trim is then a metadata-only commit (no Spark job), and it
+    never conflicts with an append running beside it (Delta checks a DELETE against the
+    partitions it read), so a batch appends while its table is being folded. No deletion
+    vectors, so every reader can read the log."""
     (
         DeltaTable.createIfNotExists(spark)
         .location(path)
         .addColumns(log_schema(columns))
+        .partitionedBy(SEQ_COLUMN)
         .property(LOG_OF_PROPERTY, str(table))
         .property(KEY_COLUMNS_PROPERTY, json.dumps(list(keys)))
         .property("delta.enableDeletionVectors", "false")
@@ -172,6 +178,7 @@ def reshape_log(spark: SparkSession, path: str, columns: Sequence[ColumnSpec]) -
         .write.format("delta")
         .mode("overwrite")
         .option("overwriteSchema", "true")
+        .partitionBy(SEQ_COLUMN)
         .save(path)
     )
 
@@ -316,17 +323,10 @@ def unfolded(
     )
 
 
-def trim(spark: SparkSession, path: str, through_seq: int) -> int | None:
+def trim(spark: SparkSession, path: str, through_seq: int) -> None:
     """Delete the log's rows up to sequence ``through_seq``: its oldest end, so the log
-    stays a suffix. Returns the version of the trim's commit when it is the only commit
-    since the log's version before it, else None (the caller then reads the log again)."""
-    files = DeltaLogFiles(spark)
-    delta = DeltaTable.forPath(spark, path)
-    before = newest_version(spark, path)
-    delta.delete(sf.col(SEQ_COLUMN) <= sf.lit(through_seq))
-    if files.exists(path, before + 1) and not files.exists(path, before + 2):
-        return before + 1
-    return None
+    stays a suffix. The predicate is on the partition column: a metadata-only commit."""
+    DeltaTable.forPath(spark, path).delete(sf.col(SEQ_COLUMN) <= sf.lit(through_seq))
 
 
 Dialect = Literal["spark", "duckdb", "datafusion"]
@@ -398,6 +398,7 @@ __all__ = [
     "CHANGE_LOG_DIR",
     "LOG_FIELDS",
     "LOG_OF_PROPERTY",
+    "LOG_UPKEEP",
     "OP_COLUMN",
     "SEQ_COLUMN",
     "Append",

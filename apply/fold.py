@@ -38,19 +38,26 @@ from typing import Protocol
 
 from pyspark.sql import SparkSession
 
-from apply.change_log import change_log_path, trim, unfolded
+from apply.change_log import LOG_UPKEEP, change_log_path, trim, unfolded
 from apply.delta_schema import ColumnPlan, read_existing_table
 from apply.errors import ConfigError
 from apply.history import TableHistory, read_history
+from apply.known_tables import KnownTable, KnownTables
 from apply.merge import merge_into, merge_source
 from apply.positions import encode_state
-from apply.table_pool import table_session
+from apply.table_pool import POOL_PROPERTY, table_session
 from apply.tables import TableId, table_path
 from apply.upkeep import TableUpkeep
 
 log = logging.getLogger(__name__)
 
 FOLD_SUFFIX = ":fold"
+FOLD_POOL = "fold"
+"""The FAIR scheduler pool of the folds' Spark jobs: one pool beside the batch's
+per-table pools, so a fold takes a share of the cores, not all of them."""
+TABLE_UPKEEP = frozenset({"OPTIMIZE", "VACUUM START", "VACUUM END"})
+"""Operations of the upkeep commits on a table (:mod:`apply.upkeep`): they change
+neither its applied state nor its columns."""
 
 
 def fold_app_id(app_id: str) -> str:
@@ -88,24 +95,25 @@ def fold_table(
     lake_root: str,
     table: TableId,
     default_app_id: str,
-    log_history: TableHistory | None = None,
     empty_log: bool = False,
+    known: KnownTables | None = None,
 ) -> FoldResult | None:
     """Fold the log of ``table`` into the table (module docstring); None when the table
-    holds every logged change already. ``log_history``: the log's newest version and
-    state when the caller has them. ``empty_log``: trim every folded row, not only the
-    previous fold's."""
+    holds every logged change already. ``empty_log``: trim every folded row, not only
+    the previous fold's. ``known``: what the job last wrote to the table and its log
+    (:mod:`apply.known_tables`), read instead of Delta while nothing else committed."""
     started = time.monotonic()
     name = str(table)
     path = table_path(lake_root, table)
     log_path = change_log_path(lake_root, table)
-    if log_history is None:
-        log_history = read_history(spark, log_path, name)
+    known_log = known.current(spark, log_path, passing=LOG_UPKEEP) if known else None
+    log_history = known_log.history if known_log else read_history(spark, log_path, name)
     logged = None if log_history is None else log_history.state
     if logged is None or logged.log_seq is None:
         return None
     through = logged.log_seq
-    history = read_history(spark, path, name)
+    known_table = known.current(spark, path, passing=TABLE_UPKEEP) if known else None
+    history = known_table.history if known_table else read_history(spark, path, name)
     if history is None:
         return None  # a log is only written after its table exists: nothing to fold into
     watermark = None if history.state is None else history.state.log_seq
@@ -113,7 +121,7 @@ def fold_table(
         if empty_log:
             trim(spark, log_path, through)
         return None
-    existing = read_existing_table(spark, path, table)
+    existing = known_table.existing if known_table else read_existing_table(spark, path, table)
     assert existing is not None  # read_history found the table
     plan = ColumnPlan(
         columns=existing.columns, added=(), key_columns=existing.key_columns, create=False
@@ -140,6 +148,12 @@ def fold_table(
         batch_id=through,
         metadata=encode_state(replace(logged, log_seq=through)),
     )
+    if known is not None:
+        if outcome.committed:
+            folded = replace(logged, log_seq=through)
+            known.remember(path, KnownTable(TableHistory(outcome.version, folded), existing))
+        else:
+            known.forget(path)
     if not outcome.committed:
         raise ConfigError(
             f"table {name}: the fold of its change log up to sequence {through} was skipped "
@@ -219,8 +233,10 @@ class FoldTimer:
         default_app_id: str,
         upkeep: TableUpkeep | None = None,
         observer: FoldObserver | None = None,
+        known: KnownTables | None = None,
     ) -> None:
         self._spark = spark
+        self._known = known
         self._upkeep = upkeep
         self._observer = observer
         self._folds = folds
@@ -258,6 +274,7 @@ class FoldTimer:
                     lake_root=self._lake_root,
                     table=table,
                     default_app_id=self._default_app_id,
+                    known=self._known,
                 )
                 self._folds.folded(table)
                 if result is not None and self._upkeep is not None:
@@ -283,13 +300,17 @@ class FoldTimer:
         return count
 
     def _run(self) -> None:
+        # Thread-local: every job this thread submits goes to the folds' pool.
+        self._spark.sparkContext.setLocalProperty(POOL_PROPERTY, FOLD_POOL)
         tick = max(0.2, min(1.0, self._folds.every_s / 4))
         while not self._stop.wait(tick):
             self.fold_due()
 
 
 __all__ = [
+    "FOLD_POOL",
     "FOLD_SUFFIX",
+    "TABLE_UPKEEP",
     "FoldObserver",
     "FoldResult",
     "FoldTimer",
