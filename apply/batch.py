@@ -767,6 +767,7 @@ def _fold_then_merge(
     name = str(table)
     path = table_path(context.lake_root, table)
     log_path = change_log_path(context.lake_root, table)
+    mark = folds.mark(table)
     if log_history is not None:
         fold_table(
             spark,
@@ -775,7 +776,7 @@ def _fold_then_merge(
             default_app_id=context.txn_app_id,
             empty_log=True,
         )
-    folds.folded(table)
+    folds.folded(table, mark)
     direct = read_history(spark, path, name)
     merged = _apply_decoded(
         spark,

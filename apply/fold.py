@@ -184,7 +184,12 @@ def fold_table(
 
 
 class Folds:
-    """Per table: the lock its batch and its folds share, and when it was last folded."""
+    """Per table: the lock its direct batches and its folds share, what was appended to
+    its log and what a fold took of it, and when it was last folded.
+
+    A batch appends while the table may be being folded, so "folded" must not forget an
+    append the fold did not read: appends are counted, a fold notes the count before it
+    reads the log (:meth:`mark`) and clears only that many (:meth:`folded`)."""
 
     def __init__(self, every_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.every_s = every_s
@@ -192,7 +197,8 @@ class Folds:
         self._guard = threading.Lock()
         self._locks: dict[TableId, threading.Lock] = {}
         self._last_fold: dict[TableId, float] = {}
-        self._pending: set[TableId] = set()
+        self._appends: dict[TableId, int] = {}
+        self._folded: dict[TableId, int] = {}
 
     def lock(self, table: TableId) -> threading.Lock:
         with self._guard:
@@ -201,23 +207,30 @@ class Folds:
     def appended(self, table: TableId) -> None:
         """The table's log got rows the table may lack."""
         with self._guard:
-            self._pending.add(table)
+            self._appends[table] = self._appends.get(table, 0) + 1
 
-    def folded(self, table: TableId) -> None:
-        """The table holds every change its log had when the fold read it."""
+    def mark(self, table: TableId) -> int:
+        """The appends so far: call it before a fold reads the log."""
         with self._guard:
-            self._pending.discard(table)
+            return self._appends.get(table, 0)
+
+    def folded(self, table: TableId, mark: int) -> None:
+        """The table holds every change its log had at ``mark`` (:meth:`mark`)."""
+        with self._guard:
+            self._folded[table] = max(self._folded.get(table, 0), mark)
             self._last_fold[table] = self._clock()
 
     def due(self, *, every: bool = False) -> list[TableId]:
-        """Tables with logged changes whose last fold in this run is ``every_s`` old (or
-        that were not folded in this run); ``every``: all tables with logged changes."""
+        """Tables with appends no fold took yet whose last fold in this run is
+        ``every_s`` old (or that were not folded in this run); ``every``: all tables
+        with such appends."""
         now = self._clock()
         with self._guard:
             return sorted(
                 table
-                for table in self._pending
-                if every or now - self._last_fold.get(table, float("-inf")) >= self.every_s
+                for table, appends in self._appends.items()
+                if appends > self._folded.get(table, 0)
+                and (every or now - self._last_fold.get(table, float("-inf")) >= self.every_s)
             )
 
 
@@ -267,6 +280,7 @@ class FoldTimer:
                 continue  # its batch is applying it: the next tick folds it
             started = time.monotonic()
             result = None
+            mark = self._folds.mark(table)
             try:
                 session = table_session(self._spark)
                 result = fold_table(
@@ -276,7 +290,7 @@ class FoldTimer:
                     default_app_id=self._default_app_id,
                     known=self._known,
                 )
-                self._folds.folded(table)
+                self._folds.folded(table, mark)
                 if result is not None and self._upkeep is not None:
                     self._upkeep.after_commit(
                         session,

@@ -61,16 +61,31 @@ def test_a_table_is_folded_when_its_turn_came_and_it_has_logged_changes() -> Non
     assert folds.due() == []
     folds.appended(a)
     assert folds.due() == [a], "never folded in this run: due at once"
-    folds.folded(a)
+    folds.folded(a, folds.mark(a))
     folds.appended(a)
     folds.appended(b)
     assert folds.due() == [b]
     assert folds.due(every=True) == [a, b]
     now[0] += 10
     assert folds.due() == [a, b]
-    folds.folded(a)
+    folds.folded(a, folds.mark(a))
     assert folds.due() == [b]
     assert folds.lock(a) is folds.lock(a)
+
+
+def test_an_append_during_a_fold_stays_due() -> None:
+    now = [0.0]
+    folds = Folds(every_s=10, clock=lambda: now[0])
+    table = TableId("public", "a")
+    folds.appended(table)
+    mark = folds.mark(table)  # the fold reads the log...
+    folds.appended(table)  # ...while the table's batch appends again
+    folds.folded(table, mark)
+    now[0] += 10
+    assert folds.due() == [table], "the second append is not in the table yet"
+    folds.folded(table, folds.mark(table))
+    now[0] += 10
+    assert folds.due() == []
 
 
 KEYS = ["id", "part"]
