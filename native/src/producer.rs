@@ -558,7 +558,7 @@ impl KafkaProducer {
         let items = header_items(headers)?;
         let fields = header_fields(&items)?;
         let mut next_report = reports.iter().position(|(index, _)| *index >= start).unwrap_or(reports.len());
-        for index in start..count {
+        for (index, &partition) in partitions.iter().enumerate().skip(start) {
             let key = keys.get_item(index)?;
             let value = values.get_item(index)?;
             let key = key.cast::<PyBytes>()?.as_bytes();
@@ -571,7 +571,7 @@ impl KafkaProducer {
                 }
                 next_report += 1;
             }
-            let code = self.produce_one(&name, partitions[index], key, Some(value), &fields, report);
+            let code = self.produce_one(&name, partition, key, Some(value), &fields, report);
             if code != NO_ERROR {
                 if report != 0 {
                     // SAFETY: not queued, so librdkafka never saw it.
