@@ -537,3 +537,58 @@ impl StreamLane {
         self.tables.len()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn long_bytes(values: &[i64]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for &value in values {
+            write_long(&mut out, value);
+        }
+        out
+    }
+
+    #[test]
+    fn lsns_print_as_postgresql_prints_them() {
+        assert_eq!(lsn_text(0), b"0/0");
+        assert_eq!(lsn_text(0x16_B374_D848), b"16/B374D848");
+        assert_eq!(lsn_text(0xFFFF_FFFF), b"0/FFFFFFFF");
+        assert_eq!(lsn_text(u64::MAX), b"FFFFFFFF/FFFFFFFF");
+    }
+
+    #[test]
+    fn a_transaction_encodes_its_shared_fields_once() {
+        let transaction = Transaction::new(7, 0x2000, 777, -1, 5);
+        assert_eq!(transaction.commit_field, long_bytes(&[0x2000]));
+        assert_eq!(transaction.transaction_fields, long_bytes(&[777, -1]));
+        assert_eq!(transaction.commit_text, b"0/2000");
+        // The xid is unsigned on the wire; the record's long holds it without a sign.
+        let wide = Transaction::new(0, 1, u32::MAX, 0, 0);
+        assert_eq!(wide.transaction_fields, long_bytes(&[i64::from(u32::MAX), 0]));
+    }
+
+    /// Runs Python: `cargo test` links libpython for this (native/check.sh).
+    #[test]
+    fn stops_compare_with_each_other_by_value_and_never_with_numbers() {
+        Python::initialize();
+        Python::attach(|py| {
+            let frame = Py::new(py, Stop::Frame).unwrap().into_bound(py).into_any();
+            let again = Py::new(py, Stop::Frame).unwrap().into_bound(py).into_any();
+            let full = Py::new(py, Stop::Full).unwrap().into_bound(py).into_any();
+            // Each read returns a new object: `==` and hashing, not identity, match them.
+            assert!(frame.eq(&again).unwrap());
+            assert_eq!(frame.hash().unwrap(), again.hash().unwrap());
+            assert!(!frame.eq(&full).unwrap());
+            assert!(!frame.eq(Stop::Frame as u8).unwrap());
+        });
+    }
+
+    #[test]
+    fn big_endian_fields_read_where_the_protocol_puts_them() {
+        let mut frame = vec![XLOG_DATA];
+        frame.extend_from_slice(&0x0102_0304_0506_0708u64.to_be_bytes());
+        assert_eq!(u64_at(&frame, 1), 0x0102_0304_0506_0708);
+    }
+}
