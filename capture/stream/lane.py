@@ -57,8 +57,9 @@ if TYPE_CHECKING:
     from capture_native import KafkaProducer, LaneRead
     from capture_native import StreamLane as NativeLane
 
-# Not built here: no StreamLane can be made, so nothing reads these. ``Stop``, what a
-# read stopped on, is defined once, by the extension, and the loop reads it from here.
+# ``Stop`` (what a read stopped on) is defined once, by the extension; the loop reads it
+# from here. Where the extension is not built, no StreamLane can be made, so nothing
+# reads these names.
 with contextlib.suppress(ImportError):
     from capture_native import OpenTransaction, Stop
 
