@@ -5,9 +5,9 @@ PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 # Test modules run in this many processes at once (tests/plugins/parallel.py, docs/testing.md).
 TEST_WORKERS ?= 3
-LINTED := runtime capture apply schemas pipeline deploy tests bench
+LINTED := runtime capture apply schemas pipeline deploy tests bench native
 
-.PHONY: help bootstrap bootstrap-demo native tools jars up down status lint typecheck test test-unit soak demo bench bench-apply clean
+.PHONY: help bootstrap bootstrap-demo native native-check tools jars up down status lint typecheck test test-unit soak demo bench bench-apply clean
 
 help:
 	@echo "make demo       run the pipeline end to end on a local PostgreSQL + Kafka + Spark"
@@ -29,6 +29,10 @@ jars: bootstrap
 native:
 	@bash native/build.sh
 
+# The compiled extension's Rust unit tests and clippy (make test runs this).
+native-check: bootstrap
+	@bash native/check.sh
+
 # helm and kubeconform for the Helm chart tests (bootstrap runs this too).
 tools:
 	@bash deploy/helm/tools.sh
@@ -49,7 +53,7 @@ lint: bootstrap
 typecheck: bootstrap
 	$(VENV)/bin/mypy
 
-test: lint typecheck
+test: lint typecheck native-check
 	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
 
 test-unit: bootstrap

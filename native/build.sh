@@ -29,6 +29,10 @@ fi
 
 echo "bootstrap: building capture's compiled row encoder (native/, cargo --release)"
 export CARGO_TARGET_DIR=$PWD/.local/cargo-target
+# An extension module leaves libpython's symbols to the interpreter that imports it.
+# maturin sets this too; said here because the crate no longer enables pyo3's
+# `extension-module` feature, so that `cargo test` links (native/check.sh).
+export PYO3_BUILD_EXTENSION_MODULE=1
 # cargo's output (a line per crate downloaded and compiled) goes to a log; its tail is
 # shown when the build fails.
 mkdir -p .local/log

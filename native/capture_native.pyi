@@ -1,14 +1,75 @@
-"""Types of the compiled row encoder and producer (src/lib.rs, src/producer.rs say
-what they do)."""
+"""Types of ``capture_native``, the compiled part of capture: the row encoder
+(``src/lib.rs``), the record producer (``src/producer.rs``) and the stream lane
+(``src/lane.rs``); those files say how each is held to the Python path.
+
+Every value the extension hands back is one of the frozen classes below, read by field
+name; a class the caller never builds has no constructor here.
+"""
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, ClassVar, final
 
+# -- the row encoder (src/lib.rs) -----------------------------------------------------
+
+@final
+class EncodedRow:
+    """A row's Avro fields (:meth:`TextRowEncoder.encode`), both without any header."""
+
+    @property
+    def row(self) -> bytes:
+        """The row image's fields as the change record writes them, each a
+        ``["null", T]`` union."""
+    @property
+    def key(self) -> bytes:
+        """The key record's fields."""
+
+@final
+class ChangeRecord:
+    """The whole record of a row message (:meth:`TextRowEncoder.encode_change`)."""
+
+    @property
+    def key(self) -> bytes:
+        """The record's key, its header first."""
+    @property
+    def value(self) -> bytes:
+        """The record's value, its header first."""
+    @property
+    def change_lsn_text(self) -> bytes:
+        """The change LSN as PostgreSQL prints it (``16/B374D848``), for the record's
+        ``change_lsn`` header."""
+
+@final
+class CopyRecords:
+    """A snapshot chunk's records (:meth:`TextRowEncoder.encode_copy`): one key and one
+    value per complete line, in order."""
+
+    @property
+    def keys(self) -> list[bytes | None]:
+        """Each line's record key, or None for a line the encoder left to the Python
+        path."""
+    @property
+    def values(self) -> list[bytes]:
+        """Each line's record value, or, where the key is None, the line itself."""
+    @property
+    def rest(self) -> bytes:
+        """What follows the last newline: the start of a line still to come."""
+
+@final
 class TextRowEncoder:
-    def __init__(
-        self, kinds: list[str], key_columns: list[int], key_nullable: list[bool]
-    ) -> None: ...
-    def encode(self, values: tuple[bytes | None, ...], /) -> tuple[bytes, bytes] | None: ...
+    """The row image and key of one table version, from rows whose every column is
+    text. Immutable: one encoder serves any thread."""
+
+    def __init__(self, kinds: list[str], key_columns: list[int], key_nullable: list[bool]) -> None:
+        """``kinds``: per column, in order, one of ``boolean``, ``int``, ``long``,
+        ``string``, ``float``, ``double``, ``date``, ``time``, ``timestamp``,
+        ``timestamptz``; ``key_columns``: the key columns' indexes in key order, and
+        ``key_nullable`` whether each is nullable in the key schema. Raises ValueError
+        for an unknown kind or key column."""
+    def encode(self, values: tuple[bytes | None, ...], /) -> EncodedRow | None:
+        """The fields of a row given as each column's text (None: NULL). None when the
+        encoder does not take the row (a value neither bytes nor None, another column
+        count, a null non-null key field, a text not in PostgreSQL's plain output
+        form): the Python path encodes it, or says what is wrong with it."""
     def encode_change(
         self,
         message: bytes,
@@ -18,22 +79,131 @@ class TextRowEncoder:
         value_middle: bytes,
         ordinal: int,
         /,
-    ) -> tuple[bytes, bytes, bytes] | None: ...
+    ) -> ChangeRecord | None:
+        """The record of a pgoutput Insert, new-tuple-only Update or Delete
+        (``message``): key ``key_header`` then the key fields; value ``value_start``,
+        ``change_lsn``, ``value_middle``, ``ordinal``, then the images. None for any
+        other message or a row the encoder does not take: decode it in Python."""
     def encode_copy(
         self, data: bytes, key_header: bytes, value_head: bytes, first_ordinal: int, /
-    ) -> tuple[list[bytes | None], list[bytes], bytes]: ...
-    def __len__(self) -> int: ...
+    ) -> CopyRecords:
+        """The records of COPY text (``data``, one row per line): key ``key_header``
+        then the key fields, value ``value_head``, the ordinal (from
+        ``first_ordinal`` on) and an after-only image."""
+    def __len__(self) -> int:
+        """The number of columns a row has."""
 
-def key_partitions(keys: list[bytes], count: int, /) -> list[int]: ...
+def key_partitions(keys: list[bytes], count: int, /) -> list[int]:
+    """The partition of each key among ``count``: murmur2 as Kafka's Java client and
+    librdkafka's ``murmur2_random`` compute it. Raises ValueError for a count of 0."""
 
+# -- the record producer (src/producer.rs) --------------------------------------------
+
+@final
 class Delivered:
-    def __init__(self, topic: str, partition: int, offset: int, /) -> None: ...
-    def topic(self) -> str: ...
-    def partition(self) -> int: ...
-    def offset(self) -> int | None: ...
+    """Where a reported record went, with the accessors of ``confluent_kafka.Message``
+    that delivery callbacks read."""
 
+    def __init__(self, topic: str, partition: int, offset: int, /) -> None:
+        """A report of ``topic``, ``partition`` and ``offset`` (negative: none)."""
+    def topic(self) -> str:
+        """The record's topic."""
+    def partition(self) -> int:
+        """The record's partition."""
+    def offset(self) -> int | None:
+        """The record's offset; None when librdkafka has none (a failed delivery)."""
+
+@final
+class BatchProduced:
+    """How far :meth:`KafkaProducer.produce_batch` got."""
+
+    @property
+    def next(self) -> int:
+        """The index of the first record not queued; the batch's length when all
+        were."""
+    @property
+    def code(self) -> int:
+        """librdkafka's error code for that record (its queue full, say); 0 when all
+        were queued."""
+
+@final
+class UnreportedFailure:
+    """A record produced without a delivery callback that failed: reported anyway, so
+    no record is lost unseen."""
+
+    @property
+    def code(self) -> int:
+        """librdkafka's error code (:meth:`KafkaProducer.error_text` words it)."""
+    @property
+    def topic(self) -> str:
+        """The record's topic."""
+    @property
+    def partition(self) -> int:
+        """The record's partition."""
+
+@final
+class ClientError:
+    """An error the client reported (librdkafka's ``error_cb``): a refused login, a
+    failed TLS handshake, all brokers down."""
+
+    @property
+    def code(self) -> int:
+        """librdkafka's error code."""
+    @property
+    def reason(self) -> str:
+        """librdkafka's words for it."""
+
+@final
+class StreamedRun:
+    """The stream lane's records of one transaction delivered to one partition since
+    the last poll, summed into one report."""
+
+    @property
+    def transaction(self) -> int:
+        """The transaction's id in the in-flight book."""
+    @property
+    def topic(self) -> str:
+        """The records' topic."""
+    @property
+    def partition(self) -> int:
+        """The records' partition."""
+    @property
+    def offset(self) -> int:
+        """The highest offset among them."""
+    @property
+    def records(self) -> int:
+        """How many were delivered."""
+    @property
+    def bytes(self) -> int:
+        """Their key and value bytes."""
+
+@final
+class Polled:
+    """What one :meth:`KafkaProducer.poll` served and collected."""
+
+    @property
+    def served(self) -> int:
+        """How many delivery callbacks were called."""
+    @property
+    def unreported_failures(self) -> list[UnreportedFailure]:
+        """Records without a callback that failed, a stream lane's included."""
+    @property
+    def client_errors(self) -> list[ClientError]:
+        """The client's errors since the last poll (the latest 100 at most)."""
+    @property
+    def streamed(self) -> list[StreamedRun]:
+        """The stream lane's delivered records, one run per transaction and
+        partition, in the order each first appeared (per partition, offset order)."""
+
+@final
 class KafkaProducer:
-    def __init__(self, library: str, config: list[tuple[str, str]], /) -> None: ...
+    """librdkafka's producer, the very library confluent-kafka loaded, driven without a
+    Python object per record."""
+
+    def __init__(self, library: str, config: list[tuple[str, str]], /) -> None:
+        """A producer of the librdkafka at ``library`` with ``config``'s properties,
+        in order. Raises OSError when the library cannot be loaded, ValueError for a
+        property librdkafka refuses (its message names the property)."""
     def produce(
         self,
         topic: str,
@@ -43,7 +213,10 @@ class KafkaProducer:
         headers: list[tuple[str, str | bytes | None]],
         on_delivery: Callable[[Any, Delivered], object] | None,
         /,
-    ) -> int: ...
+    ) -> int:
+        """Queue one record for ``partition`` (-1: the configured partitioner);
+        ``on_delivery``, if given, is called by a later :meth:`poll` with
+        ``(KafkaError or None, Delivered)``. librdkafka's error code: 0 when queued."""
     def produce_batch(
         self,
         topic: str,
@@ -54,24 +227,137 @@ class KafkaProducer:
         reports: Sequence[tuple[int, Callable[[Any, Delivered], object]]],
         start: int,
         /,
-    ) -> tuple[int, int]: ...
-    def poll(
-        self, timeout_ms: int, /
-    ) -> tuple[
-        int,
-        list[tuple[int, str, int]],
-        list[tuple[int, str]],
-        list[tuple[int, str, int, int, int, int]],
-    ]: ...
-    def flush(self, timeout_ms: int, /) -> int: ...
-    def error_text(self, code: int, /) -> str: ...
-    def library_version(self) -> str: ...
-    def __len__(self) -> int: ...
+    ) -> BatchProduced:
+        """Queue ``keys[i]``/``values[i]`` for ``partitions[i]`` from ``start`` on, all
+        with ``headers``; the records at the indexes of ``reports`` (sorted index and
+        callback pairs) ask for reports. Stops at the first record librdkafka
+        refuses."""
+    def poll(self, timeout_ms: int, /) -> Polled:
+        """Serve librdkafka's callbacks for up to ``timeout_ms`` (without the GIL),
+        then call the delivery callbacks of the reports that came, in order. Raises the
+        first exception a callback raised, after serving every report."""
+    def flush(self, timeout_ms: int, /) -> int:
+        """Wait up to ``timeout_ms`` (-1: no limit) for every queued record; their
+        reports wait for the next :meth:`poll`. The records still queued."""
+    def error_text(self, code: int, /) -> str:
+        """librdkafka's text for an error code."""
+    def library_version(self) -> str:
+        """The version of the librdkafka in use."""
+    def __len__(self) -> int:
+        """Records queued or in flight, and reports not served yet."""
 
+# -- the stream lane (src/lane.rs) ----------------------------------------------------
+
+@final
+class Stop:
+    """What :meth:`StreamLane.read` stopped on. Values compare with each other (``==``,
+    hashable), not with numbers."""
+
+    EMPTY: ClassVar[Stop]
+    """Nothing more is buffered."""
+    FRAME: ClassVar[Stop]
+    """A frame for the Python path, in :attr:`LaneRead.frame`."""
+    FULL: ClassVar[Stop]
+    """The producer's queue is full: serve reports, then read again."""
+    LIMIT: ClassVar[Stop]
+    """The budget is used up, or a commit reached :meth:`StreamLane.stop_at`."""
+    ENDED: ClassVar[Stop]
+    """The server ended the replication stream."""
+    FAILED: ClassVar[Stop]
+    """libpq could not read: the connection's error message says why."""
+
+@final
+class LaneRead:
+    """What one :meth:`StreamLane.read` did."""
+
+    @property
+    def stopped(self) -> Stop:
+        """What it stopped on."""
+    @property
+    def frame(self) -> bytes | None:
+        """With :attr:`Stop.FRAME`, the frame for the Python path (a CopyData
+        payload); otherwise None."""
+    @property
+    def taken(self) -> int:
+        """How many frames the lane took itself (``frame`` not counted)."""
+
+@final
+class TransactionPart:
+    """What the lane did in one transaction since the last
+    :meth:`StreamLane.take_transactions`, for the caller's in-flight book."""
+
+    @property
+    def id(self) -> int:
+        """The transaction's id in the book (its records carry it)."""
+    @property
+    def commit_lsn(self) -> int:
+        """The transaction's commit LSN, from its Begin."""
+    @property
+    def began(self) -> bool:
+        """Whether its Begin is in this part: the book must begin it."""
+    @property
+    def records(self) -> int:
+        """Records the lane produced for it in this part."""
+    @property
+    def bytes(self) -> int:
+        """Their key and value bytes."""
+    @property
+    def end_lsn(self) -> int:
+        """The Commit's end LSN when the Commit is in this part; 0 while open."""
+
+@final
+class TableCount:
+    """Records the lane produced for one armed table and operation since the last
+    :meth:`StreamLane.take_counts`."""
+
+    @property
+    def oid(self) -> int:
+        """The table's relation oid, as armed."""
+    @property
+    def tag(self) -> int:
+        """The operation's pgoutput tag (``ord("I")``, ``"U"`` or ``"D"``)."""
+    @property
+    def records(self) -> int:
+        """How many records."""
+    @property
+    def bytes(self) -> int:
+        """Their key and value bytes."""
+
+@final
+class OpenTransaction:
+    """An open transaction as the lane and the Python path hand it to each other
+    (:meth:`StreamLane.transaction`, :meth:`StreamLane.adopt`)."""
+
+    def __init__(self, commit_lsn: int, xid: int, commit_ts: int, ordinal: int, id: int, /) -> None:
+        """The transaction as the Python path holds it, with its book id."""
+    @property
+    def commit_lsn(self) -> int:
+        """Its commit LSN, from its Begin."""
+    @property
+    def xid(self) -> int:
+        """Its transaction id on the server."""
+    @property
+    def commit_ts(self) -> int:
+        """Its commit timestamp, microseconds since 1970-01-01 UTC."""
+    @property
+    def ordinal(self) -> int:
+        """The ordinal its next record gets."""
+    @property
+    def id(self) -> int:
+        """Its id in the in-flight book."""
+
+@final
 class StreamLane:
+    """Streamed changes from the replication connection's buffer to the producer's
+    queue, one call per burst, for the frames that need no decision
+    (``capture/stream/lane.py`` drives it)."""
+
     def __init__(
         self, producer: KafkaProducer, libpq: str, commit_header: str, change_header: str, /
-    ) -> None: ...
+    ) -> None:
+        """A lane producing with ``producer``, reading with the libpq at ``libpq`` (the
+        file psycopg loaded); the headers name the records' LSN headers. Raises OSError
+        when libpq cannot be loaded."""
     def arm(
         self,
         oid: int,
@@ -81,12 +367,29 @@ class StreamLane:
         publish_after: int,
         operations: list[tuple[int, bytes, tuple[str, bytes], tuple[str, bytes]]],
         /,
-    ) -> None: ...
-    def disarm(self) -> None: ...
-    def read(self, connection: int, budget: int, /) -> tuple[int, bytes | None, int]: ...
-    def take_transactions(self) -> list[tuple[int, int, bool, int, int, int]]: ...
-    def take_counts(self) -> list[tuple[int, int, int, int]]: ...
-    def transaction(self) -> tuple[int, int, int, int, int] | None: ...
-    def adopt(self, transaction: tuple[int, int, int, int, int] | None, next_id: int, /) -> None: ...
-    def stop_at(self, lsn: int, /) -> None: ...
-    def __len__(self) -> int: ...
+    ) -> None:
+        """Arm a table version, whose rows ``encoder`` (a :class:`TextRowEncoder`)
+        encodes: ``operations`` holds, per pgoutput tag it takes
+        (``I``, ``U``, ``D``), the value's bytes before ``commit_lsn`` and the ``op``
+        and fingerprint headers. Changes of transactions committing at or before
+        ``publish_after`` go to the Python path. Replaces what ``oid`` had."""
+    def disarm(self) -> None:
+        """Disarm every table (after :meth:`take_counts`, so no count is lost)."""
+    def read(self, connection: int, budget: int, /) -> LaneRead:
+        """Take up to ``budget`` of the frames libpq holds for the connection at
+        ``connection`` (its ``PGconn *``); never waits."""
+    def take_transactions(self) -> list[TransactionPart]:
+        """What the lane did since the last call, a part per transaction, in order."""
+    def take_counts(self) -> list[TableCount]:
+        """Records and bytes per armed table and operation since the last call,
+        nonzero ones only."""
+    def transaction(self) -> OpenTransaction | None:
+        """The open transaction, or None."""
+    def adopt(self, transaction: OpenTransaction | None, next_id: int, /) -> None:
+        """Take over the open transaction as the Python path left it (None: none is
+        open), and the book id the next Begin gets."""
+    def stop_at(self, lsn: int, /) -> None:
+        """After a Commit whose end LSN reaches ``lsn``, :meth:`read` stops (0:
+        never)."""
+    def __len__(self) -> int:
+        """How many tables are armed."""

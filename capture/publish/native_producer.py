@@ -31,7 +31,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from runtime.kafka_client import KafkaConf
 
 if TYPE_CHECKING:
-    from capture_native import KafkaProducer
+    from capture_native import KafkaProducer, StreamedRun
 
 _QUEUE_FULL = KafkaError._QUEUE_FULL
 
@@ -47,10 +47,6 @@ class Delivery(Protocol):
 
 Report = Callable[[KafkaError | None, Delivery], None]
 """A delivery callback: the error or None, and where the record went."""
-
-StreamedRun = tuple[int, str, int, int, int, int]
-"""The stream lane's records of one transaction delivered to one partition since the
-last poll: transaction id, topic, partition, highest offset, records, bytes."""
 
 
 @functools.cache
@@ -107,7 +103,8 @@ class NativeProducer:
         self.unreported_failure: str | None = None
         """The first failure of a record produced without a report."""
         self.on_streamed: Callable[[list[StreamedRun]], None] | None = None
-        """Takes the stream lane's delivered records (:mod:`capture.stream.lane`)."""
+        """Takes the stream lane's delivered records (:mod:`capture.stream.lane`), per
+        transaction and partition."""
 
     @property
     def native(self) -> KafkaProducer:
@@ -146,9 +143,10 @@ class NativeProducer:
         callbacks = sorted(reports.items())
         start = 0
         while True:
-            start, code = self._native.produce_batch(
+            produced = self._native.produce_batch(
                 topic, partitions, keys, values, headers, callbacks, start
             )
+            start, code = produced.next, produced.code
             if code == 0:
                 return
             if code != _QUEUE_FULL:
@@ -158,17 +156,19 @@ class NativeProducer:
     def poll(self, timeout_s: float = 0.0) -> int:
         """Serve callbacks for up to ``timeout_s``: delivery reports, failures of
         records without one, client errors. How many reports were served."""
-        served, failures, errors, streamed = self._native.poll(int(timeout_s * 1000))
+        polled = self._native.poll(int(timeout_s * 1000))
+        streamed = polled.streamed
         if streamed and self.on_streamed is not None:
             self.on_streamed(streamed)
-        for code, topic, partition in failures:
+        for failure in polled.unreported_failures:
             if self.unreported_failure is None:
                 self.unreported_failure = (
-                    f"delivery to {topic} [{partition}] failed: {self._native.error_text(code)}"
+                    f"delivery to {failure.topic} [{failure.partition}] failed: "
+                    f"{self._native.error_text(failure.code)}"
                 )
-        for code, reason in errors:
-            self._error_cb(KafkaError(code, reason))
-        return served
+        for error in polled.client_errors:
+            self._error_cb(KafkaError(error.code, error.reason))
+        return polled.served
 
     def flush(self, timeout_s: float = -1) -> int:
         """Wait for every queued record, serving its report; the records left."""

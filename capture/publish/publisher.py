@@ -32,7 +32,6 @@ from capture.publish.native_producer import (
     NativeProducer,
     RecordProducer,
     Report,
-    StreamedRun,
 )
 from capture.publish.partitioning import key_partitions
 from capture.records import OutgoingRecord, SchemaRecord
@@ -51,7 +50,7 @@ from schemas.headers import Headers
 from schemas.lsn import Lsn
 
 if TYPE_CHECKING:
-    from capture_native import KafkaProducer
+    from capture_native import KafkaProducer, StreamedRun
 
 log = logging.getLogger(__name__)
 
@@ -329,8 +328,8 @@ class ChangePublisher:
         """The stream lane's delivered records, summed per transaction and partition
         (a failed one comes as an unreported failure instead)."""
         delivered = self._book.delivered_records
-        for transaction, topic, partition, offset, records, size in runs:
-            delivered(transaction, topic, partition, offset, records, size)
+        for run in runs:
+            delivered(run.transaction, run.topic, run.partition, run.offset, run.records, run.bytes)
 
     def poll(self, timeout_s: float = 0.0) -> None:
         self._producer.poll(timeout_s)

@@ -11,7 +11,7 @@ path it took.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from capture.errors import TableError
 from capture.pgoutput import ColumnKind, Relation, TupleData
@@ -26,6 +26,9 @@ from schemas.change_record import (
     build_table_schemas,
 )
 from schemas.naming import table_topic
+
+if TYPE_CHECKING:
+    from capture_native import EncodedRow
 
 DescribeColumns = Callable[[Relation], Sequence[ColumnMapping]]
 """Maps a Relation's columns to contract types; may query the catalog."""
@@ -136,7 +139,7 @@ class TableCodec:
                     unchanged.append(name)
         return row, tuple(unchanged)
 
-    def encode_texts(self, data: TupleData) -> tuple[bytes, bytes] | None:
+    def encode_texts(self, data: TupleData) -> EncodedRow | None:
         """The encoded row fields and key fields of ``data`` by the compiled encoder, for
         :meth:`ChangeEncoder.encode_encoded_after` and ``encode_encoded_key``; None when
         the row takes the Python path (:meth:`row`): no compiled encoder for the table, a

@@ -20,16 +20,20 @@ Invariants:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from capture.rows.typemap import TextKind
+
+if TYPE_CHECKING:
+    from capture_native import ChangeRecord, CopyRecords, EncodedRow
 
 
 class RowEncoder(Protocol):
     """What ``capture_native.TextRowEncoder`` offers."""
 
-    def encode(self, values: tuple[bytes | None, ...], /) -> tuple[bytes, bytes] | None:
-        """``(row fields, key fields)`` without headers, or None: take the Python path."""
+    def encode(self, values: tuple[bytes | None, ...], /) -> EncodedRow | None:
+        """The row fields and key fields, without headers, or None: take the Python
+        path."""
         ...
 
     def encode_change(  # noqa: PLR0917 -- the compiled method takes positions only
@@ -41,17 +45,17 @@ class RowEncoder(Protocol):
         value_middle: bytes,
         ordinal: int,
         /,
-    ) -> tuple[bytes, bytes, bytes] | None:
+    ) -> ChangeRecord | None:
         """The whole record of a pgoutput Insert, of an Update with only its new tuple,
-        or of a Delete: ``(key, value, change LSN text)``, the value ``value_start``,
+        or of a Delete: key, value and change LSN text, the value ``value_start``,
         ``change_lsn``, ``value_middle``, ``ordinal``, then the images; None: decode
         the message in Python."""
         ...
 
     def encode_copy(
         self, data: bytes, key_header: bytes, value_head: bytes, first_ordinal: int, /
-    ) -> tuple[list[bytes | None], list[bytes], bytes]:
-        """A snapshot's records from COPY text: ``(keys, values, rest)``; a key of None
+    ) -> CopyRecords:
+        """A snapshot's records from COPY text: keys, values and the rest; a key of None
         leaves that line (the value) to the Python path (``native/src/lib.rs``)."""
         ...
 

@@ -245,9 +245,8 @@ def read_chunk(
         lines.clear()
         if compiled is not None:
             first = len(keys)
-            new_keys, new_values, rest = compiled.encode_copy(
-                data, encoder.key_header, head, base + rows + 1
-            )
+            records = compiled.encode_copy(data, encoder.key_header, head, base + rows + 1)
+            new_keys, new_values, rest = records.keys, records.values, records.rest
             keys.extend(new_keys)
             values.extend(new_values)
             for at in range(first, len(keys)):

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from capture.errors import TableError
 from capture.metrics import Tally
@@ -62,6 +62,9 @@ from schemas.headers import (
 from schemas.lsn import Lsn
 from schemas.operation import Operation
 from schemas.schema_topic import table_schema_messages
+
+if TYPE_CHECKING:
+    from capture_native import EncodedRow
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,9 +275,11 @@ class ChangeStream:
                     out: list[Output] = []
                     # Takes the ordinal written above: nothing ran in between.
                     self._record_start(codec, operation, out)
-                    key, value, change_lsn_text = encoded
-                    headers = headers_at(shared, change_lsn_text)
-                    out.append(_new_record(codec.topic, key, value, headers, codec.table))
+                    headers = headers_at(shared, encoded.change_lsn_text)
+                    record = _new_record(
+                        codec.topic, encoded.key, encoded.value, headers, codec.table
+                    )
+                    out.append(record)
                     return iter(out)
         message = decode(data)
         # A transaction's bounds are a third of the frames of small transactions: taken
@@ -440,11 +445,11 @@ class ChangeStream:
         op: Operation,
         change_lsn: Lsn,
         out: list[Output],
-        encoded: tuple[bytes, bytes],
+        encoded: EncodedRow,
     ) -> None:
-        """:meth:`_emit` of a change with only an after image, already encoded: ``(row
-        fields, key fields)`` from :meth:`TableCodec.encode_texts`."""
-        after_fields, key_fields = encoded
+        """:meth:`_emit` of a change with only an after image, already encoded: its row
+        fields and key fields from :meth:`TableCodec.encode_texts`."""
+        after_fields, key_fields = encoded.row, encoded.key
         tx, ordinal = self._record_start(codec, op, out)
         encoder = codec.encoder
         value = encoder.encode_encoded_after(

@@ -37,6 +37,7 @@ reads every frame in Python, with the same records.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -53,21 +54,16 @@ from schemas.lsn import Lsn
 from schemas.operation import Operation
 
 if TYPE_CHECKING:
-    from capture_native import KafkaProducer
+    from capture_native import KafkaProducer, LaneRead
     from capture_native import StreamLane as NativeLane
 
-EMPTY = 0
-"""Nothing more is buffered."""
-FRAME = 1
-"""A frame the Python path handles."""
-FULL = 2
-"""The producer's queue is full: serve reports, then read again."""
-LIMIT = 3
-"""The budget is used up, or a commit reached the stop LSN."""
-ENDED = 4
-"""The server ended the replication stream."""
-FAILED = 5
-"""libpq could not read: the connection's error message says why."""
+# ``Stop`` (what a read stopped on) is defined once, by the extension; the loop reads it
+# from here. Where the extension is not built, no StreamLane can be made, so nothing
+# reads these names.
+with contextlib.suppress(ImportError):
+    from capture_native import OpenTransaction, Stop
+
+__all__ = ["Stop", "StreamLane", "libpq"]
 
 
 @functools.cache
@@ -123,12 +119,10 @@ class StreamLane:
         """Called with each end LSN the lane's commits reach, after the book's commit."""
         self._native.adopt(None, book.next_transaction_id)
 
-    def read(self, budget: int) -> tuple[int, bytes | None, int]:
+    def read(self, budget: int) -> LaneRead:
         """Take up to ``budget`` frames libpq holds for the replication connection:
-        what it stopped on (:data:`EMPTY`,
-        :data:`FRAME` with the frame, :data:`FULL`, :data:`LIMIT`, :data:`ENDED`,
-        :data:`FAILED`), and how many frames the lane took. The book has the lane's
-        transactions when this returns."""
+        what it stopped on (a ``Stop``; ``Stop.FRAME`` with the frame), and how many
+        frames the lane took. The book has the lane's transactions when this returns."""
         self._arm()
         read = self._native.read(self._connection, budget)
         self._replay()
@@ -140,12 +134,18 @@ class StreamLane:
     def to_python(self) -> None:
         """Before the Python path handles a frame: the change stream takes over the
         lane's open transaction."""
-        transaction = self._native.transaction()
-        if transaction is None:
+        open_transaction = self._native.transaction()
+        if open_transaction is None:
             self._changes.adopt(None)
         else:
-            commit_lsn, xid, commit_ts, ordinal, _id = transaction
-            self._changes.adopt((Lsn(commit_lsn), xid, commit_ts, ordinal))
+            self._changes.adopt(
+                (
+                    Lsn(open_transaction.commit_lsn),
+                    open_transaction.xid,
+                    open_transaction.commit_ts,
+                    open_transaction.ordinal,
+                )
+            )
 
     def from_python(self) -> None:
         """After it: the lane takes over the change stream's open transaction, as the
@@ -156,7 +156,9 @@ class StreamLane:
             self._native.adopt(None, next_id)
             return
         commit_lsn, xid, commit_ts, ordinal = transaction
-        self._native.adopt((commit_lsn, xid, commit_ts, ordinal, next_id - 1), next_id)
+        self._native.adopt(
+            OpenTransaction(commit_lsn, xid, commit_ts, ordinal, next_id - 1), next_id
+        )
 
     def count(self) -> None:
         """Add the lane's records to the metrics (done before re-arming, and by the
@@ -168,36 +170,31 @@ class StreamLane:
         decoded = metrics.decoded.counts
         produced = metrics.produced.counts
         sizes = metrics.produced_bytes.counts
-        for oid, tag, records, size in counts:
-            keys = self._counted.get((oid, tag))
+        for count in counts:
+            keys = self._counted.get((count.oid, count.tag))
             if keys is None:
                 continue
             decoded_key, produced_key = keys
+            records = count.records
             decoded[decoded_key] = decoded.get(decoded_key, 0) + records
             produced[produced_key] = produced.get(produced_key, 0) + records
             table_key = (decoded_key[0],)
-            sizes[table_key] = sizes.get(table_key, 0) + size
+            sizes[table_key] = sizes.get(table_key, 0) + count.bytes
 
     def _replay(self) -> None:
         book = self._book
-        for (
-            transaction_id,
-            commit_lsn,
-            began,
-            records,
-            size,
-            end_lsn,
-        ) in self._native.take_transactions():
-            if began:
+        for part in self._native.take_transactions():
+            if part.began:
                 expected = book.next_transaction_id
-                book.begin(Lsn(commit_lsn))
-                if transaction_id != expected:
+                book.begin(Lsn(part.commit_lsn))
+                if part.id != expected:
                     raise RuntimeError(
-                        f"the stream lane gave transaction id {transaction_id}, the book "
+                        f"the stream lane gave transaction id {part.id}, the book "
                         f"{expected}: the lane and the book are out of step"
                     )
-            if records:
-                book.produced_records(records, size)
+            if part.records:
+                book.produced_records(part.records, part.bytes)
+            end_lsn = part.end_lsn
             if end_lsn:
                 book.commit(Lsn(end_lsn))
                 self.on_commit(Lsn(end_lsn))

@@ -366,31 +366,32 @@ class ReplicationLoop:
         took = False
         python_frames = 0
         while True:
-            status, raw, taken = lane.read(_LANE_BUDGET)
-            if taken or raw is not None:
+            read = lane.read(_LANE_BUDGET)
+            status, raw = read.stopped, read.frame
+            if read.taken or raw is not None:
                 took = True
                 stream.heard()
-            if status == stream_lane.FRAME and raw is not None:
+            if status == stream_lane.Stop.FRAME and raw is not None:
                 lane.to_python()
                 self._handle(parse_copy_data(raw))
                 lane.from_python()
                 python_frames += 1
                 if python_frames >= _BURST_FRAMES or self._stop.is_set() or self._over_bound():
                     return False
-            elif status == stream_lane.EMPTY:
+            elif status == stream_lane.Stop.EMPTY:
                 if took or waited:
                     return not took
                 waited = True
                 if not stream.wait(timeout):
                     return True
-            elif status == stream_lane.FULL:
+            elif status == stream_lane.Stop.FULL:
                 # The producer's queue is full: its reports make room.
                 self._publisher.poll(_READ_TIMEOUT_S)
                 return False
-            elif status == stream_lane.LIMIT:
+            elif status == stream_lane.Stop.LIMIT:
                 return False
             else:
-                raise stream.broken(ended=status == stream_lane.ENDED)
+                raise stream.broken(ended=status == stream_lane.Stop.ENDED)
 
     # -- tables --------------------------------------------------------------------------
 

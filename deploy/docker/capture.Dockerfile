@@ -11,7 +11,7 @@ FROM rust:1-slim-bookworm AS native
 RUN apt-get update -qq \
     && apt-get install -y -qq --no-install-recommends python3 python3-venv \
     && rm -rf /var/lib/apt/lists/* \
-    && python3 -m venv /opt/maturin && /opt/maturin/bin/pip install -q "maturin>=1.7,<2"
+    && python3 -m venv /opt/maturin && /opt/maturin/bin/pip install -q "maturin>=1.9.4,<2"
 WORKDIR /tmp/native
 COPY native ./
 RUN /opt/maturin/bin/maturin build --release --quiet -o /wheels

@@ -5,7 +5,7 @@
 //! compiled encoder was a small part: reading the frame, the transaction's state, the
 //! record object, routing, the in-flight book's ticket, producing, and a Python callback
 //! per delivery report. The lane does those steps here for the frames that need no
-//! decision (`capture/stream_lane.py` says which; `docs/capture.md`, "The stream lane"):
+//! decision (`capture/stream/lane.py` says which; `docs/capture.md`, "The stream lane"):
 //!
 //! - **Reading.** `read` takes the frames libpq already holds (`PQgetCopyData`, async:
 //!   never waits, never reads the socket) from the connection psycopg owns, by its
@@ -54,13 +54,50 @@ const PG_EPOCH_UNIX_MICROS: i64 = 946_684_800_000_000;
 /// librdkafka's error code for a full producer queue.
 const QUEUE_FULL: c_int = -184;
 
-/// What `read` stopped on.
-const EMPTY: u8 = 0; // nothing more is buffered
-const FRAME: u8 = 1; // a frame for the Python path, returned
-const FULL: u8 = 2; // the producer's queue is full: serve reports, then read again
-const LIMIT: u8 = 3; // `budget` frames taken, or a commit reached `stop_at`
-const ENDED: u8 = 4; // the server ended the COPY stream
-const FAILED: u8 = 5; // libpq failed to read: its error message says why
+/// What `read` stopped on: the one definition, exported to Python as
+/// `capture_native.Stop` (`capture/stream/lane.py` and the loop read it from there).
+/// Its values compare with each other only, never with their numbers, which are part
+/// of no protocol.
+#[pyclass(module = "capture_native", frozen, eq, hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Stop {
+    /// Nothing more is buffered.
+    #[pyo3(name = "EMPTY")]
+    Empty = 0,
+    /// A frame for the Python path, returned with it.
+    #[pyo3(name = "FRAME")]
+    Frame = 1,
+    /// The producer's queue is full: serve reports, then read again.
+    #[pyo3(name = "FULL")]
+    Full = 2,
+    /// `budget` frames taken, or a commit reached `stop_at`.
+    #[pyo3(name = "LIMIT")]
+    Limit = 3,
+    /// The server ended the COPY stream.
+    #[pyo3(name = "ENDED")]
+    Ended = 4,
+    /// libpq failed to read: the connection's error message says why.
+    #[pyo3(name = "FAILED")]
+    Failed = 5,
+}
+
+/// What one `read` did.
+#[pyclass(module = "capture_native", frozen, get_all)]
+pub struct LaneRead {
+    /// What it stopped on.
+    stopped: Stop,
+    /// With [`Stop::Frame`], the frame for the Python path (the whole CopyData
+    /// payload); otherwise None.
+    frame: Option<Py<PyBytes>>,
+    /// How many frames the lane took (its own, not counting `frame`).
+    taken: usize,
+}
+
+impl LaneRead {
+    fn stopped(stopped: Stop, taken: usize) -> LaneRead {
+        LaneRead { stopped, frame: None, taken }
+    }
+}
 
 /// The libpq functions the lane calls.
 struct LibPq {
@@ -143,16 +180,55 @@ impl Transaction {
     }
 }
 
-/// One transaction's part of what the lane did since the last `take_transactions`.
-struct Entry {
+/// One transaction's part of what the lane did since the last `take_transactions`:
+/// what the caller replays into its in-flight book, in order.
+#[pyclass(module = "capture_native", frozen, get_all)]
+pub struct TransactionPart {
+    /// The transaction's id in the book (the lane's records carry it as their opaque).
     id: u64,
     commit_lsn: u64,
     /// Whether its Begin is in this part (the book must begin it).
     began: bool,
+    /// Records the lane produced for it in this part, and their key and value bytes.
     records: u64,
     bytes: u64,
-    /// The Commit's end LSN, 0 while open.
+    /// The Commit's end LSN when the Commit is in this part; 0 while it is open.
     end_lsn: u64,
+}
+
+/// The records and bytes the lane produced for one armed table and operation since the
+/// last `take_counts`, for the caller's metrics.
+#[pyclass(module = "capture_native", frozen, get_all)]
+pub struct TableCount {
+    /// The table's relation oid, as armed.
+    oid: u32,
+    /// The operation's pgoutput tag: `I`, `U` or `D` as a number.
+    tag: u8,
+    records: u64,
+    /// Their key and value bytes.
+    bytes: u64,
+}
+
+/// An open transaction as the lane and the Python path hand it to each other
+/// (`transaction`, `adopt`): enough to go on writing its records.
+#[pyclass(module = "capture_native", frozen, get_all)]
+pub struct OpenTransaction {
+    commit_lsn: u64,
+    xid: u32,
+    /// The commit timestamp, microseconds since 1970-01-01 UTC.
+    commit_ts: i64,
+    /// The ordinal the transaction's next record gets.
+    ordinal: i64,
+    /// Its id in the in-flight book.
+    id: u64,
+}
+
+#[pymethods]
+impl OpenTransaction {
+    #[new]
+    fn new(commit_lsn: u64, xid: u32, commit_ts: i64, ordinal: i64, id: u64) -> Self {
+        OpenTransaction { commit_lsn, xid, commit_ts, ordinal, id }
+    }
 }
 
 fn lsn_text(lsn: u64) -> Vec<u8> {
@@ -179,7 +255,7 @@ pub struct StreamLane {
     tables: HashMap<u32, Table>,
     transaction: Option<Transaction>,
     next_id: u64,
-    entries: Vec<Entry>,
+    entries: Vec<TransactionPart>,
     /// A frame taken from libpq that the producer's full queue held back.
     pending: Option<Vec<u8>>,
     stop_at: u64,
@@ -207,7 +283,7 @@ impl StreamLane {
                 let id = self.next_id;
                 self.next_id += 1;
                 self.transaction = Some(Transaction::new(id, commit_lsn, xid, commit_ts, 0));
-                self.entries.push(Entry { id, commit_lsn, began: true, records: 0, bytes: 0, end_lsn: 0 });
+                self.entries.push(TransactionPart { id, commit_lsn, began: true, records: 0, bytes: 0, end_lsn: 0 });
                 Taken::Done
             }
             COMMIT if message.len() == COMMIT_SIZE && message[1] == 0 && self.transaction.is_some() => {
@@ -222,10 +298,10 @@ impl StreamLane {
     }
 
     /// The open transaction's entry, continued in a new part if the last was taken.
-    fn entry(&mut self) -> &mut Entry {
+    fn entry(&mut self) -> &mut TransactionPart {
         let transaction = self.transaction.as_ref().expect("a transaction is open");
         if self.entries.last().is_none_or(|entry| entry.id != transaction.id) {
-            self.entries.push(Entry {
+            self.entries.push(TransactionPart {
                 id: transaction.id,
                 commit_lsn: transaction.commit_lsn,
                 began: false,
@@ -358,11 +434,9 @@ impl StreamLane {
     }
 
     /// Take the frames libpq holds for the connection at `connection` (a `PGconn *`),
-    /// at most `budget` of them: `(what it stopped on, the frame for the Python path or
-    /// None, frames taken)`. What it stopped on: 0 nothing buffered, 1 a frame for the
-    /// Python path, 2 the producer's queue is full, 3 the budget or `stop_at` reached,
-    /// 4 the stream ended, 5 libpq failed.
-    fn read<'py>(&mut self, py: Python<'py>, connection: usize, budget: usize) -> PyResult<(u8, Option<Bound<'py, PyBytes>>, usize)> {
+    /// at most `budget` of them: what it stopped on ([`Stop`]), the frame for the
+    /// Python path if that is what it stopped on, and how many frames it took.
+    fn read(&mut self, py: Python<'_>, connection: usize, budget: usize) -> LaneRead {
         let mut taken = 0;
         while taken < budget {
             let frame = match self.pending.take() {
@@ -373,13 +447,13 @@ impl StreamLane {
                     // only parses what is buffered.
                     let size = unsafe { (self.libpq.get_copy_data)(connection as *mut c_void, &mut buffer, 1) };
                     if size == 0 {
-                        return Ok((EMPTY, None, taken));
+                        return LaneRead::stopped(Stop::Empty, taken);
                     }
                     if size == -1 {
-                        return Ok((ENDED, None, taken));
+                        return LaneRead::stopped(Stop::Ended, taken);
                     }
                     if size < 0 || buffer.is_null() {
-                        return Ok((FAILED, None, taken));
+                        return LaneRead::stopped(Stop::Failed, taken);
                     }
                     // SAFETY: libpq hands over `size` bytes, ours until PQfreemem.
                     let frame = unsafe { std::slice::from_raw_parts(buffer as *const u8, size as usize).to_vec() };
@@ -394,56 +468,61 @@ impl StreamLane {
                     if was_open && self.transaction.is_none() && self.stop_at != 0 {
                         let end_lsn = self.entries.last().map_or(0, |entry| entry.end_lsn);
                         if end_lsn >= self.stop_at {
-                            return Ok((LIMIT, None, taken));
+                            return LaneRead::stopped(Stop::Limit, taken);
                         }
                     }
                 }
-                Taken::Pass => return Ok((FRAME, Some(PyBytes::new(py, &frame)), taken)),
+                Taken::Pass => {
+                    let frame = Some(PyBytes::new(py, &frame).unbind());
+                    return LaneRead { stopped: Stop::Frame, frame, taken };
+                }
                 Taken::Full => {
                     self.pending = Some(frame);
-                    return Ok((FULL, None, taken));
+                    return LaneRead::stopped(Stop::Full, taken);
                 }
             }
         }
-        Ok((LIMIT, None, taken))
+        LaneRead::stopped(Stop::Limit, taken)
     }
 
-    /// What the lane did since the last call, per transaction part, in order:
-    /// `(book id, commit LSN, began here, records, bytes, end LSN or 0 while open)`.
-    #[allow(clippy::type_complexity)]
-    fn take_transactions(&mut self) -> Vec<(u64, u64, bool, u64, u64, u64)> {
-        self.entries
-            .drain(..)
-            .map(|e| (e.id, e.commit_lsn, e.began, e.records, e.bytes, e.end_lsn))
-            .collect()
+    /// What the lane did since the last call, one part per transaction it touched, in
+    /// order (the parts move to Python as they are: no copy).
+    fn take_transactions(&mut self) -> Vec<TransactionPart> {
+        std::mem::take(&mut self.entries)
     }
 
-    /// Records and bytes produced per armed table and tag since the last call:
-    /// `(oid, tag, records, bytes)`, nonzero ones only.
-    fn take_counts(&mut self) -> Vec<(u32, u8, u64, u64)> {
+    /// Records and bytes produced per armed table and tag since the last call, nonzero
+    /// ones only.
+    fn take_counts(&mut self) -> Vec<TableCount> {
         let mut counts = Vec::new();
         for (&oid, table) in &mut self.tables {
             for (slot, tag) in [INSERT, UPDATE, DELETE].into_iter().enumerate() {
                 let (records, bytes) = std::mem::take(&mut table.counts[slot]);
                 if records != 0 {
-                    counts.push((oid, tag, records, bytes));
+                    counts.push(TableCount { oid, tag, records, bytes });
                 }
             }
         }
         counts
     }
 
-    /// The open transaction: `(commit LSN, xid, commit timestamp in Unix microseconds,
-    /// next ordinal, book id)`, or None.
-    fn transaction(&self) -> Option<(u64, u32, i64, i64, u64)> {
-        self.transaction.as_ref().map(|t| (t.commit_lsn, t.xid, t.commit_ts, t.ordinal, t.id))
+    /// The open transaction, or None.
+    fn transaction(&self) -> Option<OpenTransaction> {
+        self.transaction.as_ref().map(|t| OpenTransaction {
+            commit_lsn: t.commit_lsn,
+            xid: t.xid,
+            commit_ts: t.commit_ts,
+            ordinal: t.ordinal,
+            id: t.id,
+        })
     }
 
-    /// Take over the open transaction as the Python path left it (same tuple as
-    /// `transaction`, or None), and the book id the next Begin gets.
-    fn adopt(&mut self, transaction: Option<(u64, u32, i64, i64, u64)>, next_id: u64) {
-        self.transaction = transaction.map(|(commit_lsn, xid, commit_ts, ordinal, id)| {
-            Transaction::new(id, commit_lsn, xid, commit_ts, ordinal)
+    /// Take over the open transaction as the Python path left it (None: none is open),
+    /// and the book id the next Begin gets.
+    fn adopt(&mut self, transaction: Option<&Bound<'_, OpenTransaction>>, next_id: u64) {
+        self.transaction = transaction.map(|t| {
+            let t = t.get();
+            Transaction::new(t.id, t.commit_lsn, t.xid, t.commit_ts, t.ordinal)
         });
         self.next_id = next_id;
     }
@@ -456,5 +535,60 @@ impl StreamLane {
     /// How many tables are armed.
     fn __len__(&self) -> usize {
         self.tables.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn long_bytes(values: &[i64]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for &value in values {
+            write_long(&mut out, value);
+        }
+        out
+    }
+
+    #[test]
+    fn lsns_print_as_postgresql_prints_them() {
+        assert_eq!(lsn_text(0), b"0/0");
+        assert_eq!(lsn_text(0x16_B374_D848), b"16/B374D848");
+        assert_eq!(lsn_text(0xFFFF_FFFF), b"0/FFFFFFFF");
+        assert_eq!(lsn_text(u64::MAX), b"FFFFFFFF/FFFFFFFF");
+    }
+
+    #[test]
+    fn a_transaction_encodes_its_shared_fields_once() {
+        let transaction = Transaction::new(7, 0x2000, 777, -1, 5);
+        assert_eq!(transaction.commit_field, long_bytes(&[0x2000]));
+        assert_eq!(transaction.transaction_fields, long_bytes(&[777, -1]));
+        assert_eq!(transaction.commit_text, b"0/2000");
+        // The xid is unsigned on the wire; the record's long holds it without a sign.
+        let wide = Transaction::new(0, 1, u32::MAX, 0, 0);
+        assert_eq!(wide.transaction_fields, long_bytes(&[i64::from(u32::MAX), 0]));
+    }
+
+    /// Runs Python: `cargo test` links libpython for this (native/check.sh).
+    #[test]
+    fn stops_compare_with_each_other_by_value_and_never_with_numbers() {
+        Python::initialize();
+        Python::attach(|py| {
+            let frame = Py::new(py, Stop::Frame).unwrap().into_bound(py).into_any();
+            let again = Py::new(py, Stop::Frame).unwrap().into_bound(py).into_any();
+            let full = Py::new(py, Stop::Full).unwrap().into_bound(py).into_any();
+            // Each read returns a new object: `==` and hashing, not identity, match them.
+            assert!(frame.eq(&again).unwrap());
+            assert_eq!(frame.hash().unwrap(), again.hash().unwrap());
+            assert!(!frame.eq(&full).unwrap());
+            assert!(!frame.eq(Stop::Frame as u8).unwrap());
+        });
+    }
+
+    #[test]
+    fn big_endian_fields_read_where_the_protocol_puts_them() {
+        let mut frame = vec![XLOG_DATA];
+        frame.extend_from_slice(&0x0102_0304_0506_0708u64.to_be_bytes());
+        assert_eq!(u64_at(&frame, 1), 0x0102_0304_0506_0708);
     }
 }

@@ -392,6 +392,43 @@ fn write_value(out: &mut Vec<u8>, kind: Kind, text: &[u8]) -> bool {
     true
 }
 
+/// A row's Avro fields, as `encode` returns them: both without any header.
+///
+/// Made once per row: `freelist` keeps freed ones for reuse, so the named fields cost
+/// no more allocations than a tuple would.
+#[pyclass(module = "capture_native", frozen, get_all, freelist = 16)]
+struct EncodedRow {
+    /// The row image's fields as the change record writes them (each a `["null", T]`
+    /// union).
+    row: Py<PyBytes>,
+    /// The key record's fields.
+    key: Py<PyBytes>,
+}
+
+/// The whole record of a row message, as `encode_change` returns it (once per row
+/// change: `freelist` as for [`EncodedRow`]).
+#[pyclass(module = "capture_native", frozen, get_all, freelist = 16)]
+struct ChangeRecord {
+    /// The key, its header first.
+    key: Py<PyBytes>,
+    /// The value, its header first.
+    value: Py<PyBytes>,
+    /// The change LSN as PostgreSQL prints it (`%X/%X`), for the record's header.
+    change_lsn_text: Py<PyBytes>,
+}
+
+/// A snapshot chunk's records, as `encode_copy` returns them.
+#[pyclass(module = "capture_native", frozen, get_all)]
+struct CopyRecords {
+    /// One key per complete line, in order: the record's key, or None for a line the
+    /// encoder left to the Python path.
+    keys: Py<PyList>,
+    /// One value per complete line: the record's value, or (key None) the line itself.
+    values: Py<PyList>,
+    /// What follows the last newline: the start of a line still to come.
+    rest: Py<PyBytes>,
+}
+
 /// The row image and key of one table version, from rows whose every column is text.
 #[pyclass(frozen, module = "capture_native")]
 struct TextRowEncoder {
@@ -530,10 +567,9 @@ impl TextRowEncoder {
         Ok(TextRowEncoder { kinds, key })
     }
 
-    /// `(row fields, key fields)` of a row given as the text of each column, `None` for
-    /// a NULL (never for an unchanged TOAST value: the caller keeps those rows): the row
-    /// image's fields as the change record writes them (each a `["null", T]` union),
-    /// and the key record's fields, both without any header. `None` when a value is
+    /// The row fields and key fields ([`EncodedRow`]) of a row given as the text of each
+    /// column, `None` for a NULL (never for an unchanged TOAST value: the caller keeps
+    /// those rows). `None` when a value is
     /// neither `bytes` nor None, the count differs, a non-null key field is null, or a
     /// text is not in the form this module takes: the Python path then encodes the row,
     /// or says what is wrong with it.
@@ -541,7 +577,7 @@ impl TextRowEncoder {
         &self,
         py: Python<'py>,
         values: &Bound<'py, PyTuple>,
-    ) -> Option<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)> {
+    ) -> Option<EncodedRow> {
         if values.len() != self.kinds.len() {
             return None;
         }
@@ -563,11 +599,11 @@ impl TextRowEncoder {
         if !self.key_fields(&row, &spans, &mut key) {
             return None;
         }
-        Some((PyBytes::new(py, &row), PyBytes::new(py, &key)))
+        Some(EncodedRow { row: PyBytes::new(py, &row).unbind(), key: PyBytes::new(py, &key).unbind() })
     }
 
     /// A snapshot's records from COPY text (`COPY ... TO STDOUT`, one row per line, tabs
-    /// between columns, `\\N` for NULL): `(keys, values, rest)`. Each complete line of
+    /// between columns, `\\N` for NULL): [`CopyRecords`]. Each complete line of
     /// `data` gives one record, in order, with ordinals from `first_ordinal` on: the key
     /// is `key_header` then the key fields, the value `value_head` (everything before
     /// the ordinal, the same for all of a chunk's records) then the ordinal and an
@@ -582,7 +618,7 @@ impl TextRowEncoder {
         key_header: &[u8],
         value_head: &[u8],
         first_ordinal: i64,
-    ) -> PyResult<(Bound<'py, PyList>, Bound<'py, PyList>, Bound<'py, PyBytes>)> {
+    ) -> PyResult<CopyRecords> {
         let keys = PyList::empty(py);
         let values = PyList::empty(py);
         let complete = data
@@ -615,11 +651,15 @@ impl TextRowEncoder {
                 values.append(PyBytes::new(py, line))?;
             }
         }
-        Ok((keys, values, PyBytes::new(py, &data[complete..])))
+        Ok(CopyRecords {
+            keys: keys.unbind(),
+            values: values.unbind(),
+            rest: PyBytes::new(py, &data[complete..]).unbind(),
+        })
     }
 
-    /// The whole record of a row message as the stream publishes it: `(key, value,
-    /// change LSN text)`. The message is one the server sends outside a streamed
+    /// The whole record of a row message as the stream publishes it ([`ChangeRecord`]:
+    /// key, value, change LSN text). The message is one the server sends outside a streamed
     /// transaction with a single tuple: an Insert (`I`, relation oid, `N`, tuple), an
     /// Update with only its new tuple (`U`, relation oid, `N`, tuple), or a Delete
     /// (`D`, relation oid, `K` or `O`, tuple). The tuple's columns must be text or NULL.
@@ -649,11 +689,7 @@ impl TextRowEncoder {
         change_lsn: u64,
         value_middle: &[u8],
         ordinal: i64,
-    ) -> Option<(
-        Bound<'py, PyBytes>,
-        Bound<'py, PyBytes>,
-        Bound<'py, PyBytes>,
-    )> {
+    ) -> Option<ChangeRecord> {
         let (row, key_fields, image) = self.row_message_fields(message)?;
         let mut key = Vec::with_capacity(key_header.len() + key_fields.len());
         key.extend_from_slice(key_header);
@@ -667,11 +703,11 @@ impl TextRowEncoder {
         write_long(&mut value, ordinal);
         image.write(&mut value, &row);
         let lsn_text = format!("{:X}/{:X}", change_lsn >> 32, change_lsn & 0xFFFF_FFFF);
-        Some((
-            PyBytes::new(py, &key),
-            PyBytes::new(py, &value),
-            PyBytes::new(py, lsn_text.as_bytes()),
-        ))
+        Some(ChangeRecord {
+            key: PyBytes::new(py, &key).unbind(),
+            value: PyBytes::new(py, &value).unbind(),
+            change_lsn_text: PyBytes::new(py, lsn_text.as_bytes()).unbind(),
+        })
     }
 
     /// The number of columns a row has.
@@ -714,7 +750,7 @@ fn murmur2(data: &[u8]) -> u32 {
 
 /// The partition of each key among `count`: `(murmur2(key) & 0x7fffffff) % count`, what
 /// the Java client's default partitioner and librdkafka's `murmur2_random` choose for a
-/// record with a key (`capture/partitioning.py`, the Python twin, says why capture
+/// record with a key (`capture/publish/partitioning.py`, the Python twin, says why capture
 /// computes it itself).
 #[pyfunction]
 fn key_partitions(keys: &Bound<'_, PyList>, count: u32) -> PyResult<Vec<u32>> {
@@ -733,9 +769,22 @@ fn key_partitions(keys: &Bound<'_, PyList>, count: u32) -> PyResult<Vec<u32>> {
 #[pymodule]
 fn capture_native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<TextRowEncoder>()?;
+    module.add_class::<EncodedRow>()?;
+    module.add_class::<ChangeRecord>()?;
+    module.add_class::<CopyRecords>()?;
     module.add_class::<producer::KafkaProducer>()?;
     module.add_class::<producer::Delivered>()?;
+    module.add_class::<producer::BatchProduced>()?;
+    module.add_class::<producer::Polled>()?;
+    module.add_class::<producer::UnreportedFailure>()?;
+    module.add_class::<producer::ClientError>()?;
+    module.add_class::<producer::StreamedRun>()?;
     module.add_class::<lane::StreamLane>()?;
+    module.add_class::<lane::Stop>()?;
+    module.add_class::<lane::LaneRead>()?;
+    module.add_class::<lane::TransactionPart>()?;
+    module.add_class::<lane::TableCount>()?;
+    module.add_class::<lane::OpenTransaction>()?;
     module.add_function(wrap_pyfunction!(key_partitions, module)?)?;
     Ok(())
 }

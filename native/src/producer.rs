@@ -8,7 +8,7 @@
 //! (<https://docs.confluent.io/platform/current/clients/librdkafka/html/rdkafka_8h.html>):
 //!
 //! - **The same library.** The caller passes the path of the librdkafka confluent-kafka
-//!   loaded (`capture/native_producer.py` reads it from the process's maps), so the
+//!   loaded (`capture/publish/native_producer.py` reads it from the process's maps), so the
 //!   version, the build options (TLS, SASL mechanisms, compression codecs) and therefore
 //!   every client property behave exactly as they do for confluent-kafka's clients. The
 //!   functions are looked up by name at run time; nothing is linked at build time.
@@ -22,7 +22,7 @@
 //!   reported only if it failed ([`Deliveries::unreported_failures`]), so a lost record
 //!   can never go unseen.
 //! - **Client errors** (`error_cb`: a refused login, a failed TLS handshake, all brokers
-//!   down) are kept as `(code, reason)` for the caller, as confluent-kafka's `error_cb`
+//!   down) are kept as [`ClientError`]s for the caller, as confluent-kafka's `error_cb`
 //!   would receive them.
 //! - **Batches.** `produce_batch` produces a snapshot batch's records (one topic, shared
 //!   headers, explicit partitions) in one call; it stops at the first refused record and
@@ -189,10 +189,10 @@ struct Deliveries {
     /// `(Pending, error code, partition, offset)` of every record that asked for a
     /// report, the [`Pending`] as the raw pointer given to librdkafka.
     reports: Vec<(usize, i32, i32, i64)>,
-    /// `(error code, topic, partition)` of records without a report that failed.
-    unreported_failures: Vec<(i32, String, i32)>,
-    /// `(error code, reason)` from the client's error callback.
-    errors: VecDeque<(i32, String)>,
+    /// Records without a report that failed.
+    unreported_failures: Vec<UnreportedFailure>,
+    /// What the client's error callback said.
+    errors: VecDeque<ClientError>,
     /// `(transaction, error code, topic handle, partition, offset, bytes)` of every
     /// record a stream lane produced (`src/lane.rs`): its opaque is a transaction id,
     /// not a [`Pending`].
@@ -232,7 +232,8 @@ unsafe extern "C" fn delivered(_rk: *mut Rk, message: *const Message, opaque: *m
     if pending == 0 {
         if message.err != NO_ERROR {
             let topic = if message.rkt.is_null() { String::new() } else { text((shared.topic_name)(message.rkt)) };
-            shared.deliveries().unreported_failures.push((message.err, topic, message.partition));
+            let failure = UnreportedFailure { code: message.err, topic, partition: message.partition };
+            shared.deliveries().unreported_failures.push(failure);
         }
         return;
     }
@@ -248,7 +249,7 @@ unsafe extern "C" fn client_error(_rk: *mut Rk, err: c_int, reason: *const c_cha
     if deliveries.errors.len() >= ERRORS_KEPT {
         deliveries.errors.pop_front();
     }
-    deliveries.errors.push_back((err, text(reason)));
+    deliveries.errors.push_back(ClientError { code: err, reason: text(reason) });
 }
 
 /// The low bit of a streamed record's opaque: a [`Pending`] is a boxed pointer, aligned,
@@ -308,10 +309,65 @@ impl Delivered {
     }
 }
 
-/// A stream lane's records delivered since the last poll, one entry per transaction and
-/// partition: `(transaction, topic, partition, highest offset, records, bytes)`, in the
-/// order each first appeared (so, per partition, in offset order).
-pub(crate) type StreamedRuns = Vec<(u64, Py<PyString>, i32, i64, u64, u64)>;
+/// A record produced without a report that failed: it is reported anyway, so that no
+/// record is lost unseen.
+#[pyclass(module = "capture_native", frozen, get_all)]
+pub struct UnreportedFailure {
+    /// librdkafka's error code (`error_text` words it).
+    code: i32,
+    topic: String,
+    partition: i32,
+}
+
+/// An error the client reported (`error_cb`): a refused login, a failed TLS handshake,
+/// all brokers down. What confluent-kafka's `KafkaError(code, reason)` would hold.
+#[pyclass(module = "capture_native", frozen, get_all)]
+pub struct ClientError {
+    /// librdkafka's error code.
+    code: i32,
+    reason: String,
+}
+
+/// A stream lane's records of one transaction delivered to one partition since the last
+/// poll, summed: the caller's book takes them as one report.
+#[pyclass(module = "capture_native", frozen, get_all)]
+pub struct StreamedRun {
+    /// The transaction's id in the in-flight book (the records' opaque).
+    transaction: u64,
+    topic: Py<PyString>,
+    partition: i32,
+    /// The highest offset among them.
+    offset: i64,
+    records: u64,
+    /// Their key and value bytes.
+    bytes: u64,
+}
+
+/// What one `poll` served and collected.
+#[pyclass(module = "capture_native", frozen, get_all)]
+pub struct Polled {
+    /// How many delivery callbacks were called.
+    served: usize,
+    /// Records without a report that failed, a stream lane's included (list of
+    /// [`UnreportedFailure`]).
+    unreported_failures: Py<PyList>,
+    /// The client's errors since the last poll, the latest [`ERRORS_KEPT`] at most
+    /// (list of [`ClientError`]).
+    client_errors: Py<PyList>,
+    /// The stream lane's delivered records, one [`StreamedRun`] per transaction and
+    /// partition, in the order each first appeared (so, per partition, in offset order).
+    streamed: Py<PyList>,
+}
+
+/// The result of `produce_batch`: how far it got.
+#[pyclass(module = "capture_native", frozen, get_all)]
+pub struct BatchProduced {
+    /// The index of the first record not queued: the batch's length when all were.
+    next: usize,
+    /// librdkafka's error code for that record (e.g. a full queue); 0 when all were
+    /// queued.
+    code: i32,
+}
 
 /// The client handle, passed into code that runs without the GIL.
 #[derive(Clone, Copy)]
@@ -424,9 +480,9 @@ impl KafkaProducer {
         &self,
         py: Python<'_>,
         streamed: Vec<(u64, i32, usize, i32, i64, usize)>,
-        failures: &mut Vec<(i32, String, i32)>,
-    ) -> StreamedRuns {
-        let mut runs: StreamedRuns = Vec::new();
+        failures: &mut Vec<UnreportedFailure>,
+    ) -> Vec<StreamedRun> {
+        let mut runs: Vec<StreamedRun> = Vec::new();
         let mut index: HashMap<(u64, usize, i32), usize> = HashMap::new();
         let mut topics: HashMap<usize, Py<PyString>> = HashMap::new();
         for (transaction, code, rkt, partition, offset, size) in streamed {
@@ -436,19 +492,20 @@ impl KafkaProducer {
                 PyString::new(py, &name).unbind()
             });
             if code != NO_ERROR {
-                failures.push((code, topic.bind(py).to_string(), partition));
+                failures.push(UnreportedFailure { code, topic: topic.bind(py).to_string(), partition });
                 continue;
             }
             match index.get(&(transaction, rkt, partition)) {
                 Some(&at) => {
                     let run = &mut runs[at];
-                    run.3 = run.3.max(offset);
-                    run.4 += 1;
-                    run.5 += size as u64;
+                    run.offset = run.offset.max(offset);
+                    run.records += 1;
+                    run.bytes += size as u64;
                 }
                 None => {
                     index.insert((transaction, rkt, partition), runs.len());
-                    runs.push((transaction, topic.clone_ref(py), partition, offset, 1, size as u64));
+                    let topic = topic.clone_ref(py);
+                    runs.push(StreamedRun { transaction, topic, partition, offset, records: 1, bytes: size as u64 });
                 }
             }
         }
@@ -536,8 +593,8 @@ impl KafkaProducer {
 
     /// Queue `keys[i]`/`values[i]` for `partitions[i]`, from `start` on, all on `topic`
     /// with `headers`; the records at the indexes of `reports` (index and callback
-    /// pairs, by index) ask for reports. `(next index, error code)`: stops at the first
-    /// record librdkafka refuses (e.g. its queue is full), which is `next index`.
+    /// pairs, by index) ask for reports. Stops at the first record librdkafka refuses
+    /// (e.g. its queue is full): [`BatchProduced`] says which, and why.
     #[pyo3(signature = (topic, partitions, keys, values, headers, reports, start, /))]
     #[allow(clippy::too_many_arguments)]
     fn produce_batch(
@@ -549,7 +606,7 @@ impl KafkaProducer {
         headers: &Bound<'_, PyList>,
         reports: Vec<(usize, Bound<'_, PyAny>)>,
         start: usize,
-    ) -> PyResult<(usize, i32)> {
+    ) -> PyResult<BatchProduced> {
         let count = keys.len();
         if values.len() != count || partitions.len() != count {
             return Err(PyValueError::new_err("a batch has one value and one partition per key"));
@@ -558,7 +615,7 @@ impl KafkaProducer {
         let items = header_items(headers)?;
         let fields = header_fields(&items)?;
         let mut next_report = reports.iter().position(|(index, _)| *index >= start).unwrap_or(reports.len());
-        for index in start..count {
+        for (index, &partition) in partitions.iter().enumerate().skip(start) {
             let key = keys.get_item(index)?;
             let value = values.get_item(index)?;
             let key = key.cast::<PyBytes>()?.as_bytes();
@@ -571,27 +628,25 @@ impl KafkaProducer {
                 }
                 next_report += 1;
             }
-            let code = self.produce_one(&name, partitions[index], key, Some(value), &fields, report);
+            let code = self.produce_one(&name, partition, key, Some(value), &fields, report);
             if code != NO_ERROR {
                 if report != 0 {
                     // SAFETY: not queued, so librdkafka never saw it.
                     drop(unsafe { Pending::from_opaque(report) });
                 }
-                return Ok((index, code));
+                return Ok(BatchProduced { next: index, code });
             }
         }
-        Ok((count, NO_ERROR))
+        Ok(BatchProduced { next: count, code: NO_ERROR })
     }
 
     /// Serve librdkafka's callbacks for up to `timeout_ms` (without the GIL), then call
     /// the delivery callbacks of the reports that came, in order, as confluent-kafka
     /// does: `(None, Delivered)`, or `(KafkaError, Delivered)` for a failed record.
-    /// Returns `(reports served, unreported failures, client errors, streamed runs)`,
-    /// the last the stream lane's delivered records by transaction and partition
-    /// ([`StreamedRuns`]; a failed one is an unreported failure); raises the first
-    /// exception a callback raised, after serving every report.
-    #[allow(clippy::type_complexity)]
-    fn poll(&self, py: Python<'_>, timeout_ms: i32) -> PyResult<(usize, Vec<(i32, String, i32)>, Vec<(i32, String)>, StreamedRuns)> {
+    /// Returns what it served and collected ([`Polled`]: a stream lane's record that
+    /// failed is an unreported failure); raises the first exception a callback raised,
+    /// after serving every report.
+    fn poll(&self, py: Python<'_>, timeout_ms: i32) -> PyResult<Polled> {
         let handle = Handle(self.rk);
         let poll = self.api.poll;
         // SAFETY: the handle lives as long as self, which the caller holds.
@@ -621,10 +676,15 @@ impl KafkaProducer {
                 raised.get_or_insert(exc);
             }
         }
-        match raised {
-            Some(exc) => Err(exc),
-            None => Ok((served, failures, errors, runs)),
+        if let Some(exc) = raised {
+            return Err(exc);
         }
+        Ok(Polled {
+            served,
+            unreported_failures: PyList::new(py, failures)?.unbind(),
+            client_errors: PyList::new(py, errors)?.unbind(),
+            streamed: PyList::new(py, runs)?.unbind(),
+        })
     }
 
     /// Wait up to `timeout_ms` (without the GIL) for every queued record to be delivered
@@ -669,5 +729,22 @@ impl Drop for KafkaProducer {
             // SAFETY: as in poll; librdkafka is gone, so nothing else holds them.
             drop(unsafe { Pending::from_opaque(opaque) });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_streamed_opaque_carries_its_transaction_and_never_looks_like_a_pointer() {
+        for transaction in [0, 1, 41, u64::from(u32::MAX), (1 << 62) - 1] {
+            let opaque = streamed_opaque(transaction);
+            // `delivered` tells the two kinds apart by the low bit: a boxed Pending is
+            // aligned, so its low bit is 0.
+            assert_ne!(opaque & STREAMED, 0);
+            assert_eq!((opaque >> 1) as u64, transaction);
+        }
+        assert!(std::mem::align_of::<Pending>() > 1);
     }
 }

@@ -104,8 +104,8 @@ def _check_row(codec: TableCodec, texts: list[bytes | None]) -> None:
     if encoded is None:
         return
     compiled = (
-        codec.encoder.encode_encoded_key(encoded[1]),
-        codec.encoder.encode_encoded_after(**_HEAD, ordinal=7, after_fields=encoded[0]),
+        codec.encoder.encode_encoded_key(encoded.key),
+        codec.encoder.encode_encoded_after(**_HEAD, ordinal=7, after_fields=encoded.row),
     )
     expected = _python(codec, data, 7)
     if compiled != expected:
@@ -115,7 +115,8 @@ def _check_row(codec: TableCodec, texts: list[bytes | None]) -> None:
 def _check_copy(text: bytes) -> None:
     assert WIDE.compiled is not None
     head = WIDE.encoder.value_head(**_HEAD)
-    keys, values, rest = WIDE.compiled.encode_copy(text, WIDE.encoder.key_header, head, 100)
+    records = WIDE.compiled.encode_copy(text, WIDE.encoder.key_header, head, 100)
+    keys, values, rest = records.keys, records.values, records.rest
     *lines, expected_rest = text.split(b"\n")
     if rest != expected_rest or len(keys) != len(lines):
         raise AssertionError(f"{text!r}: {len(keys)} records and rest {rest!r}")

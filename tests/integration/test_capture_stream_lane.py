@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import psycopg
 import pytest
@@ -25,6 +26,9 @@ from capture.stream.lane import StreamLane
 from tests.plugins.capture import capture_settings, current_lsn
 from tests.plugins.services import Services
 from tests.plugins.topics import read_to_end
+
+if TYPE_CHECKING:
+    from capture_native import LaneRead
 
 pytestmark = pytest.mark.skipif(
     not AVAILABLE or native_producer.library() is None,
@@ -124,13 +128,13 @@ def test_the_lane_publishes_what_the_python_loop_publishes(
     end = current_lsn(pg)
 
     taken: list[int] = []
-    stopped_on: set[int] = set()
+    stopped_on: set[stream_lane.Stop] = set()
     read = StreamLane.read
 
-    def counting(self: StreamLane, budget: int) -> tuple[int, bytes | None, int]:
+    def counting(self: StreamLane, budget: int) -> LaneRead:
         result = read(self, budget)
-        stopped_on.add(result[0])
-        taken.append(result[2])
+        stopped_on.add(result.stopped)
+        taken.append(result.taken)
         return result
 
     monkeypatch.setattr(StreamLane, "read", counting)
@@ -149,8 +153,8 @@ def test_the_lane_publishes_what_the_python_loop_publishes(
                 assert sum(taken) > 3000, taken
                 lane_taken = sum(taken)
                 if producer:
-                    assert stream_lane.FULL in stopped_on, "the queue never filled"
-                assert stream_lane.FRAME in stopped_on
+                    assert stream_lane.Stop.FULL in stopped_on, "the queue never filled"
+                assert stream_lane.Stop.FRAME in stopped_on
         assert sum(taken) == lane_taken, "the Python loop's capture used the lane"
         for table in (a, b, c):
             lane = _records(services, f"{runs['lane']}.public.{table}")

@@ -194,7 +194,7 @@ def _compiled_path(codec: TableCodec, data: TupleData) -> tuple[bytes, bytes] | 
     encoded = codec.encode_texts(data)
     if encoded is None:
         return None
-    after_fields, key_fields = encoded
+    after_fields, key_fields = encoded.row, encoded.key
     value = codec.encoder.encode_encoded_after(
         op=Operation.READ,
         commit_lsn=Lsn(0x10),
@@ -401,9 +401,8 @@ def test_copy_text_becomes_the_records_the_python_path_writes() -> None:
     first = (3 << 32) + 1
     head = codec.encoder.value_head(**head_fields)
     cut = len(data) - 7  # inside the last line: it stays for the next call
-    keys, values, rest = codec.compiled.encode_copy(
-        data[:cut], codec.encoder.key_header, head, first
-    )
+    records = codec.compiled.encode_copy(data[:cut], codec.encoder.key_header, head, first)
+    keys, values, rest = records.keys, records.values, records.rest
     assert rest == data[data.rindex(b"\n", 0, cut) + 1 : cut]
     assert len(keys) == len(values) == len(lines) - 1
     expected = _python_copy_records(codec, data, head_fields, first)
@@ -574,7 +573,7 @@ def test_a_record_written_whole_carries_the_change_lsn_as_the_python_path_writes
     )
     encoded = codec.compiled.encode_change(message, codec.encoder.key_header, start, lsn, middle, 6)
     assert encoded is not None
-    key, value, text = encoded
+    key, value, text = encoded.key, encoded.value, encoded.change_lsn_text
     after, _ = codec.row(TupleData((T,), (b"5",)))
     assert key == codec.encoder.encode_row_key(after)
     assert value == codec.encoder.encode_fields(
@@ -610,7 +609,7 @@ def test_a_delete_written_whole_is_the_record_the_python_path_writes(tuple_tag: 
         message, codec.encoder.key_header, start, 0x4FF0, middle, 2
     )
     assert encoded is not None
-    key, value, text = encoded
+    key, value, text = encoded.key, encoded.value, encoded.change_lsn_text
     before, _ = codec.row(TupleData((T, N, N) if tuple_tag == b"K" else (T, T, T), tuple(values)))
     assert key == codec.encoder.encode_row_key(before)
     assert value == codec.encoder.encode_fields(
