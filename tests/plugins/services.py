@@ -6,7 +6,10 @@
 2. testcontainers, when a Docker engine answers;
 3. the project's local launcher (``deploy.local``), which starts real processes.
 
-The same tests run in all three modes. Containers are created lazily inside the fixture
+The same tests run in all three modes. ``shared_services`` (session) is that choice;
+``services``, what tests ask for, is per module: a module that runs on several
+PostgreSQL major versions gets each version's server there
+(:mod:`tests.plugins.postgres_versions`). Containers are created lazily inside the fixture
 so collection never needs Docker. Each test names its own slots, publications and topics
 (:func:`unique_name`) so tests never interfere through shared services.
 
@@ -28,7 +31,7 @@ import subprocess
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,11 +72,16 @@ def pytest_unconfigure(config: pytest.Config) -> None:
             _STACK_OWNER.unlink()
 
 
-@contextmanager
-def _stack_lock() -> Iterator[None]:
+def _stack_lock() -> AbstractContextManager[None]:
     """Held while the shared stack is started or stopped, by any process of any run."""
-    _STACK_LOCK.parent.mkdir(parents=True, exist_ok=True)
-    with _STACK_LOCK.open("a") as handle:
+    return file_lock(_STACK_LOCK)
+
+
+@contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """An exclusive lock on ``path`` (created if missing), across processes."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield
@@ -106,7 +114,9 @@ def _docker_answers() -> bool:
 
 
 @pytest.fixture(scope="session")
-def services() -> Iterator[Services]:
+def shared_services() -> Iterator[Services]:
+    """The run's PostgreSQL and Kafka (module docstring); a session-scoped fixture that
+    needs them asks for this one (``services`` is per module)."""
     dsn = os.environ.get("CDC_POSTGRES_DSN")
     bootstrap = os.environ.get("CDC_KAFKA_BOOTSTRAP_SERVERS")
     if dsn and bootstrap:
