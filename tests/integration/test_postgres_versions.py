@@ -17,8 +17,6 @@ relies on (docs/capture.md, "PostgreSQL versions"):
 
 from __future__ import annotations
 
-import select
-import time
 from collections.abc import Iterator
 from contextlib import closing
 from typing import Any
@@ -29,14 +27,15 @@ from psycopg import sql
 
 from capture.pgoutput.decode import decode
 from capture.pgoutput.messages import Commit, Insert, Message, Relation
-from capture.replication_protocol import XLogData, parse_copy_data
 from capture.source import ensure_slot
+from tests.plugins.replication_stream import read_payloads
 from tests.plugins.services import Services
 
 Connection = psycopg.Connection[tuple[object, ...]]
 
 INT4, INT8, TEXT = 23, 20, 25
 """Built-in type OIDs (pg_type.dat)."""
+COMMIT = ord("C")
 
 
 @pytest.fixture
@@ -74,20 +73,11 @@ def _start(dsn: str, slot: str, publication: str, proto: int) -> psycopg.Connect
 
 def _messages(repl: psycopg.Connection[Any], commits: int, timeout_s: float = 30) -> list[Message]:
     """Decoded pgoutput messages up to the ``commits``-th Commit."""
-    pgconn = repl.pgconn
-    messages: list[Message] = []
-    deadline = time.monotonic() + timeout_s
-    while sum(isinstance(m, Commit) for m in messages) < commits:
-        assert time.monotonic() < deadline, f"{commits} commits not within {timeout_s}s"
-        size, data = pgconn.get_copy_data(1)
-        if size == 0:
-            select.select([pgconn.socket], [], [], 0.2)
-            pgconn.consume_input()
-            continue
-        assert size > 0, "replication stream ended early"
-        frame = parse_copy_data(bytes(data))
-        if isinstance(frame, XLogData):
-            messages.append(decode(frame.payload))
+    payloads = read_payloads(
+        repl, lambda got: sum(p[0] == COMMIT for p in got) >= commits, timeout_s
+    )
+    messages = [decode(p) for p in payloads]
+    assert sum(isinstance(m, Commit) for m in messages) == commits, messages
     return messages
 
 

@@ -34,7 +34,6 @@ import enum
 import json
 import math
 import re
-import select
 import struct
 import time
 from collections.abc import Iterator, Sequence
@@ -49,7 +48,6 @@ from psycopg import sql
 from capture import native_rows
 from capture.pgoutput import Begin, ColumnKind, Commit, Insert, Relation, decode
 from capture.pgoutput.messages import Message, pg_micros_to_unix_micros
-from capture.replication_protocol import XLogData, parse_copy_data
 from capture.type_catalog import TypType, load_array_dimensions, load_types
 from capture.typemap import SESSION_SETTINGS, ColumnMapping, libpq_options, map_column
 from schemas import avro_binary
@@ -65,6 +63,7 @@ from schemas.column_type import ColumnType
 from schemas.lsn import Lsn
 from schemas.operation import Operation
 from schemas.reader import ContractReader, UnrepresentableTemporal
+from tests.plugins.replication_stream import read_payloads
 from tests.plugins.services import Services
 
 Connection = psycopg.Connection[tuple[Any, ...]]
@@ -384,20 +383,9 @@ class Captured:
 
 def _read_transaction(repl: psycopg.Connection[Any], timeout_s: float) -> Captured:
     """pgoutput messages of the first transaction with inserts on the stream."""
-    pgconn = repl.pgconn
-    messages: list[Message] = []
-    deadline = time.monotonic() + timeout_s
-    while not any(isinstance(m, Commit) for m in messages):
-        assert time.monotonic() < deadline, f"no commit within {timeout_s}s: {messages}"
-        size, data = pgconn.get_copy_data(1)
-        if size == 0:
-            select.select([pgconn.socket], [], [], 0.2)
-            pgconn.consume_input()
-            continue
-        assert size > 0, "replication stream ended early"
-        frame = parse_copy_data(bytes(data))
-        if isinstance(frame, XLogData):
-            messages.append(decode(frame.payload))
+    payloads = read_payloads(repl, lambda got: any(p[0] == ord("C") for p in got), timeout_s)
+    messages: list[Message] = [decode(p) for p in payloads]
+    assert any(isinstance(m, Commit) for m in messages), f"no commit within {timeout_s}s"
     relations = [m for m in messages if isinstance(m, Relation)]
     begins = [m for m in messages if isinstance(m, Begin)]
     assert len(relations) == 1
