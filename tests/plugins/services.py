@@ -39,7 +39,7 @@ import psycopg
 import pytest
 
 from deploy.local import stack
-from deploy.local.postgres import LocalPostgres
+from deploy.local.postgres import LocalPostgres, configured_version
 from deploy.local.process import free_port
 
 PG_SERVER_ARGS = (
@@ -129,12 +129,21 @@ def shared_services() -> Iterator[Services]:
         with _stack_lock():
             state = stack.load(TEST_STACK_ROOT)
             was_running = state is not None and state.postgres.running() and state.kafka.running()
+            if state is not None and not was_running and _other_version(state.postgres):
+                # Test data only: a run asking for another CDC_POSTGRES_VERSION starts over.
+                stack.down(TEST_STACK_ROOT, wipe=True)
             state = stack.up(TEST_STACK_ROOT, env_file=None)
             if not was_running:
                 _STACK_OWNER.write_text(os.environ[RUN_ID_ENV])
         yield Services(
             dsn or state.postgres.dsn, bootstrap or state.kafka.bootstrap_servers, "local"
         )
+
+
+def _other_version(postgres: LocalPostgres) -> bool:
+    """Whether CDC_POSTGRES_VERSION asks for another major version than the cluster's."""
+    wanted, made_by = configured_version(), postgres.cluster_version()
+    return wanted is not None and made_by is not None and wanted != made_by
 
 
 def _containers(cleanup: ExitStack, dsn: str | None, bootstrap: str | None) -> Services:
