@@ -39,7 +39,7 @@ import psycopg
 import pytest
 
 from deploy.local import stack
-from deploy.local.postgres import LocalPostgres, configured_version
+from deploy.local.postgres import LocalPostgres, configured_version, find_bindir, server_version
 from deploy.local.process import free_port
 
 PG_SERVER_ARGS = (
@@ -141,9 +141,14 @@ def shared_services() -> Iterator[Services]:
 
 
 def _other_version(postgres: LocalPostgres) -> bool:
-    """Whether CDC_POSTGRES_VERSION asks for another major version than the cluster's."""
-    wanted, made_by = configured_version(), postgres.cluster_version()
-    return wanted is not None and made_by is not None and wanted != made_by
+    """Whether the run wants another major version than the cluster's: the one
+    CDC_POSTGRES_VERSION names, else the default build's (a cluster made by an earlier
+    run on 18 must not carry a plain run to 18 too)."""
+    made_by = postgres.cluster_version()
+    if made_by is None:
+        return False
+    wanted = configured_version()
+    return made_by != (wanted if wanted is not None else server_version(find_bindir()))
 
 
 def _containers(cleanup: ExitStack, dsn: str | None, bootstrap: str | None) -> Services:
