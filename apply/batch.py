@@ -594,10 +594,32 @@ def apply_table(
             plan=plan,
             decoded=decoded,
         )
+    _after_commit(
+        spark,
+        context,
+        result,
+        path=path,
+        existing=existing if not plan.replace and not plan.columns.added else None,
+        version_before=-1 if history is None else history.version,
+    )
+    return result
+
+
+def _after_commit(
+    spark: SparkSession,
+    context: ApplyContext,
+    result: TableResult,
+    *,
+    path: str,
+    existing: ExistingTable | None,
+    version_before: int,
+) -> None:
+    """After a table's batch wrote the Delta table at ``path`` (the table, or its change
+    log): keep what it committed for the next batch (:mod:`apply.known_tables`), when
+    ``existing`` names the columns it wrote to (None: the batch created or changed
+    them, nothing is kept), and run the upkeep the commit made due (:mod:`apply.upkeep`)."""
     if context.known is not None:
-        plain = existing is not None and not plan.replace and not plan.columns.added
-        if result.committed and plain:
-            assert existing is not None
+        if result.committed and existing is not None:
             context.known.remember(
                 path, KnownTable(TableHistory(result.version, result.state), existing)
             )
@@ -606,12 +628,11 @@ def apply_table(
     if result.committed and context.upkeep is not None:
         context.upkeep.after_commit(
             spark,
-            table=name,
+            table=result.table,
             path=path,
-            version_before=-1 if history is None else history.version,
+            version_before=version_before,
             version_after=result.version,
         )
-    return result
 
 
 def _check_framing(topic_survey: TopicSurvey, table: str) -> None:
@@ -726,23 +747,14 @@ def _apply_table_logged(
                 measured=measured,
             )
     folds.appended(table)
-    if context.known is not None:
-        plain = existing is not None and not plan.columns.added and log_history is not None
-        if result.committed and plain:
-            assert existing is not None
-            context.known.remember(
-                log_path, KnownTable(TableHistory(result.version, result.state), existing)
-            )
-        else:
-            context.known.forget(log_path)
-    if result.committed and context.upkeep is not None:
-        context.upkeep.after_commit(
-            spark,
-            table=name,
-            path=log_path,
-            version_before=-1 if log_history is None else log_history.version,
-            version_after=result.version,
-        )
+    _after_commit(
+        spark,
+        context,
+        result,
+        path=log_path,
+        existing=existing if not plan.columns.added and log_history is not None else None,
+        version_before=-1 if log_history is None else log_history.version,
+    )
     return result
 
 
@@ -793,14 +805,15 @@ def _fold_then_merge(
         # The emptied log takes the table's new columns, so the next append and the
         # freshest view's SQL find them (a retyped column included).
         reshape_log(spark, log_path, plan.columns.columns)
-    if merged.committed and context.upkeep is not None:
-        context.upkeep.after_commit(
-            spark,
-            table=name,
-            path=path,
-            version_before=-1 if direct is None else direct.version,
-            version_after=merged.version,
-        )
+    # Nothing is kept: the next batch reads the table and its log from Delta.
+    _after_commit(
+        spark,
+        context,
+        merged,
+        path=path,
+        existing=None,
+        version_before=-1 if direct is None else direct.version,
+    )
     return merged
 
 
