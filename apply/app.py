@@ -67,7 +67,7 @@ from apply.table_status import now_micros, table_statuses
 from apply.tables import TableId, table_of_segments, table_of_topic
 from apply.upkeep import TableUpkeep
 from runtime.errors import TransientError
-from runtime.retry import Backoff, call_with_retry
+from runtime.retry import Backoff, call_with_retry, run_with_retry
 from runtime.telemetry import Health
 from schemas.control import AppliedProgress, ApplyTableStatus
 from schemas.lsn import format_lsn
@@ -219,6 +219,25 @@ class ApplyJob:
     def _refresh_schemas(self) -> None:
         with self._catalog_lock:
             self._catalog.refresh()
+
+    def _read_schemas_at_start(self, stop: threading.Event) -> bool:
+        """Read the schema topic before the queries start, waiting for the broker as
+        long as it takes (not ready meanwhile, alive), as capture does: a job started
+        during a broker outage comes up by itself once the broker is back, instead of
+        exiting for its supervisor to restart it. False when ``stop`` came first."""
+
+        def read() -> None:
+            try:
+                self._refresh_schemas()
+            except TransientError as exc:
+                self.health.transient_failure(f"reading the schema topic: {exc}")
+                raise
+
+        def pause(seconds: float) -> None:
+            stop.wait(seconds)  # a stop ends the wait at once
+
+        run_with_retry(read, should_stop=stop.is_set, sleep=pause)
+        return not stop.is_set()
 
     def _publish(self, messages: Iterable[AppliedProgress | ApplyTableStatus]) -> bool:
         """Publish ``messages`` once the commits they describe are done; wait for the
@@ -391,7 +410,8 @@ class ApplyJob:
         first query that fails stops the others and its error is raised. ``stop`` also
         ends a publish waiting for the broker (:meth:`_publish`)."""
         self._stop = stop
-        self._refresh_schemas()
+        if not self._read_schemas_at_start(stop):
+            return
         republished = self.republish_recorded_progress()
         log.info("re-published %d applied-progress messages from Delta", republished)
         queries: list[tuple[Lane, StreamingQuery]] = []

@@ -375,3 +375,56 @@ def test_apply_waits_out_a_broker_stopped_during_its_publish(
         if not kafka.running():
             kafka.start()
         pipeline.stop()
+
+
+def test_apply_started_while_the_broker_is_down_comes_up_by_itself(
+    spark: Any, own_stack: stack.StackState, unique_name: str, tmp_path: Path
+) -> None:
+    """apply started during a broker outage stays up (alive, not ready) and waits for
+    the broker, then applies what capture published before, as capture does; it does
+    not exit for its supervisor to restart it (docs/architecture.md, failure model)."""
+    dsn = create_database(own_stack.postgres.dsn, unique_name)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE public.t (id int PRIMARY KEY, v text)")
+        conn.execute(
+            "INSERT INTO public.t SELECT i, 'old' FROM generate_series(1, %s) i", [SNAPSHOT_ROWS]
+        )
+    pipeline = Pipeline(
+        name=unique_name,
+        dsn=dsn,
+        bootstrap=own_stack.kafka.bootstrap_servers,
+        tables=("public.t",),
+        workdir=tmp_path,
+    )
+    pipeline.apply.env["APPLY_METRICS__NOT_READY_AFTER_S"] = "1"
+    kafka = own_stack.kafka
+    try:
+        pipeline.capture.start()
+        capture_settings, _ = pipeline.settings()
+
+        def snapshot_published() -> bool:
+            found = table_status(capture_settings, "public.t")
+            return found is not None and found.state is TableState.STREAMING
+
+        wait_for(snapshot_published, f"the snapshot of public.t\n{pipeline.logs()}", 300)
+        assert kafka.stop()
+        pipeline.apply.start()
+        apply_url = pipeline.apply.metrics_url(timeout_s=300)
+
+        def retrying() -> bool:
+            log = pipeline.apply.log.read_text(errors="replace")
+            return "transient failure, retrying in" in log and "schema topic" in log
+
+        wait_for(retrying, f"apply to retry reading the schema topic\n{pipeline.logs()}", 180)
+        time.sleep(FAILING_S)  # longer than a read's own timeouts, several retries
+        assert pipeline.apply.running(), pipeline.logs()
+        assert status(apply_url, "/readyz") == 503
+        assert status(apply_url, "/healthz") == 200
+        kafka.start()
+        wait_caught_up(pipeline)
+        assert pipeline.apply.running(), pipeline.logs()
+        assert_lake_equals_source(spark, pipeline)
+    finally:
+        if not kafka.running():
+            kafka.start()
+        pipeline.stop()
