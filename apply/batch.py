@@ -110,9 +110,9 @@ from apply.merge import (
     replace_table,
 )
 from apply.positions import (
+    AppliedState,
     PartitionBatch,
     Position,
-    TableState,
     TopicPartition,
     advance,
     covers,
@@ -159,7 +159,7 @@ class ApplyContext:
     """With the change log (:mod:`apply.change_log`): batches append to each table's
     log, and these folds merge it into the table; None: batches MERGE into the table."""
 
-    def wrote(self, state: TableState) -> bool:
+    def wrote(self, state: AppliedState) -> bool:
         """Whether ``state`` was committed by this query (so its batch ids compare with
         this query's), rather than by another lane that held the table before."""
         writer = state.txn_app_id or self.default_txn_app_id
@@ -179,7 +179,7 @@ class _Park:
     error: str
     error_kind: str
     newly_errored: bool
-    state: TableState | None
+    state: AppliedState | None
     schemas: tuple[ValueSchema, ...]
 
 
@@ -200,7 +200,7 @@ def _parsable_schemas(topic_survey: TopicSurvey, context: ApplyContext) -> tuple
 
 def _lake_state(
     spark: SparkSession, topic_survey: TopicSurvey, context: ApplyContext
-) -> TableState | None:
+) -> AppliedState | None:
     """The applied state of the topic's lake table, if it has a readable one."""
     table = table_of_topic(topic_survey.topic)
     try:
@@ -209,7 +209,7 @@ def _lake_state(
         return None  # the history itself is what is broken; positions stay unknown
 
 
-def applied_state(spark: SparkSession, lake_root: str, table: TableId) -> TableState | None:
+def applied_state(spark: SparkSession, lake_root: str, table: TableId) -> AppliedState | None:
     """The applied state of ``table``: its Delta table's, or its change log's when that
     is newer (:func:`apply.change_log.newer_state`)."""
     name = str(table)
@@ -472,7 +472,7 @@ def _partition_batches(
     return batches
 
 
-def _batch_ids_restarted(table: str, batch_id: int, recorded: TableState | None) -> ConfigError:
+def _batch_ids_restarted(table: str, batch_id: int, recorded: AppliedState | None) -> ConfigError:
     return ConfigError(
         f"batch {batch_id} for table {table} is already written, but the table's newest "
         f"apply commit is from batch {None if recorded is None else recorded.batch_id}: the "
@@ -485,7 +485,7 @@ def _covered_result(
     topic_survey: TopicSurvey,
     batch_id: int,
     version: int,
-    previous: TableState,
+    previous: AppliedState,
     *,
     path: str,
     context: ApplyContext,
@@ -765,7 +765,7 @@ def _fold_then_merge(
     topic_survey: TopicSurvey,
     context: ApplyContext,
     folds: Folds,
-    state: TableState | None,
+    state: AppliedState | None,
     log_history: TableHistory | None,
     existing: ExistingTable | None,
     plan: TablePlan,
@@ -818,7 +818,7 @@ def _fold_then_merge(
 
 
 def _measure(
-    decoded: DataFrame | None, previous: TableState | None, topic_survey: TopicSurvey, table: str
+    decoded: DataFrame | None, previous: AppliedState | None, topic_survey: TopicSurvey, table: str
 ) -> BatchMeasure:
     """:func:`apply.merge.measure`, and a record that does not decode raises."""
     measured = (
@@ -844,7 +844,7 @@ def _append_decoded(
     batch_id: int,
     topic_survey: TopicSurvey,
     context: ApplyContext,
-    previous: TableState | None,
+    previous: AppliedState | None,
     log_history: TableHistory | None,
     existing: ExistingTable | None,
     plan: ColumnPlan,
@@ -963,7 +963,7 @@ def _plan(
     table: TableId,
     existing: ExistingTable | None,
     schemas: list[ValueSchema],
-    previous: TableState | None,
+    previous: AppliedState | None,
 ) -> TablePlan:
     """The table's columns for the batch. Records a TRUNCATE superseded are left out of
     planning (:mod:`apply.superseded`); finding them costs a Spark job, so only when the

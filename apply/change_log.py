@@ -26,7 +26,7 @@ Its columns are the table's data columns, with the table's position columns
 Guarantees:
 
 - **Applied means logged.** The append commits the rows and the table's new
-  :class:`~apply.positions.TableState` together (``userMetadata``, with ``txnAppId``
+  :class:`~apply.positions.AppliedState` together (``userMetadata``, with ``txnAppId``
   and the batch id as ``txnVersion``, so a replayed batch appends nothing). The state
   carries the append's sequence (``log_seq``). A table's applied state is the newer of
   its log's and its table's (:func:`newer_state`).
@@ -70,7 +70,7 @@ from apply.delta_schema import (
 )
 from apply.errors import ConfigError, TransientError
 from apply.merge import CONCURRENT_WRITES, MergeOutcome, MergeSource, own_outcome
-from apply.positions import TableState, covers
+from apply.positions import AppliedState, covers
 from apply.tables import TableId, table_of_segments, table_path
 from schemas.naming import topic_segment
 from schemas.operation import Operation
@@ -126,7 +126,7 @@ def log_schema(columns: Sequence[ColumnSpec]) -> StructType:
     )
 
 
-def newer_state(table: TableState | None, log: TableState | None) -> TableState | None:
+def newer_state(table: AppliedState | None, log: AppliedState | None) -> AppliedState | None:
     """The applied state of a table from its table's and its log's newest states: the
     one that covers the other's offsets. Both come from one stream of batches, so one
     always does; the log's wins a tie, since it names the newest append."""
@@ -140,7 +140,7 @@ def newer_state(table: TableState | None, log: TableState | None) -> TableState 
     return log
 
 
-def _next_offsets(state: TableState) -> dict[tuple[str, int], int]:
+def _next_offsets(state: AppliedState) -> dict[tuple[str, int], int]:
     return {key: progress.next_offset for key, progress in state.partitions.items()}
 
 

@@ -1,6 +1,6 @@
 """Read apply's state back from a Delta table's commit history.
 
-Every MERGE apply runs carries the table's :class:`~apply.positions.TableState` as the
+Every MERGE apply runs carries the table's :class:`~apply.positions.AppliedState` as the
 commit's ``userMetadata``. Other commits on the table (its creation, added columns,
 ``OPTIMIZE``, ``VACUUM``) carry none, so the state is the one of the **newest commit
 that has apply's metadata**. A restarted job needs nothing else: no local files, no
@@ -24,7 +24,7 @@ from delta.tables import DeltaTable
 from pyspark.sql import Row, SparkSession
 
 from apply.errors import CommitMetadataError
-from apply.positions import StateFormatError, TableState, decode_state
+from apply.positions import AppliedState, StateFormatError, decode_state
 
 # Most commits are apply's; a first page this long almost always holds the newest one.
 _FIRST_PAGE = 20
@@ -36,11 +36,11 @@ class TableHistory:
 
     version: int
     """The table's newest version."""
-    state: TableState | None
+    state: AppliedState | None
     """The state in the newest apply commit; None when no MERGE has committed yet."""
 
 
-def _newest_state(table: str, rows: Iterable[Row]) -> TableState | None:
+def _newest_state(table: str, rows: Iterable[Row]) -> AppliedState | None:
     for row in rows:
         try:
             state = decode_state(row["userMetadata"])
@@ -64,7 +64,7 @@ def read_history(spark: SparkSession, path: str, table: str) -> TableHistory | N
     return TableHistory(version=int(page[0]["version"]), state=state)
 
 
-def recover_state(spark: SparkSession, path: str, table: str) -> TableState | None:
+def recover_state(spark: SparkSession, path: str, table: str) -> AppliedState | None:
     """The applied state of ``table`` as its Delta table at ``path`` records it: what a
     restarted job resumes from and re-publishes to the control topic."""
     history = read_history(spark, path, table)

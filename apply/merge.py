@@ -34,7 +34,7 @@ identity, :func:`transaction_app_id`) and ``txnVersion`` (the batch id). Delta r
 the pair in the commit and skips a later write with the same application id and a
 version not above it: a micro-batch Spark replays after a crash between the Delta
 commit and its checkpoint is not applied twice, and writes no second commit. The same
-commit carries the new :class:`~apply.positions.TableState` as ``userMetadata``. The
+commit carries the new :class:`~apply.positions.AppliedState` as ``userMetadata``. The
 three settings are session-wide, so each table is merged in a Spark session of its own
 (:mod:`apply.table_pool`), and the settings are restored in ``finally`` even when the
 MERGE fails.
@@ -80,7 +80,7 @@ from apply.delta_schema import (
     ColumnPlan,
 )
 from apply.errors import SchemaChangeError, TransientError
-from apply.positions import Position, TableState
+from apply.positions import AppliedState, Position
 from schemas.lsn import Lsn
 from schemas.operation import Operation
 
@@ -123,7 +123,7 @@ def _position_literal(position: Position) -> Column:
 
 
 def replay_flag(
-    previous: TableState | None, topic: str, *, malformed: Column | None = None
+    previous: AppliedState | None, topic: str, *, malformed: Column | None = None
 ) -> Column:
     """True for a decoded record at or below its partition's applied position
     (``malformed``: the flag of a record that did not decode, by default its column)."""
@@ -180,7 +180,7 @@ def _position_of(value: Row | None) -> Position | None:
     return Position(Lsn(int(value[COMMIT_LSN])), int(value[ORDINAL]))
 
 
-def measure(decoded: DataFrame, previous: TableState | None, topic: str) -> BatchMeasure:
+def measure(decoded: DataFrame, previous: AppliedState | None, topic: str) -> BatchMeasure:
     """Per partition: newest position and its commit time, replays, truncates and
     malformed records; plus the unchanged column names. One Spark job."""
     ok = ~sf.col(MALFORMED)
@@ -254,7 +254,7 @@ def _after(position: Position, lsn: Column, ordinal: Column) -> Column:
 def merge_source(
     decoded: DataFrame,
     *,
-    previous: TableState | None,
+    previous: AppliedState | None,
     topic: str,
     plan: ColumnPlan,
     erased_before: Position | None,

@@ -6,7 +6,7 @@ the capture publishes a record again. Within one Kafka partition they increase w
 offset, except that a capture restart publishes again, at new offsets, records it had
 already published (same positions).
 
-For every Delta table, apply keeps a :class:`TableState`:
+For every Delta table, apply keeps a :class:`AppliedState`:
 
 - per topic-partition, the **next offset** (every record below it is applied: merged,
   superseded within its batch, or dropped as a replay or tombstone) and the **applied
@@ -68,7 +68,7 @@ class PartitionProgress:
 
 
 @dataclass(frozen=True, slots=True)
-class TableState:
+class AppliedState:
     """What one apply commit records about its table. Treat the mapping as read-only."""
 
     table: str
@@ -116,14 +116,14 @@ def _later(a: Position | None, b: Position | None) -> Position | None:
 
 
 def advance(
-    previous: TableState | None,
+    previous: AppliedState | None,
     table: str,
     batch_id: int,
     partitions: Mapping[TopicPartition, PartitionBatch],
     truncate: Position | None,
     *,
     txn_app_id: str | None = None,
-) -> TableState:
+) -> AppliedState:
     """The state after a batch of the query ``txn_app_id``: ``previous`` moved forward by
     what the batch held."""
     merged: dict[TopicPartition, PartitionProgress] = (
@@ -143,7 +143,7 @@ def advance(
         ):
             table_lsn = seen.position.commit_lsn
             commit_ts = seen.commit_ts
-    return TableState(
+    return AppliedState(
         table=table,
         partitions=merged,
         table_lsn=table_lsn,
@@ -160,7 +160,7 @@ def _position_json(position: Position | None) -> dict[str, Any] | None:
     return {"commit_lsn": format_lsn(position.commit_lsn), "ordinal": position.ordinal}
 
 
-def encode_state(state: TableState) -> str:
+def encode_state(state: AppliedState) -> str:
     """The commit ``userMetadata`` for ``state``: compact JSON, keys in a fixed order."""
     partitions: dict[str, Any] = {}
     for (topic, partition), progress in sorted(state.partitions.items()):
@@ -219,7 +219,7 @@ def _optional_string(name: str, value: Any) -> str | None:
     return None if value is None else _string(name, value)
 
 
-def decode_state(text: str | None) -> TableState | None:
+def decode_state(text: str | None) -> AppliedState | None:
     """The state in a commit's ``userMetadata``; None when the commit is not apply's.
 
     Raises :class:`StateFormatError` for metadata that carries apply's marker but does
@@ -240,7 +240,7 @@ def decode_state(text: str | None) -> TableState | None:
         )
     try:
         table_lsn = fields["table_lsn"]
-        return TableState(
+        return AppliedState(
             table=_string("table", fields["table"]),
             partitions={
                 _partition_key(key): PartitionProgress(
@@ -263,7 +263,7 @@ def decode_state(text: str | None) -> TableState | None:
         ) from exc
 
 
-def covers(state: TableState, next_offsets: Mapping[TopicPartition, int]) -> bool:
+def covers(state: AppliedState, next_offsets: Mapping[TopicPartition, int]) -> bool:
     """True when every record below ``next_offsets`` is already below the state's next
     offset of its partition: a batch of those records holds nothing new for the table
     (a replayed micro-batch, or the same records under a later batch id)."""

@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from apply.positions import TableState, TopicPartition
+from apply.positions import AppliedState, TopicPartition
 from schemas.control import AppliedProgress
 
 
@@ -69,7 +69,7 @@ class TableResult:
     """Columns added to an existing table for this batch's writer schemas."""
     partitions: tuple[TopicPartition, ...]
     """The topic-partitions the batch held records of."""
-    state: TableState
+    state: AppliedState
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +93,7 @@ class ParkedTable:
     parked by an earlier attempt of the same records (a replayed batch)."""
     next_offsets: Mapping[TopicPartition, int]
     """Per partition the batch held: its highest offset plus one."""
-    state: TableState | None
+    state: AppliedState | None
     """The lake table's applied state, untouched by the batch; None when the table has
     none yet, or its history could not be read (the error may be about exactly that)."""
 
@@ -108,7 +108,7 @@ class BatchResult:
 
 def _message(
     table: str,
-    state: TableState | None,
+    state: AppliedState | None,
     key: TopicPartition,
     parked_next_offset: int = 0,
 ) -> AppliedProgress:
@@ -150,7 +150,7 @@ def batch_progress(result: BatchResult) -> list[AppliedProgress]:
 
 
 def recovered_progress(
-    states: Iterable[TableState],
+    states: Iterable[AppliedState],
     parked_offsets: Mapping[str, Mapping[TopicPartition, int]] | None = None,
 ) -> list[AppliedProgress]:
     """Control messages for every partition of every state, and of every table with

@@ -40,7 +40,7 @@ from apply.decode import COMMIT_LSN, OP, ORDINAL, decode_envelopes
 from apply.delta_schema import ColumnPlan, ExistingTable, ValueSchema, plan_columns
 from apply.errors import SchemaChangeError
 from apply.merge import replay_flag
-from apply.positions import Position, TableState
+from apply.positions import AppliedState, Position
 from apply.tables import TableId
 from schemas.lsn import Lsn
 from schemas.operation import Operation
@@ -57,13 +57,13 @@ class Supersession:
     """Per writer fingerprint, the position of its newest record that is not a replay
     (a fingerprint with only replays or undecodable records is absent)."""
 
-    def erased_before(self, previous: TableState | None) -> Position | None:
+    def erased_before(self, previous: AppliedState | None) -> Position | None:
         """The newest TRUNCATE, of the batch or applied before."""
         applied = None if previous is None else previous.truncated_at
         found = [p for p in (self.truncate, applied) if p is not None]
         return max(found) if found else None
 
-    def surviving(self, previous: TableState | None) -> frozenset[Fingerprint]:
+    def surviving(self, previous: AppliedState | None) -> frozenset[Fingerprint]:
         """The writer fingerprints with a record at or after the newest TRUNCATE."""
         erased = self.erased_before(previous)
         return frozenset(
@@ -89,7 +89,7 @@ def plan_table(
     existing: ExistingTable | None,
     schemas: Sequence[ValueSchema],
     supersession: Supersession,
-    previous: TableState | None,
+    previous: AppliedState | None,
 ) -> TablePlan:
     """The plan for a batch with ``schemas`` (module docstring); pure. Raises
     :class:`SchemaChangeError` when even the surviving schemas cannot be applied."""
@@ -112,7 +112,7 @@ def measure_supersession(
     batch: DataFrame,
     topic: str,
     schemas: Sequence[ValueSchema],
-    previous: TableState | None,
+    previous: AppliedState | None,
 ) -> Supersession:
     """The newest TRUNCATE and the newest record per writer schema of ``topic``'s records
     in ``batch``, replays left out; one Spark job."""

@@ -11,14 +11,14 @@ import pytest
 
 from apply.change_log import CHANGE_LOG_DIR, change_log_path, freshest_view_sql, newer_state
 from apply.fold import Folds
-from apply.positions import PartitionProgress, TableState
+from apply.positions import AppliedState, PartitionProgress
 from apply.tables import TableId, table_of_segments, table_path
 
 TOPIC = "cdc.public.orders"
 
 
-def state(batch_id: int, **next_offsets: int) -> TableState:
-    return TableState(
+def state(batch_id: int, **next_offsets: int) -> AppliedState:
+    return AppliedState(
         table="public.orders",
         partitions={
             (TOPIC, int(p[1:])): PartitionProgress(o, None) for p, o in next_offsets.items()

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from apply.positions import (
+    AppliedState,
     PartitionBatch,
     PartitionProgress,
     Position,
     StateFormatError,
-    TableState,
     advance,
     covers,
     decode_state,
@@ -28,7 +28,7 @@ def pos(lsn: int, ordinal: int) -> Position:
     return Position(Lsn(lsn), ordinal)
 
 
-STATE = TableState(
+STATE = AppliedState(
     table="public.orders",
     partitions={
         (TOPIC, 1): PartitionProgress(12, pos(0x16_B374_D848, 3)),
@@ -70,7 +70,7 @@ def test_states_from_before_lanes_name_no_query() -> None:
 
 def test_state_json_round_trips() -> None:
     assert decode_state(encode_state(STATE)) == STATE
-    empty = TableState("s.t", {}, None, None, None, 0)
+    empty = AppliedState("s.t", {}, None, None, None, 0)
     assert decode_state(encode_state(empty)) == empty
 
 
@@ -159,7 +159,7 @@ def test_advancing_by_the_same_batch_twice_changes_nothing() -> None:
 
 
 def test_a_batch_below_every_next_offset_is_covered() -> None:
-    state = TableState(
+    state = AppliedState(
         "public.orders",
         {
             ("t", 0): PartitionProgress(10, Position(Lsn(0x100), 0)),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from apply.positions import PartitionProgress, Position, TableState
+from apply.positions import AppliedState, PartitionProgress, Position
 from apply.progress import (
     BatchResult,
     ParkedTable,
@@ -18,7 +18,7 @@ from schemas.control import decode_progress
 from schemas.lsn import Lsn
 
 TOPIC = "cdc.public.orders"
-STATE = TableState(
+STATE = AppliedState(
     table="public.orders",
     partitions={
         (TOPIC, 2): PartitionProgress(40, Position(Lsn(0x16_B374_D848), 3)),
@@ -80,7 +80,7 @@ def test_partition_with_only_tombstones_has_no_position() -> None:
 
 
 def test_recovered_state_republishes_every_partition() -> None:
-    other = TableState(
+    other = AppliedState(
         "public.items", {("cdc.public.items", 0): PartitionProgress(1, None)}, None, None, None, 0
     )
     messages = recovered_progress([STATE, other])
@@ -92,7 +92,7 @@ def test_recovered_state_republishes_every_partition() -> None:
     ]
 
 
-def parked(next_offsets: dict[tuple[str, int], int], state: TableState | None) -> ParkedTable:
+def parked(next_offsets: dict[tuple[str, int], int], state: AppliedState | None) -> ParkedTable:
     return ParkedTable(
         table="public.orders",
         topic=TOPIC,

@@ -7,7 +7,7 @@ from pyspark.sql.types import LongType, StringType
 
 from apply.delta_schema import ColumnSpec, ExistingTable, ValueSchema, parse_value_schema
 from apply.errors import SchemaChangeError
-from apply.positions import Position, TableState
+from apply.positions import AppliedState, Position
 from apply.superseded import Supersession, plan_table
 from apply.tables import TableId
 from schemas import column_type as ct
@@ -37,8 +37,8 @@ def at(lsn: int, ordinal: int = 0) -> Position:
     return Position(Lsn(lsn), ordinal)
 
 
-def state(truncated_at: Position | None) -> TableState:
-    return TableState("public.t", {}, None, None, truncated_at, 0)
+def state(truncated_at: Position | None) -> AppliedState:
+    return AppliedState("public.t", {}, None, None, truncated_at, 0)
 
 
 def test_without_a_truncate_a_retyped_column_stays_an_error() -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from apply.positions import PartitionProgress, Position, TableState, encode_state
+from apply.positions import AppliedState, PartitionProgress, Position, encode_state
 from bench.freshness import (
     Arrivals,
     apply_visibility,
@@ -33,7 +33,7 @@ def _commit(log: Path, version: int, actions: list[dict[str, object]], mtime_s: 
 
 def _state(next_offsets: dict[int, int], batch_id: int) -> str:
     return encode_state(
-        TableState(
+        AppliedState(
             table="public.pgbench_accounts",
             partitions={
                 (TOPIC, p): PartitionProgress(next_offset=o, position=Position(Lsn(100 + o), 0))
