@@ -6,7 +6,8 @@ the capture publishes a record again. Within one Kafka partition they increase w
 offset, except that a capture restart publishes again, at new offsets, records it had
 already published (same positions).
 
-For every Delta table, apply keeps a :class:`AppliedState`:
+For every Delta table, apply keeps an :class:`AppliedState` (named apart from the control
+topic's ``schemas.control.TableState``, which is a table's lifecycle in capture):
 
 - per topic-partition, the **next offset** (every record below it is applied: merged,
   superseded within its batch, or dropped as a replay or tombstone) and the **applied
