@@ -270,6 +270,7 @@ def ensure_publication(conn: Connection, name: str, tables: Sequence[TableRef]) 
             ),
         )
         return
+    _refuse_generated_columns(conn, name)
     if exists[0]:
         return
     published = {
@@ -285,6 +286,25 @@ def ensure_publication(conn: Connection, name: str, tables: Sequence[TableRef]) 
             sql.SQL("ALTER PUBLICATION {} ADD TABLE {}").format(
                 sql.Identifier(name), sql.SQL(", ").join(t.identifier for t in missing)
             ),
+        )
+
+
+def _refuse_generated_columns(conn: Connection, name: str) -> None:
+    """Refuse a publication that streams generated columns (``publish_generated_columns
+    = stored``, PostgreSQL 18+): the snapshot reads only ordinary columns, so its rows
+    and the stream's would disagree on the table's columns. Capture creates its own
+    publications without the option; this guards one it adopts."""
+    if conn.info.server_version < 180000:
+        return  # the option does not exist before 18
+    row = conn.execute(
+        "SELECT pubgencols FROM pg_publication WHERE pubname = %s", [name]
+    ).fetchone()
+    if row is not None and row[0] not in (None, "n"):
+        raise ConfigError(
+            f"publication {name} streams generated columns (publish_generated_columns = "
+            "stored), which capture's snapshot leaves out: run `ALTER PUBLICATION "
+            f'"{name}" SET (publish_generated_columns = none)` and start capture again '
+            "(docs/capture.md, PostgreSQL versions)"
         )
 
 

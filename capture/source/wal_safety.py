@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
 from capture.errors import ConfigError
 from capture.metrics import CaptureMetrics
@@ -47,11 +48,24 @@ class SlotLostError(ConfigError):
     """The slot's WAL is gone (``wal_status = 'lost'``): only a resync recovers."""
 
 
-def slot_lost_error(slot: str) -> SlotLostError:
+_CAUSES = {
+    None: "PostgreSQL removed WAL it still needed, because the slot kept more than "
+    "max_slot_wal_keep_size while apply was behind",
+    "wal_removed": "PostgreSQL removed WAL it still needed, because the slot kept more than "
+    "max_slot_wal_keep_size while apply was behind",
+    "idle_timeout": "no capture streamed from it for longer than "
+    "idle_replication_slot_timeout (PostgreSQL 18), so the server invalidated it",
+}
+"""The cause a slot's ``invalidation_reason`` (PostgreSQL 17+; None before) names."""
+
+
+def slot_lost_error(slot: str, reason: str | None = None) -> SlotLostError:
+    """The error for a lost slot, naming the cause ``reason`` gives (the slot's
+    ``invalidation_reason``; None where the server has no such column)."""
+    cause = _CAUSES.get(reason, f"the server invalidated it (invalidation_reason = {reason})")
     return SlotLostError(
-        f"replication slot {slot} was invalidated (wal_status = 'lost'): PostgreSQL removed "
-        "WAL it still needed, because the slot kept more than max_slot_wal_keep_size while "
-        "apply was behind. The changes in that WAL cannot be streamed any more. Resync: "
+        f"replication slot {slot} was invalidated (wal_status = 'lost'): {cause}. The changes "
+        "in its WAL cannot be streamed any more. Resync: "
         "stop capture and apply; SELECT pg_drop_replication_slot('"
         f"{slot}'); delete the Delta tables and apply's checkpoints; delete the change, "
         "schema and control topics of this pipeline; start capture (CAPTURE_SNAPSHOT_MODE="
@@ -70,6 +84,9 @@ class SlotWal:
     safe_wal_size: int | None
     """Bytes that can still be written before the slot is in danger of being lost; None
     when ``max_slot_wal_keep_size`` is unlimited."""
+    invalidation_reason: str | None = None
+    """Why the server invalidated the slot (PostgreSQL 17+): ``wal_removed``,
+    ``idle_timeout`` (18), ...; None while it is valid, or before 17."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,18 +136,23 @@ def report_keep_size(conn: Connection, metrics: CaptureMetrics) -> None:
 
 def read_slot_wal(conn: Connection, slot: str) -> SlotWal | None:
     """The slot's WAL facts, or None when the slot does not exist."""
+    # invalidation_reason is a column from PostgreSQL 17 on.
+    reason = sql.SQL("invalidation_reason" if conn.info.server_version >= 170000 else "NULL")
     row = conn.execute(
-        "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint, "
-        "wal_status, safe_wal_size FROM pg_replication_slots WHERE slot_name = %s",
+        sql.SQL(
+            "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint, "
+            "wal_status, safe_wal_size, {} FROM pg_replication_slots WHERE slot_name = %s"
+        ).format(reason),
         [slot],
     ).fetchone()
     if row is None:
         return None
-    retained, status, safe = row
+    retained, status, safe, why = row
     return SlotWal(
         retained_bytes=None if retained is None else int(retained),
         wal_status=None if status is None else str(status),
         safe_wal_size=None if safe is None else int(safe),
+        invalidation_reason=None if why is None else str(why),
     )
 
 
@@ -158,7 +180,7 @@ def check(
             "unlimited" if reading.safe_wal_size is None else f"{reading.safe_wal_size} bytes",
         )
     if found.lost:
-        raise slot_lost_error(slot)
+        raise slot_lost_error(slot, reading.invalidation_reason)
 
 
 class WalWatch:

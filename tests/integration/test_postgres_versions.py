@@ -25,9 +25,10 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from capture.errors import ConfigError
 from capture.pgoutput.decode import decode
 from capture.pgoutput.messages import Commit, Insert, Message, Relation
-from capture.source.setup import ensure_slot
+from capture.source.setup import TableRef, ensure_publication, ensure_slot
 from tests.plugins.replication_stream import read_payloads
 from tests.plugins.services import Services
 
@@ -187,3 +188,28 @@ def test_generated_columns_are_streamed_only_when_the_publication_asks_from_18(
         insert = next(m for m in messages if isinstance(m, Insert))
         assert [c.name for c in relation.columns] == expected
         assert len(insert.new.kinds) == len(expected)
+
+
+def test_capture_refuses_a_publication_that_streams_generated_columns(
+    pg: Connection, major: int, unique_name: str, slots: list[str]
+) -> None:
+    """Its snapshot would lack the columns the stream sends: refused with the fix."""
+    columns = "id int PRIMARY KEY, v int, doubled int GENERATED ALWAYS AS (v * 2) STORED"
+    _table_with_slot(pg, unique_name, columns, slots)
+    table = TableRef("public", unique_name)
+    ensure_publication(pg, unique_name, [table])  # without the option: adopted
+    if major < 18:
+        return
+    pg.execute(
+        sql.SQL("ALTER PUBLICATION {} SET (publish_generated_columns = stored)").format(
+            sql.Identifier(unique_name)
+        )
+    )
+    with pytest.raises(ConfigError, match="publish_generated_columns = none"):
+        ensure_publication(pg, unique_name, [table])
+    pg.execute(
+        sql.SQL("ALTER PUBLICATION {} SET (publish_generated_columns = none)").format(
+            sql.Identifier(unique_name)
+        )
+    )
+    ensure_publication(pg, unique_name, [table])

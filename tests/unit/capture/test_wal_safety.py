@@ -8,7 +8,7 @@ import pytest
 
 from capture.errors import ConfigError
 from capture.metrics import CaptureMetrics
-from capture.source.wal_safety import SlotWal, assess, check, warn_if_unlimited
+from capture.source.wal_safety import SlotWal, assess, check, slot_lost_error, warn_if_unlimited
 
 
 def test_assess_flags_lost_and_over_threshold() -> None:
@@ -69,3 +69,13 @@ def test_unlimited_keep_size_is_a_loud_warning(caplog: pytest.LogCaptureFixture)
         warn_if_unlimited(-1)
     assert "max_slot_wal_keep_size is -1" in caplog.text
     assert "ALTER SYSTEM SET max_slot_wal_keep_size" in caplog.text
+
+
+def test_a_lost_slot_names_the_cause_the_server_gives() -> None:
+    assert "max_slot_wal_keep_size" in str(slot_lost_error("s"))
+    assert "max_slot_wal_keep_size" in str(slot_lost_error("s", "wal_removed"))
+    idle = str(slot_lost_error("s", "idle_timeout"))
+    assert "idle_replication_slot_timeout" in idle
+    assert "max_slot_wal_keep_size" not in idle
+    assert "invalidation_reason = rows_removed" in str(slot_lost_error("s", "rows_removed"))
+    assert "Resync" in idle
