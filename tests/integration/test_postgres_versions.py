@@ -29,6 +29,7 @@ from capture.errors import ConfigError
 from capture.pgoutput.decode import decode
 from capture.pgoutput.messages import Commit, Insert, Message, Relation
 from capture.source.setup import TableRef, ensure_publication, ensure_slot
+from capture.source.wal_safety import read_slot_wal
 from tests.plugins.replication_stream import read_payloads
 from tests.plugins.services import Services
 
@@ -213,3 +214,23 @@ def test_capture_refuses_a_publication_that_streams_generated_columns(
         )
     )
     ensure_publication(pg, unique_name, [table])
+
+
+def test_capture_reads_a_slots_wal_facts_and_its_invalidation_reason_from_17(
+    pg: Connection, major: int, unique_name: str, slots: list[str]
+) -> None:
+    """``invalidation_reason`` (17+) names why a lost slot was lost (``idle_timeout`` on
+    18 as well as ``wal_removed``): read where it exists, None before."""
+    pg.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", [unique_name])
+    slots.append(unique_name)
+    reading = read_slot_wal(pg, unique_name)
+    assert reading is not None
+    assert reading.wal_status == "reserved"
+    assert reading.invalidation_reason is None
+    columns = {
+        str(r[0])
+        for r in pg.execute(
+            "SELECT attname FROM pg_attribute WHERE attrelid = 'pg_replication_slots'::regclass"
+        ).fetchall()
+    }
+    assert ("invalidation_reason" in columns) == (major >= 17)
