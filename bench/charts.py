@@ -81,3 +81,56 @@ def rate_chart(directory: Path, steps: list[tuple[float, list[float], list[int]]
     figure.savefig(path, dpi=100)
     plt.close(figure)
     return path
+
+
+def soak_charts(
+    directory: Path,
+    at_s: list[float],
+    files: dict[str, list[int]],
+    batches: list[tuple[float, float]],
+    lag_bytes: list[int],
+    rate: float,
+) -> list[Path]:
+    """``soak-files.png`` (live files per table), ``soak-batches.png`` (every batch's
+    duration) and ``soak-lag.png`` (the slot's lag), all over the workload's time."""
+    directory.mkdir(parents=True, exist_ok=True)
+    minutes = [t / 60 for t in at_s]
+    written = []
+    files_png = directory / "soak-files.png"
+    figure, axis = plt.subplots(figsize=(9, 5))
+    for name, counts in sorted(files.items()):
+        axis.plot(minutes, counts, label=name)
+    axis.set_xlabel("minutes since the workload started")
+    axis.set_ylabel("files the newest Delta version references")
+    axis.set_title(f"pgbench -R {rate:.0f}: live files per table (apply compacts them)")
+    axis.grid(True, alpha=0.3)
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(files_png, dpi=100)
+    plt.close(figure)
+    written.append(files_png)
+
+    batches_png = directory / "soak-batches.png"
+    figure, axis = plt.subplots(figsize=(9, 5))
+    axis.plot([t / 60 for t, _ in batches], [d for _, d in batches], ".", markersize=3)
+    axis.set_xlabel("minutes since the workload started")
+    axis.set_ylabel("micro-batch duration, s")
+    axis.set_title(f"pgbench -R {rate:.0f}: apply's micro-batches")
+    axis.grid(True, alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(batches_png, dpi=100)
+    plt.close(figure)
+    written.append(batches_png)
+
+    lag_png = directory / "soak-lag.png"
+    figure, axis = plt.subplots(figsize=(9, 4))
+    axis.plot(minutes, [b / 1024**2 for b in lag_bytes], color="tab:red")
+    axis.set_xlabel("minutes since the workload started")
+    axis.set_ylabel("slot lag, MiB of WAL")
+    axis.set_title(f"pgbench -R {rate:.0f}: lag behind the source")
+    axis.grid(True, alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(lag_png, dpi=100)
+    plt.close(figure)
+    written.append(lag_png)
+    return written
