@@ -329,12 +329,20 @@ def find_slot(conn: Connection, name: str) -> SlotState | None:
 
 def ensure_slot(conn: Connection, name: str) -> SlotState:
     """Adopt the logical slot ``name``, or create it (streaming then starts at its
-    consistent point)."""
+    consistent point). From PostgreSQL 17 a new slot is a failover slot: a standby with
+    ``sync_replication_slots`` keeps a copy a promoted standby streams on from
+    (docs/capture.md, PostgreSQL versions); an adopted slot keeps what it was made with."""
     created = False
     row = _slot_row(conn, name)
     if row is None:
+        # temporary = false, two_phase = false, failover = true (17+ only).
+        create = (
+            "SELECT pg_create_logical_replication_slot(%s, %s, false, false, true)"
+            if conn.info.server_version >= 170000
+            else "SELECT pg_create_logical_replication_slot(%s, %s)"
+        )
         try:
-            conn.execute("SELECT pg_create_logical_replication_slot(%s, %s)", [name, PLUGIN])
+            conn.execute(create, [name, PLUGIN])
         except psycopg.errors.DuplicateObject:
             pass  # created concurrently: adopt it like any existing slot
         except psycopg.errors.ConfigurationLimitExceeded as exc:

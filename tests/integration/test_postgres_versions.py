@@ -234,3 +234,17 @@ def test_capture_reads_a_slots_wal_facts_and_its_invalidation_reason_from_17(
         ).fetchall()
     }
     assert ("invalidation_reason" in columns) == (major >= 17)
+
+
+def test_capture_creates_its_slot_as_a_failover_slot_from_17(
+    pg: Connection, major: int, unique_name: str, slots: list[str]
+) -> None:
+    slot = ensure_slot(pg, unique_name)
+    slots.append(unique_name)
+    assert slot.created
+    if major < 17:
+        return  # no failover slots: nothing a standby could keep
+    row = pg.execute(
+        "SELECT failover FROM pg_replication_slots WHERE slot_name = %s", [unique_name]
+    ).fetchone()
+    assert row == (True,)
