@@ -29,11 +29,11 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.e2e.test_pipeline_faults import assert_lake_equals_source
 from tests.plugins.pipeline import (
     PGBENCH_TABLES,
     Pipeline,
     ProxiedStack,
+    assert_lake_equals_source,
     create_database,
     dsn_through,
     pgbench,

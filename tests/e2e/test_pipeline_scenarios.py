@@ -32,9 +32,9 @@ from deploy.local import stack
 from pipeline.status import StatusReader
 from schemas.control import TableState
 from schemas.lsn import Lsn, format_lsn, parse_lsn
-from tests.e2e.test_pipeline_faults import assert_lake_equals_source
 from tests.plugins.pipeline import (
     Pipeline,
+    assert_lake_equals_source,
     create_database,
     current_wal,
     slot_confirmed,

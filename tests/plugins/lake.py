@@ -3,7 +3,7 @@ they return in the contract's form, plus an in-process apply job for the lake te
 
 Readers hand back Arrow. :func:`contract_values` turns an Arrow column into the values
 :class:`~schemas.reader.ContractReader` gives for the same column type, so the lake can be
-compared with PostgreSQL by the checks of ``tests/integration/test_type_roundtrip.py``:
+compared with PostgreSQL by the checks of ``tests/plugins/type_cases.py``:
 dates, times and timestamps are read as their integers first (days, microseconds) and
 converted by the contract's own rules, since ``+-infinity`` (the integer extremes) and
 years past 9999 have no Python ``datetime``; a UUID, a string in the lake, becomes a

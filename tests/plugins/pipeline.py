@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -330,6 +331,43 @@ def wait_caught_up(pipeline: Pipeline, timeout_s: float = 300) -> Lsn:
         except AssertionError as exc:
             raise AssertionError(f"{exc}\n{pipeline.logs()}") from None
     return target
+
+
+def _key_columns(conn: Connection, table: str) -> list[str]:
+    """The primary key's columns, or every column of a table without one."""
+    schema, name = table.split(".")
+    relation = f'"{schema}"."{name}"'
+    rows = conn.execute(
+        "SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid "
+        "AND a.attnum = ANY(i.indkey) WHERE i.indrelid = %s::regclass AND i.indisprimary",
+        [relation],
+    ).fetchall()
+    if not rows:
+        rows = conn.execute(
+            "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0 "
+            "AND NOT attisdropped ORDER BY attnum",
+            [relation],
+        ).fetchall()
+    return [str(r[0]) for r in rows]
+
+
+def assert_lake_equals_source(spark: Any, pipeline: Pipeline) -> None:
+    """verify reports every table equal, and no key is twice in Delta."""
+    from pyspark.sql import functions as sf  # noqa: PLC0415
+
+    from pipeline.verify.report import format_human  # noqa: PLC0415
+    from pipeline.verify.rounds import verify_tables  # noqa: PLC0415
+
+    capture_settings, apply_settings = pipeline.settings()
+    report = verify_tables(capture_settings, apply_settings, spark, list(pipeline.tables))
+    assert report.ok, f"{format_human(report)}\n{pipeline.logs()}"
+    assert sorted(t.table for t in report.tables) == sorted(pipeline.tables)
+    for table in pipeline.tables:
+        with psycopg.connect(pipeline.dsn) as conn:
+            keys = _key_columns(conn, table)
+        lake = spark.read.format("delta").load(pipeline.table_path(table))
+        duplicates = lake.groupBy(*keys).count().filter(sf.col("count") > 1).count()
+        assert duplicates == 0, f"{table}: {duplicates} keys appear more than once in Delta"
 
 
 def create_database(admin_dsn: str, name: str) -> str:

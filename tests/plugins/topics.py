@@ -77,6 +77,18 @@ def consume_all(
     return messages
 
 
+def wait_for_topic(bootstrap: str, topic: str, timeout_s: float = 60) -> None:
+    """Until the broker lists ``topic``."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{topic}-probe"})
+    try:
+        deadline = time.monotonic() + timeout_s
+        while topic not in consumer.list_topics(timeout=10).topics:
+            assert time.monotonic() < deadline, f"topic {topic} never appeared"
+            time.sleep(0.2)
+    finally:
+        consumer.close()
+
+
 def read_to_end(bootstrap: str, topic: str, timeout_s: float = 60) -> list[Any]:
     """Every message of ``topic`` up to the end it has now, per partition in offset order.
     Done is judged by the consumer's position, not the last message's offset, so a
