@@ -41,9 +41,9 @@ from tests.plugins.pipeline import (
     slot_confirmed,
     start_pgbench,
     wait_caught_up,
-    wait_for,
 )
 from tests.plugins.telemetry import status
+from tests.plugins.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 KILLS = int(os.environ.get("CDC_SOAK_KILLS", "2"))

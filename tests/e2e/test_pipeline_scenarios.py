@@ -40,9 +40,9 @@ from tests.plugins.pipeline import (
     slot_confirmed,
     start_pgbench,
     wait_caught_up,
-    wait_for,
     watch_schemas,
 )
+from tests.plugins.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 SECONDS = int(os.environ.get("CDC_SOAK_SECONDS", "60"))

@@ -34,7 +34,8 @@ from apply.settings import ApplySettings
 from schemas import reader
 from schemas.column_type import AvroKind, ColumnType
 from schemas.lsn import parse_lsn
-from tests.plugins.pipeline import slot_confirmed, wait_for
+from tests.plugins.pipeline import slot_confirmed
+from tests.plugins.waiting import wait_for
 
 Connection = psycopg.Connection[tuple[object, ...]]
 

@@ -19,7 +19,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,19 +37,12 @@ from deploy.local.postgres import find_bindir
 from deploy.local.process import free_port, read_pid
 from schemas.lsn import Lsn, parse_lsn
 from tests.plugins.tcp_proxy import TcpProxy
+from tests.plugins.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 Connection = psycopg.Connection[tuple[object, ...]]
 
 PGBENCH_TABLES = ("pgbench_accounts", "pgbench_branches", "pgbench_tellers", "pgbench_history")
-
-
-def wait_for(predicate: Callable[[], bool], what: str, timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        time.sleep(0.25)
 
 
 @pytest.fixture(scope="module")

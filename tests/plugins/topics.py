@@ -10,6 +10,7 @@ from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 from schemas.control import AppliedProgress
 from schemas.reader import ContractReader
+from tests.plugins.waiting import wait_for
 
 Tables = dict[str, dict[tuple[Any, ...], dict[str, Any]]]
 
@@ -81,10 +82,11 @@ def wait_for_topic(bootstrap: str, topic: str, timeout_s: float = 60) -> None:
     """Until the broker lists ``topic``."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{topic}-probe"})
     try:
-        deadline = time.monotonic() + timeout_s
-        while topic not in consumer.list_topics(timeout=10).topics:
-            assert time.monotonic() < deadline, f"topic {topic} never appeared"
-            time.sleep(0.2)
+        wait_for(
+            lambda: topic in consumer.list_topics(timeout=10).topics,
+            f"topic {topic} never appeared",
+            timeout_s,
+        )
     finally:
         consumer.close()
 
