@@ -35,11 +35,11 @@ from capture.settings import KafkaSettings as CaptureKafka
 from deploy.local import stack
 from deploy.local.postgres import find_bindir
 from deploy.local.process import free_port, read_pid
+from deploy.local.service_process import ServiceProcess
 from schemas.lsn import Lsn, parse_lsn
 from tests.plugins.tcp_proxy import TcpProxy
 from tests.plugins.waiting import wait_for
 
-ROOT = Path(__file__).resolve().parents[2]
 Connection = psycopg.Connection[tuple[object, ...]]
 
 PGBENCH_TABLES = ("pgbench_accounts", "pgbench_branches", "pgbench_tellers", "pgbench_history")
@@ -100,29 +100,18 @@ def dsn_through(dsn: str, proxy: TcpProxy) -> str:
 
 
 @dataclass
-class Service:
-    """One service process: started, killed, restarted; its output appended to ``log``."""
+class Service(ServiceProcess):
+    """One service process (:class:`~deploy.local.service_process.ServiceProcess`, as the
+    demo and the benchmarks run it): started, killed, restarted; each start marked in
+    ``log``, so :meth:`metrics_url` reads only the current run's lines."""
 
-    name: str
-    argv: list[str]
-    env: dict[str, str]
-    log: Path
-    process: subprocess.Popen[bytes] | None = None
     kills: int = 0
 
     def start(self) -> None:
-        assert self.process is None or self.process.poll() is not None, f"{self.name} runs"
+        assert not self.running(), f"{self.name} runs"
         with self.log.open("ab") as out:
             out.write(f"\n==== start {self.name} at {time.strftime('%X')}\n".encode())
-            out.flush()
-            self.process = subprocess.Popen(
-                self.argv,
-                cwd=ROOT,
-                env=self.env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+        super().start()
 
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
