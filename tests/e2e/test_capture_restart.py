@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psycopg
@@ -23,6 +23,7 @@ from psycopg import sql
 
 from tests.plugins.capture import slot_active, slot_streaming
 from tests.plugins.services import Services
+from tests.plugins.waiting import wait_for
 
 Connection = psycopg.Connection[tuple[object, ...]]
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,11 +64,9 @@ def _start(services: Services, name: str, log: Path) -> subprocess.Popen[bytes]:
         )
 
 
-def _wait(predicate: object, what: str, log: Path, timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():  # type: ignore[operator]
-        assert time.monotonic() < deadline, f"{what}; capture log:\n{log.read_text()[-3000:]}"
-        time.sleep(0.2)
+def _capture_log(log: Path) -> Callable[[], str]:
+    """The tail of capture's log, for a wait that fails."""
+    return lambda: f"capture log:\n{log.read_text()[-3000:]}"
 
 
 @pytest.fixture
@@ -125,7 +124,12 @@ def test_kill_9_then_restart_loses_nothing(
 
     log = tmp_path / "capture.log"
     first = _start(services, source, log)
-    _wait(lambda: slot_streaming(pg, source), "capture never started streaming", log)
+    wait_for(
+        lambda: slot_streaming(pg, source),
+        "capture never started streaming",
+        60,
+        detail=_capture_log(log),
+    )
     table = sql.Identifier(source, "orders")
     topic = f"{source}.{source}.orders"
     insert = sql.SQL(
@@ -171,7 +175,12 @@ def test_sigterm_stops_cleanly(
 ) -> None:
     log = tmp_path / "capture.log"
     proc = _start(services, source, log)
-    _wait(lambda: slot_streaming(pg, source), "capture never started streaming", log)
+    wait_for(
+        lambda: slot_streaming(pg, source),
+        "capture never started streaming",
+        60,
+        detail=_capture_log(log),
+    )
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(60) == 0, log.read_text()[-3000:]
     assert "stopped at confirmed" in log.read_text()

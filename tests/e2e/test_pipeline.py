@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -30,17 +29,11 @@ from schemas.lsn import parse_lsn
 from tests.plugins.capture import CaptureThread, capture_settings, confirmed_lsn
 from tests.plugins.services import Services
 from tests.plugins.topics import end_offsets
+from tests.plugins.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 Connection = psycopg.Connection[tuple[object, ...]]
 BIG = "x" * 20_000  # stored out of line (TOAST), so an UPDATE of another column omits it
-
-
-def _wait(predicate: Callable[[], bool], what: str, timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.2)
 
 
 def _count(bootstrap: str, topics: list[str]) -> int:
@@ -90,9 +83,10 @@ def test_source_tables_land_in_delta_and_the_slot_follows(
     runner = CaptureThread(settings)
     runner.start(pg)
     try:
-        _wait(
+        wait_for(
             lambda: {s.state for s in admin.table_statuses(settings)} == {TableState.STREAMING},
             "the initial snapshot never finished",
+            60,
         )
         pg.execute(sql.SQL("UPDATE {}.customers SET name = 'renamed' WHERE id <= 5").format(s))
         pg.execute(sql.SQL("DELETE FROM {}.customers WHERE id > 295").format(s))
@@ -120,15 +114,18 @@ def test_source_tables_land_in_delta_and_the_slot_follows(
         topics = [f"{prefix}.{schema}.orders", f"{prefix}.{schema}.items"]
         # 200 + 50 inserts, 1 + 66 updates, 20 deletes, key change (2), truncate, insert
         expected = 200 + 50 + 1 + 66 + 20 + 2 + 1 + 1
-        _wait(
-            lambda: _count(services.kafka_bootstrap_servers, topics) >= expected, "capture lagged"
+        wait_for(
+            lambda: _count(services.kafka_bootstrap_servers, topics) >= expected,
+            "capture lagged",
+            60,
         )
-        _wait(
+        wait_for(
             lambda: (
                 _count(services.kafka_bootstrap_servers, [f"{prefix}.{schema}.customers"])
                 >= 300 + 5 + 5
             ),
             "capture lagged on the snapshotted table",
+            60,
         )
         assert confirmed_lsn(pg, unique_name) < workload_end, (
             "confirmed before anything was applied"
@@ -191,8 +188,10 @@ def test_source_tables_land_in_delta_and_the_slot_follows(
         }
         assert len(customers) == 295
 
-        _wait(
-            lambda: confirmed_lsn(pg, unique_name) >= workload_end, "the slot did not follow apply"
+        wait_for(
+            lambda: confirmed_lsn(pg, unique_name) >= workload_end,
+            "the slot did not follow apply",
+            60,
         )
         assert not runner.errors, runner.errors
     finally:

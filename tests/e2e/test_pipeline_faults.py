@@ -34,15 +34,16 @@ from tests.plugins.capture import table_status
 from tests.plugins.pipeline import (
     PGBENCH_TABLES,
     Pipeline,
+    assert_lake_equals_source,
     create_database,
     kafka_pid,
     pgbench,
     slot_confirmed,
     start_pgbench,
     wait_caught_up,
-    wait_for,
 )
 from tests.plugins.telemetry import status
+from tests.plugins.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 KILLS = int(os.environ.get("CDC_SOAK_KILLS", "2"))
@@ -62,43 +63,6 @@ def _pipeline(state: stack.StackState, name: str, workdir: Path) -> Pipeline:
         tables=tuple(f"public.{t}" for t in PGBENCH_TABLES),
         workdir=workdir,
     )
-
-
-def _key_columns(conn: psycopg.Connection[tuple[Any, ...]], table: str) -> list[str]:
-    """The primary key's columns, or every column of a table without one."""
-    schema, name = table.split(".")
-    relation = f'"{schema}"."{name}"'
-    rows = conn.execute(
-        "SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid "
-        "AND a.attnum = ANY(i.indkey) WHERE i.indrelid = %s::regclass AND i.indisprimary",
-        [relation],
-    ).fetchall()
-    if not rows:
-        rows = conn.execute(
-            "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0 "
-            "AND NOT attisdropped ORDER BY attnum",
-            [relation],
-        ).fetchall()
-    return [str(r[0]) for r in rows]
-
-
-def assert_lake_equals_source(spark: Any, pipeline: Pipeline) -> None:
-    """verify reports every table equal, and no key is twice in Delta."""
-    from pyspark.sql import functions as sf  # noqa: PLC0415
-
-    from pipeline.verify.report import format_human  # noqa: PLC0415
-    from pipeline.verify.rounds import verify_tables  # noqa: PLC0415
-
-    capture_settings, apply_settings = pipeline.settings()
-    report = verify_tables(capture_settings, apply_settings, spark, list(pipeline.tables))
-    assert report.ok, f"{format_human(report)}\n{pipeline.logs()}"
-    assert sorted(t.table for t in report.tables) == sorted(pipeline.tables)
-    for table in pipeline.tables:
-        with psycopg.connect(pipeline.dsn) as conn:
-            keys = _key_columns(conn, table)
-        lake = spark.read.format("delta").load(pipeline.table_path(table))
-        duplicates = lake.groupBy(*keys).count().filter(sf.col("count") > 1).count()
-        assert duplicates == 0, f"{table}: {duplicates} keys appear more than once in Delta"
 
 
 def _finish(spark: Any, pipeline: Pipeline, bench: Any) -> None:

@@ -29,20 +29,20 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.e2e.test_pipeline_faults import assert_lake_equals_source
 from tests.plugins.pipeline import (
     PGBENCH_TABLES,
     Pipeline,
     ProxiedStack,
+    assert_lake_equals_source,
     create_database,
     dsn_through,
     pgbench,
     slot_confirmed,
     start_pgbench,
     wait_caught_up,
-    wait_for,
 )
 from tests.plugins.tcp_proxy import Cut, TcpProxy
+from tests.plugins.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 SECONDS = int(os.environ.get("CDC_SOAK_SECONDS", "30"))

@@ -32,17 +32,17 @@ from deploy.local import stack
 from pipeline.status import StatusReader
 from schemas.control import TableState
 from schemas.lsn import Lsn, format_lsn, parse_lsn
-from tests.e2e.test_pipeline_faults import assert_lake_equals_source
 from tests.plugins.pipeline import (
     Pipeline,
+    assert_lake_equals_source,
     create_database,
     current_wal,
     slot_confirmed,
     start_pgbench,
     wait_caught_up,
-    wait_for,
     watch_schemas,
 )
+from tests.plugins.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 SECONDS = int(os.environ.get("CDC_SOAK_SECONDS", "60"))

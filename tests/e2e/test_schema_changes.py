@@ -39,16 +39,10 @@ from schemas.headers import OPERATION
 from tests.plugins.capture import CaptureThread, capture_settings
 from tests.plugins.services import Services
 from tests.plugins.topics import end_offsets
+from tests.plugins.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 Connection = psycopg.Connection[tuple[object, ...]]
-
-
-def _wait(predicate: Callable[[], bool], what: str, timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.2)
 
 
 def _apply_settings(services: Services, prefix: str, tmp_path: Path) -> ApplySettings:
@@ -164,12 +158,13 @@ def test_added_columns_with_defaults_resync_online_while_writes_go_on(
 
     writer = threading.Thread(target=write, daemon=True)
     try:
-        _wait(
+        wait_for(
             lambda: {s.state for s in admin.table_statuses(settings)} == {TableState.STREAMING},
             "the initial snapshot never finished",
+            120,
         )
         writer.start()
-        _wait(lambda: len(written) >= 5, "the writer never wrote")
+        wait_for(lambda: len(written) >= 5, "the writer never wrote", 120)
         pg.execute(
             sql.SQL("ALTER TABLE {} ADD COLUMN extra int DEFAULT 7").format(
                 sql.Identifier(schema, "constant")
@@ -185,16 +180,17 @@ def test_added_columns_with_defaults_resync_online_while_writes_go_on(
         )
         # The writer's next changes bring the new Relations; each resync runs while it writes.
         for table in ("constant", "volatile"):
-            _wait(
+            wait_for(
                 lambda table=table: (  # type: ignore[misc]
                     (found := _status(settings, f"{schema}.{table}")) is not None
                     and found[0] is TableState.STREAMING
                     and "added with a default" in (found[1] or "")
                 ),
                 f"{table} was never resynced",
+                120,
             )
         done = len(written)
-        _wait(lambda: len(written) >= done + 5, "the writer stopped during the resyncs")
+        wait_for(lambda: len(written) >= done + 5, "the writer stopped during the resyncs", 120)
         stop_writing.set()
         writer.join(30)
         assert not runner.errors, runner.errors
@@ -253,9 +249,10 @@ def test_a_retyped_column_is_parked_and_a_resync_brings_it_back(
     runner = CaptureThread(settings)
     runner.start(pg)
     try:
-        _wait(
+        wait_for(
             lambda: {s.state for s in admin.table_statuses(settings)} == {TableState.STREAMING},
             "the initial snapshot never finished",
+            120,
         )
 
         def counted(table: str) -> int:
@@ -266,7 +263,7 @@ def test_a_retyped_column_is_parked_and_a_resync_brings_it_back(
                 consumer.close()
 
         for table in ("kept", "deleted", "other"):
-            _wait(lambda t=table: counted(t) >= 100, f"{table} was never snapshotted")  # type: ignore[misc]
+            wait_for(lambda t=table: counted(t) >= 100, f"{table} was never snapshotted", 120)  # type: ignore[misc]
         with ApplyJob(apply_settings, spark) as job:
             job.run(threading.Event())
         assert _lake(spark, tmp_path, schema, "kept", "v") == _source(pg, schema, "kept", "v")
@@ -283,7 +280,7 @@ def test_a_retyped_column_is_parked_and_a_resync_brings_it_back(
             )
         )
         for table, records in (("kept", 100 + 10 + 20 + 1), ("deleted", 131), ("other", 130)):
-            _wait(lambda t=table, n=records: counted(t) >= n, f"capture lagged on {table}")  # type: ignore[misc]
+            wait_for(lambda t=table, n=records: counted(t) >= n, f"capture lagged on {table}", 120)  # type: ignore[misc]
 
         with ApplyJob(apply_settings, spark) as job:
             job.run(threading.Event())

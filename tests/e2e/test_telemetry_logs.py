@@ -22,7 +22,8 @@ from psycopg import sql
 
 from tests.plugins.pipeline import Pipeline, create_database, wait_caught_up
 from tests.plugins.services import Services
-from tests.plugins.telemetry import status, wait_for
+from tests.plugins.telemetry import status
+from tests.plugins.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 Connection = psycopg.Connection[tuple[object, ...]]
@@ -95,7 +96,7 @@ def test_logs_hold_no_row_value_and_no_password(
             pipeline.capture.start()
             pipeline.apply.start()
             for url in (pipeline.capture.metrics_url(300), pipeline.apply.metrics_url(300)):
-                wait_for(partial(_answers, url, "/healthz"), f"{url} alive")
+                wait_for(partial(_answers, url, "/healthz"), f"{url} alive", 60)
             _write_sentinel(dsn, sentinel, 1)
             wait_caught_up(pipeline, timeout_s=300)
             pipeline.stop()

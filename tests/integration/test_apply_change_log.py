@@ -27,7 +27,7 @@ from schemas.change_record import (
     TableDescription,
     build_table_schemas,
 )
-from tests.integration.test_apply_batch import (
+from tests.plugins.change_topics import (
     DELETE,
     INSERT,
     TRUNCATE,

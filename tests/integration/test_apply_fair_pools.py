@@ -19,7 +19,7 @@ from apply.batch import apply_batch
 from apply.table_pool import POOL_PROPERTY, SchedulerPools, run_per_table
 from schemas import column_type as ct
 from schemas.change_record import ChangeEncoder, Column, TableDescription, build_table_schemas
-from tests.integration.test_apply_batch import INSERT, UPDATE, ChangeTopic, change, context
+from tests.plugins.change_topics import INSERT, UPDATE, ChangeTopic, change, context
 from tests.plugins.services import Services
 
 pytestmark = pytest.mark.slow

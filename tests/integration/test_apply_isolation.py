@@ -1,10 +1,10 @@
 """Errored tables, the dead-letter table, ``reapply`` and concurrent tables, against a real
 Kafka broker and Delta tables on disk.
 
-Batches are built as in ``test_apply_batch.py``. A crash between the Delta commits and
-Spark's checkpoint is simulated by applying the same offsets again, under the same
-batch id and under a later one (the checkpoint's offsets were lost); an interrupted
-``reapply`` by running its first step alone.
+Batches are built as in ``test_apply_batch.py`` (``tests/plugins/change_topics.py``). A
+crash between the Delta commits and Spark's checkpoint is simulated by applying the same
+offsets again, under the same batch id and under a later one (the checkpoint's offsets
+were lost); an interrupted ``reapply`` by running its first step alone.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from schemas.control import AppliedProgress, ApplyTableStatus, decode_control
 from schemas.lsn import Lsn
 from schemas.schema_topic import TABLE_KEY_SCHEMA_MESSAGE, table_schema_messages
 from schemas.single_object import format_fingerprint
-from tests.integration.test_apply_batch import (
+from tests.plugins.change_topics import (
     INSERT,
     UPDATE,
     ChangeTopic,
@@ -43,18 +43,12 @@ from tests.integration.test_apply_batch import (
     context,
     dead_letter_rows,
     rows,
+    versions,
 )
 from tests.plugins.services import Services
 from tests.plugins.topics import consume_all
 
 pytestmark = pytest.mark.slow
-
-
-def versions(spark: Any, *paths: str) -> list[int]:
-    from delta.tables import DeltaTable  # noqa: PLC0415 - pyspark only when Spark runs
-
-    newest = [DeltaTable.forPath(spark, path).history(1).head() for path in paths]
-    return [int(row["version"]) for row in newest if row is not None]
 
 
 def newest_txn(path: str, version: int) -> list[dict[str, Any]]:

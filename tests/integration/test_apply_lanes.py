@@ -25,8 +25,8 @@ from apply.table_pool import POOL_PROPERTY
 from apply.tables import TableId, table_path
 from tests.plugins.capture import CaptureThread, capture_settings
 from tests.plugins.lake import wait_applied
-from tests.plugins.pipeline import wait_for
 from tests.plugins.services import Services
+from tests.plugins.waiting import wait_for
 
 Connection = psycopg.Connection[tuple[object, ...]]
 

@@ -18,7 +18,8 @@ from apply.settings import KafkaSettings as ApplyKafka
 from runtime.telemetry import Health, MetricsSettings, TelemetryServer
 from tests.plugins.capture import CaptureThread, capture_settings, current_lsn
 from tests.plugins.services import Services
-from tests.plugins.telemetry import scrape, status, value, wait_for
+from tests.plugins.telemetry import scrape, status, value
+from tests.plugins.waiting import wait_for
 
 Connection = psycopg.Connection[tuple[object, ...]]
 

@@ -37,12 +37,9 @@ from psycopg import sql
 
 from tests.plugins.capture import CaptureThread, capture_settings
 from tests.plugins.objectstore import ObjectStore
-from tests.plugins.pipeline import (
-    Service,
-    wait_for,
-    wait_service_applied,
-)
+from tests.plugins.pipeline import Service, wait_service_applied
 from tests.plugins.services import Services
+from tests.plugins.waiting import wait_for
 
 # Started by this test's first use of the session's MinIO, a cold build of MinIO with
 # `go install` takes about ten minutes and the jar set another minute or more.

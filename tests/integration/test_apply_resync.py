@@ -1,5 +1,6 @@
 """A resync mends a table whose schema change the lake could not follow, against a real
-Kafka broker and Delta tables on disk (batches built as in ``test_apply_batch.py``).
+Kafka broker and Delta tables on disk (batches built as in ``test_apply_batch.py``,
+with ``tests/plugins/change_topics.py``).
 
 The source retypes ``v`` from bigint to text: the table is parked with both writer
 schemas. The resync's TRUNCATE, positioned after every parked record, then supersedes
@@ -25,7 +26,7 @@ from apply.tables import TableId, table_path
 from schemas import column_type as ct
 from schemas.change_record import ChangeEncoder, Column, TableDescription, build_table_schemas
 from schemas.operation import Operation
-from tests.integration.test_apply_batch import (
+from tests.plugins.change_topics import (
     DELETE,
     INSERT,
     TRUNCATE,
@@ -35,8 +36,8 @@ from tests.integration.test_apply_batch import (
     context,
     dead_letter_rows,
     rows,
+    versions,
 )
-from tests.integration.test_apply_isolation import versions
 from tests.plugins.services import Services
 
 pytestmark = pytest.mark.slow

@@ -21,8 +21,9 @@ from runtime.logs import LogSettings
 from runtime.telemetry import Health, MetricsSettings, TelemetryServer
 from tests.plugins.capture import capture_settings, current_lsn, slot_active, slot_streaming
 from tests.plugins.services import Services
-from tests.plugins.telemetry import scrape, status, value, wait_for
+from tests.plugins.telemetry import scrape, status, value
 from tests.plugins.topics import consume_all, report_applied
+from tests.plugins.waiting import wait_for
 
 Connection = psycopg.Connection[tuple[object, ...]]
 
@@ -77,10 +78,10 @@ def served(services: Services, pg: Connection, unique_name: str) -> Iterator[Ser
     try:
         assert status(server.url, "/readyz") == 503, "ready before connecting"
         thread.start()
-        wait_for(lambda: slot_streaming(pg, unique_name) or bool(errors), "the slot to stream")
+        wait_for(lambda: slot_streaming(pg, unique_name) or bool(errors), "the slot to stream", 60)
         # The walsender streams before the service has read START_REPLICATION's answer,
         # so the service says it is connected a moment after.
-        wait_for(lambda: status(server.url, "/readyz") == 200 or bool(errors), "capture ready")
+        wait_for(lambda: status(server.url, "/readyz") == 200 or bool(errors), "capture ready", 60)
         assert not errors, errors
         yield Served(settings, table, server.url, errors)
     finally:
@@ -114,12 +115,14 @@ def test_capture_metrics_move_as_changes_flow(
     wait_for(
         lambda: value(scrape(url), "cdc_capture_snapshot_rows", table=table) == 1200,
         "the snapshot's rows",
+        60,
     )
     samples = scrape(url)
     assert value(samples, "cdc_capture_snapshot_rows_estimate", table=table) == 1200
     wait_for(
         lambda: value(scrape(url), "cdc_capture_table_state", table=table, state="streaming") == 1,
         "the table to stream",
+        60,
     )
     samples = scrape(url)
     assert value(samples, "cdc_capture_records_produced_total", table=table, operation="READ") == (
@@ -142,7 +145,9 @@ def test_capture_metrics_move_as_changes_flow(
         samples = scrape(url)
         return {op: value(samples, name, table=table, operation=op) for op in expected}
 
-    wait_for(lambda: counted("cdc_capture_records_produced_total") == expected, "produced counts")
+    wait_for(
+        lambda: counted("cdc_capture_records_produced_total") == expected, "produced counts", 60
+    )
     assert counted("cdc_capture_changes_decoded_total") == expected
     samples = scrape(url)
     produced_bytes = value(samples, "cdc_capture_produced_bytes_total", table=table)
@@ -162,6 +167,7 @@ def test_capture_metrics_move_as_changes_flow(
     wait_for(
         lambda: (value(scrape(url), "cdc_capture_slot_retained_wal_bytes") or 0) > 0,
         "retained WAL",
+        60,
     )
     samples = scrape(url)
     assert value(samples, "cdc_capture_slot_wal_status", status="reserved") == 1
@@ -175,6 +181,7 @@ def test_capture_metrics_move_as_changes_flow(
     wait_for(
         lambda: any("over the 1-byte warning threshold" in r.getMessage() for r in caplog.records),
         "the retained-WAL warning",
+        60,
     )
 
     # Applied (as apply would report it): the confirmed LSN advances past the writes.
@@ -184,12 +191,14 @@ def test_capture_metrics_move_as_changes_flow(
     wait_for(
         lambda: (value(scrape(url), "cdc_capture_confirmed_lsn_bytes") or 0) >= written_to - 1,
         "the confirmed LSN to pass the writes",
+        60,
     )
     assert value(scrape(url), "cdc_capture_in_flight_records") == 0
     # The periodic progress line and the snapshot's (interval 0.2 s in this test).
     wait_for(
         lambda: any(r.getMessage().startswith("progress: ") for r in caplog.records),
         "a progress line",
+        60,
     )
     assert not served.errors
 

@@ -19,7 +19,8 @@ from tests.plugins.capture import capture_settings, slot_active
 from tests.plugins.pipeline import dsn_through
 from tests.plugins.services import Services
 from tests.plugins.tcp_proxy import Cut, TcpProxy
-from tests.plugins.telemetry import scrape, status, value, wait_for
+from tests.plugins.telemetry import scrape, status, value
+from tests.plugins.waiting import wait_for
 
 Connection = psycopg.Connection[tuple[object, ...]]
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Callable
 
 import psycopg
 import pytest
@@ -24,6 +23,7 @@ from capture.stream.copy_data import XLogData
 from capture.stream.replication import ReplicationStream
 from deploy.local.postgres import LocalPostgres
 from schemas.lsn import Lsn
+from tests.plugins.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -31,13 +31,6 @@ pytestmark = pytest.mark.slow
 @pytest.fixture
 def postgres(private_postgres: LocalPostgres) -> LocalPostgres:
     return private_postgres
-
-
-def _wait(condition: Callable[[], bool], what: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out after {timeout_s} s waiting for {what}"
-        time.sleep(0.1)
 
 
 def _read_for(stream: ReplicationStream, seconds: float) -> None:
@@ -77,4 +70,4 @@ def test_the_stream_ends_when_the_server_shuts_down_and_then_lets_it_go(
         assert postgres.running(), "the open stream holds the shutdown, as PostgreSQL does"
     finally:
         stream.close()
-    _wait(lambda: not postgres.running(), "PostgreSQL to finish shutting down", 30)
+    wait_for(lambda: not postgres.running(), "PostgreSQL to finish shutting down", 30)

@@ -26,6 +26,7 @@ from schemas.reader import ContractReader
 from tests.plugins.capture import CaptureThread, capture_settings, confirmed_lsn, slot_active
 from tests.plugins.services import Services
 from tests.plugins.topics import consume_all, replay, report_applied
+from tests.plugins.waiting import wait_for
 
 Connection = psycopg.Connection[tuple[object, ...]]
 
@@ -65,13 +66,6 @@ def capture(services: Services, pg: Connection, unique_name: str) -> Iterator[Ru
     runner.start(pg)
     yield RunningCapture(runner, schema)
     runner.close(pg)
-
-
-def _wait_for(predicate: Any, what: str, timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.1)
 
 
 def test_changes_round_trip_and_slot_follows_the_control_topic(
@@ -136,15 +130,17 @@ def test_changes_round_trip_and_slot_follows_the_control_topic(
 
     # Report every partition as applied up to its end: the slot catches up.
     report_applied(services.kafka_bootstrap_servers, capture.settings.kafka.control_topic, messages)
-    _wait_for(
-        lambda: confirmed_lsn(pg, unique_name) >= last_end, "slot never reached the applied LSN"
+    wait_for(
+        lambda: confirmed_lsn(pg, unique_name) >= last_end, "slot never reached the applied LSN", 30
     )
 
     # Idle: writes to an uncaptured table move WAL; the slot follows without new records.
     pg.execute(sql.SQL("INSERT INTO {}.uncaptured SELECT generate_series(1, 100)").format(s))
     idle_end = parse_lsn(str(pg.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]))  # type: ignore[index]
-    _wait_for(
-        lambda: confirmed_lsn(pg, unique_name) >= idle_end, "an idle publication pinned the slot"
+    wait_for(
+        lambda: confirmed_lsn(pg, unique_name) >= idle_end,
+        "an idle publication pinned the slot",
+        30,
     )
     assert not capture.errors
 
@@ -180,11 +176,11 @@ def test_slot_advanced_behind_our_back_is_refused(
     # WAL with nothing for us moves the slot by idle confirmation, behind a checkpoint.
     start = confirmed_lsn(pg, unique_name)
     pg.execute(sql.SQL("INSERT INTO {}.uncaptured VALUES (1)").format(s))
-    _wait_for(lambda: confirmed_lsn(pg, unique_name) > start, "idle confirmation never came")
+    wait_for(lambda: confirmed_lsn(pg, unique_name) > start, "idle confirmation never came", 30)
     capture.stop_and_join()
     assert not capture.errors, capture.errors
 
-    _wait_for(lambda: not slot_active(pg, unique_name), "the walsender never let go")
+    wait_for(lambda: not slot_active(pg, unique_name), "the walsender never let go", 30)
     before = confirmed_lsn(pg, unique_name)
     # A slot advances at most to the flushed WAL, so this commit waits for its flush.
     pg.execute("SET synchronous_commit = on")

@@ -14,7 +14,6 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -27,15 +26,9 @@ from schemas.reader import ContractReader
 from tests.plugins.capture import CaptureThread, capture_settings, confirmed_lsn, current_lsn
 from tests.plugins.services import Services
 from tests.plugins.topics import read_to_end, replay, report_applied, schema_reader
+from tests.plugins.waiting import wait_for
 
 Connection = psycopg.Connection[tuple[object, ...]]
-
-
-def _wait(predicate: Callable[[], bool], what: str, timeout_s: float = 90) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.2)
 
 
 def _state(settings: CaptureSettings, table: str) -> TableState | None:
@@ -102,9 +95,10 @@ def test_snapshot_under_concurrent_writes_keeps_per_key_order(
     runner = CaptureThread(settings)
     try:
         runner.start(pg)
-        _wait(
+        wait_for(
             lambda: _state(settings, f"{unique_name}.t") is TableState.STREAMING,
             "the table never reached streaming",
+            90,
         )
         time.sleep(1.0)  # changes made after the catch-up stream straight through
         stop_writing.set()
@@ -164,7 +158,9 @@ def test_added_table_errored_table_and_resync(
         # 1. Only a: snapshotted, then streaming. The slot waits for its snapshot rows
         #    to be applied even while the database is idle, then follows.
         runner.start(pg)
-        _wait(lambda: _state(only_a, f"{name}.a") is TableState.STREAMING, "a never streamed")
+        wait_for(
+            lambda: _state(only_a, f"{name}.a") is TableState.STREAMING, "a never streamed", 90
+        )
         pg.execute(sql.SQL("INSERT INTO {}.quiet VALUES (1)").format(sql.Identifier(name)))
         idle_end = current_lsn(pg)
         time.sleep(1.5)
@@ -172,7 +168,9 @@ def test_added_table_errored_table_and_resync(
         assert len(snapshot_a) == 50
         assert confirmed_lsn(pg, name) < idle_end, "unapplied snapshot rows must pin the slot"
         report_applied(bootstrap, only_a.kafka.control_topic, snapshot_a)
-        _wait(lambda: confirmed_lsn(pg, name) >= idle_end, "the slot never followed once applied")
+        wait_for(
+            lambda: confirmed_lsn(pg, name) >= idle_end, "the slot never followed once applied", 90
+        )
         runner.join()
 
         # 2. b is added: snapshotted while a streams; then b errors (NaN in a
@@ -181,19 +179,20 @@ def test_added_table_errored_table_and_resync(
         runner.start(pg)
         pg.execute(sql.SQL("UPDATE {} SET v = -v WHERE id <= 10").format(a))
         pg.execute(sql.SQL("UPDATE {} SET amount = amount + 1 WHERE id <= 10").format(b))
-        _wait(lambda: _state(both, f"{name}.b") is TableState.STREAMING, "b never streamed")
+        wait_for(lambda: _state(both, f"{name}.b") is TableState.STREAMING, "b never streamed", 90)
         pg.execute(sql.SQL("UPDATE {} SET amount = 'NaN' WHERE id = 80").format(b))
         pg.execute(sql.SQL("INSERT INTO {} VALUES (1000, 1000)").format(a))
-        _wait(lambda: _state(both, f"{name}.b") is TableState.ERRORED, "b never errored")
+        wait_for(lambda: _state(both, f"{name}.b") is TableState.ERRORED, "b never errored", 90)
         (status_b,) = [s for s in admin.table_statuses(both) if s.table == f"{name}.b"]
         assert status_b.message is not None
         assert "NaN" in status_b.message
-        _wait(
+        wait_for(
             lambda: (
                 any(m.value() is not None for m in read_to_end(bootstrap, topic_a)[50:])
                 and len(read_to_end(bootstrap, topic_a)) >= 50 + 10 + 1
             ),
             "a stopped streaming when b errored",
+            90,
         )
         runner.join()
         assert not runner.errors, runner.errors
@@ -205,7 +204,9 @@ def test_added_table_errored_table_and_resync(
         runner = CaptureThread(both)
         runner.start(pg)
         pg.execute(sql.SQL("DELETE FROM {} WHERE id = 1").format(b))
-        _wait(lambda: _state(both, f"{name}.b") is TableState.STREAMING, "b never streamed again")
+        wait_for(
+            lambda: _state(both, f"{name}.b") is TableState.STREAMING, "b never streamed again", 90
+        )
         time.sleep(1.0)
         runner.join()
         assert not runner.errors, runner.errors
@@ -243,19 +244,26 @@ def test_a_table_created_in_a_captured_schema_joins_while_running(
     runner = CaptureThread(settings)
     try:
         runner.start(pg)
-        _wait(lambda: _state(settings, f"{name}.first") is TableState.STREAMING, "never started")
+        wait_for(
+            lambda: _state(settings, f"{name}.first") is TableState.STREAMING, "never started", 90
+        )
         late = sql.Identifier(name, "late")
         pg.execute(sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, v text)").format(late))
         pg.execute(
             sql.SQL("INSERT INTO {} SELECT g, 'v' || g FROM generate_series(1, 40) g").format(late)
         )
-        _wait(lambda: _state(settings, f"{name}.late") is TableState.STREAMING, "late never joined")
+        wait_for(
+            lambda: _state(settings, f"{name}.late") is TableState.STREAMING,
+            "late never joined",
+            90,
+        )
         pg.execute(sql.SQL("UPDATE {} SET v = 'changed' WHERE id <= 3").format(late))
         pg.execute(sql.SQL("DELETE FROM {} WHERE id = 40").format(late))
         topic = f"{name}.{name}.late"
-        _wait(
+        wait_for(
             lambda: len(read_to_end(services.kafka_bootstrap_servers, topic)) >= 40 + 3 + 1,
             "changes after the join never arrived",
+            90,
         )
         runner.join()
         assert not runner.errors, runner.errors
@@ -283,10 +291,14 @@ def test_replica_identity_full_keeps_the_primary_key_as_key(
     runner = CaptureThread(settings)
     try:
         runner.start(pg)
-        _wait(lambda: _state(settings, f"{name}.full_pk") is TableState.STREAMING, "no snapshot")
+        wait_for(
+            lambda: _state(settings, f"{name}.full_pk") is TableState.STREAMING, "no snapshot", 90
+        )
         pg.execute(sql.SQL("UPDATE {} SET v = 'changed' WHERE id = 1").format(full))
         topic = f"{name}.{name}.full_pk"
-        _wait(lambda: len(read_to_end(services.kafka_bootstrap_servers, topic)) >= 3, "no update")
+        wait_for(
+            lambda: len(read_to_end(services.kafka_bootstrap_servers, topic)) >= 3, "no update", 90
+        )
         runner.join()
         reader = schema_reader(services.kafka_bootstrap_servers, settings.kafka.schema_topic, 2)
         messages = read_to_end(services.kafka_bootstrap_servers, topic)
@@ -324,8 +336,12 @@ def test_a_snapshot_cut_short_is_taken_again_with_a_truncate(
     runner = CaptureThread(held)
     try:
         runner.start(pg)
-        _wait(lambda: _state(settings, f"{name}.big") is TableState.SNAPSHOT, "no snapshot began")
-        _wait(lambda: len(read_to_end(services.kafka_bootstrap_servers, topic)) > 0, "no rows")
+        wait_for(
+            lambda: _state(settings, f"{name}.big") is TableState.SNAPSHOT, "no snapshot began", 90
+        )
+        wait_for(
+            lambda: len(read_to_end(services.kafka_bootstrap_servers, topic)) > 0, "no rows", 90
+        )
         runner.join()  # a graceful stop in the middle of the snapshot
         assert not runner.errors, runner.errors
         first = len(read_to_end(services.kafka_bootstrap_servers, topic))
@@ -335,7 +351,9 @@ def test_a_snapshot_cut_short_is_taken_again_with_a_truncate(
 
         runner = CaptureThread(settings)
         runner.start(pg)
-        _wait(lambda: _state(settings, f"{name}.big") is TableState.STREAMING, "never finished")
+        wait_for(
+            lambda: _state(settings, f"{name}.big") is TableState.STREAMING, "never finished", 90
+        )
         runner.join()
         messages = read_to_end(services.kafka_bootstrap_servers, topic)
         reader = schema_reader(services.kafka_bootstrap_servers, settings.kafka.schema_topic, 2)

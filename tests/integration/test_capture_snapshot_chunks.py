@@ -29,7 +29,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +68,7 @@ from tests.plugins.topics import (
     report_applied,
     schema_reader,
 )
+from tests.plugins.waiting import wait_for
 
 Connection = psycopg.Connection[tuple[object, ...]]
 
@@ -80,13 +80,6 @@ TABLES = {
     "skewed": ("id, v", "id"),
     "empty": ("id", "id"),
 }
-
-
-def _wait(predicate: Callable[[], bool], what: str, timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.2)
 
 
 def _state(settings: CaptureSettings, table: str) -> TableState | None:
@@ -186,9 +179,10 @@ def test_chunked_parallel_snapshot_of_many_key_kinds_equals_the_source(
     topics = {table: f"{name}.{name}.{table}" for table in TABLES}
     try:
         runner.start(pg)
-        _wait(
+        wait_for(
             lambda: all(_state(settings, table) is TableState.STREAMING for table in tables),
             "the tables never all reached streaming",
+            120,
         )
         stop_writing.set()
         writer.join(10)
@@ -202,7 +196,7 @@ def test_chunked_parallel_snapshot_of_many_key_kinds_equals_the_source(
                 messages = read_to_end(bootstrap, topics[table])
                 return _lake(reader, messages, topics[table], table) == _source(pg, name, table)
 
-            _wait(caught_up, f"{table} never equalled its source")
+            wait_for(caught_up, f"{table} never equalled its source", 120)
         runner.join()
         assert not runner.errors, runner.errors
 
@@ -276,11 +270,12 @@ def test_a_capture_stopped_mid_snapshot_leaves_no_worker_behind(
     runner = CaptureThread(settings)
     try:
         runner.start(pg)
-        _wait(lambda: len(_workers()) == 2, "the snapshot never started its two workers")
+        wait_for(lambda: len(_workers()) == 2, "the snapshot never started its two workers", 120)
         pids = [p.pid for p in _workers()]
-        _wait(
+        wait_for(
             lambda: record_count(services.kafka_bootstrap_servers, topic) > 0,
             "the workers never published a row",
+            120,
         )
         assert _state(settings, f"{name}.big") is TableState.SNAPSHOT
         runner.join()
@@ -289,7 +284,7 @@ def test_a_capture_stopped_mid_snapshot_leaves_no_worker_behind(
         assert not runner.thread.is_alive()
         assert not _workers(), "every worker ended with the capture"
         assert all(not Path(f"/proc/{pid}").exists() for pid in pids), "and was reaped"
-        _wait(lambda: _copies(pg, name) == 0, "a worker's COPY outlived it on the server", 30)
+        wait_for(lambda: _copies(pg, name) == 0, "a worker's COPY outlived it on the server", 30)
     finally:
         runner.close(pg)
 
@@ -308,16 +303,21 @@ def test_paced_by_kafka_a_snapshot_bigger_than_the_bound_ends_with_nothing_appli
     try:
         runner.start(pg)
         start = confirmed_lsn(pg, slot)
-        _wait(
+        wait_for(
             lambda: _state(settings, f"{name}.big") is TableState.STREAMING,
             "the snapshot stopped at the in-flight bound",
+            120,
         )
         assert record_count(bootstrap, topic) == 60_000
         pg.execute(
             sql.SQL("INSERT INTO {} VALUES (60001, 'new')").format(sql.Identifier(name, "big"))
         )
         written = current_lsn(pg)
-        _wait(lambda: record_count(bootstrap, topic) == 60_001, "the streamed insert never arrived")
+        wait_for(
+            lambda: record_count(bootstrap, topic) == 60_001,
+            "the streamed insert never arrived",
+            120,
+        )
         time.sleep(2 * settings.status_interval_s)
         assert not runner.errors, runner.errors
         assert confirmed_lsn(pg, slot) == start, "nothing is applied: the slot waits"
@@ -326,7 +326,7 @@ def test_paced_by_kafka_a_snapshot_bigger_than_the_bound_ends_with_nothing_appli
             report_applied(bootstrap, settings.kafka.control_topic, read_to_end(bootstrap, topic))
             return confirmed_lsn(pg, slot) >= written
 
-        _wait(confirmed_once_applied, "applied, the slot never moved past the insert", 60)
+        wait_for(confirmed_once_applied, "applied, the slot never moved past the insert", 60)
         assert not runner.errors, runner.errors
     finally:
         runner.close(pg)
@@ -341,8 +341,10 @@ def test_a_lost_worker_connection_fails_the_attempt_and_stops_every_worker(
     runner = CaptureThread(settings)
     try:
         runner.start(pg)
-        _wait(lambda: len(_workers()) == 2, "the snapshot never started its two workers")
-        _wait(lambda: record_count(bootstrap, topic) > 0, "the workers never published a row")
+        wait_for(lambda: len(_workers()) == 2, "the snapshot never started its two workers", 120)
+        wait_for(
+            lambda: record_count(bootstrap, topic) > 0, "the workers never published a row", 120
+        )
         row = pg.execute(
             "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
             "WHERE query LIKE %s AND pid <> pg_backend_pid()",
@@ -360,7 +362,7 @@ def test_a_lost_worker_connection_fails_the_attempt_and_stops_every_worker(
                 )
             return bool(runner.errors)
 
-        _wait(attempt_failed, "the lost connection never failed the attempt")
+        wait_for(attempt_failed, "the lost connection never failed the attempt", 120)
         assert runner.thread is not None
         runner.thread.join(30)
         assert not runner.thread.is_alive()
@@ -368,7 +370,7 @@ def test_a_lost_worker_connection_fails_the_attempt_and_stops_every_worker(
         assert isinstance(error, TransientError), error
         assert "snapshot worker lost PostgreSQL" in str(error)
         assert not _workers(), "every worker ended with the failed attempt"
-        _wait(lambda: _copies(pg, name) == 0, "a worker's COPY outlived it on the server", 30)
+        wait_for(lambda: _copies(pg, name) == 0, "a worker's COPY outlived it on the server", 30)
     finally:
         runner.close(pg)
 
@@ -423,25 +425,27 @@ def test_a_killed_capture_takes_its_workers_with_it(
         env={**os.environ, "PYTHONPATH": str(repo)},
     )
     try:
-        _wait(
+        wait_for(
             lambda: sum("spawn_main" in c for c in _descendants(capture.pid).values()) == 2,
             "the snapshot never started its two workers",
+            120,
         )
-        _wait(
+        wait_for(
             lambda: record_count(services.kafka_bootstrap_servers, topic) > 0,
             "the workers never published a row",
+            120,
         )
         children = list(_descendants(capture.pid))
         capture.send_signal(signal.SIGKILL)
         capture.wait(30)
-        _wait(lambda: not _alive(children), "a worker outlived the killed capture", 60)
-        _wait(lambda: _copies(pg, name) == 0, "a worker's COPY outlived it on the server", 30)
+        wait_for(lambda: not _alive(children), "a worker outlived the killed capture", 60)
+        wait_for(lambda: _copies(pg, name) == 0, "a worker's COPY outlived it on the server", 30)
     finally:
         if capture.poll() is None:
             capture.kill()
             capture.wait(30)
         slot = settings.postgres.slot
-        _wait(lambda: not slot_active(pg, slot), "the slot stayed active", 30)
+        wait_for(lambda: not slot_active(pg, slot), "the slot stayed active", 30)
         pg.execute(
             "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
             "WHERE slot_name = %s",

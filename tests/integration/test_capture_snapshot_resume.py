@@ -41,7 +41,6 @@ from pipeline.status import collect
 from pipeline.status.render import render_text
 from schemas.control import TableState
 from tests.plugins.capture import apply_settings_for, capture_settings, slot_active, table_status
-from tests.plugins.pipeline import wait_for
 from tests.plugins.services import Services
 from tests.plugins.topics import (
     assert_positions_increase,
@@ -51,6 +50,7 @@ from tests.plugins.topics import (
     report_applied,
     schema_reader,
 )
+from tests.plugins.waiting import wait_for
 
 Connection = psycopg.Connection[tuple[object, ...]]
 REPO = Path(__file__).resolve().parents[2]

@@ -1,14 +1,14 @@
 """Every Delta reader reads the lake exactly: Spark, delta-rs and DuckDB against PostgreSQL.
 
-The type-rich table of ``test_type_roundtrip.py`` (every type of docs/type-mapping.md,
-its edge values: +-infinity, BC dates, the last representable instant, NaN/+-Inf/-0
-floats, numeric at precision 38, 2-D arrays and arrays with NULLs, a row NULL
-throughout), plus a 100 kB TOASTed text, goes through the real capture and apply:
+The type-rich table of the type round trip (``tests/plugins/type_cases.py``: every type
+of docs/type-mapping.md, its edge values: +-infinity, BC dates, the last representable
+instant, NaN/+-Inf/-0 floats, numeric at precision 38, 2-D arrays and arrays with NULLs,
+a row NULL throughout), plus a 100 kB TOASTed text, goes through the real capture and apply:
 inserted, then updated without touching the TOASTed column (so its value must survive
 an unchanged-TOAST update) and a row deleted, in a later batch, so the MERGE leaves
 deletion vectors behind. Each reader's rows are turned into the contract's values
 (:func:`tests.plugins.lake.contract_values`) and compared with PostgreSQL by the checks
-of ``test_type_roundtrip.py``, value by value.
+of ``tests/plugins/type_cases.py``, value by value.
 
 A table of ordinary values goes along (updated and deleted from in the later batch
 too), for delta-rs's pyarrow reader, which fails on the type-rich table's extreme dates
@@ -36,14 +36,6 @@ from psycopg import sql
 from apply.settings import ApplySettings, LakeSettings, TriggerSettings
 from apply.settings import KafkaSettings as ApplyKafka
 from capture.rows.typemap import libpq_options
-from tests.integration.test_type_roundtrip import (
-    CASES,
-    ROWS,
-    _agrees,
-    _create_table,
-    _expected,
-    _insert_rows,
-)
 from tests.plugins.capture import CaptureThread, capture_settings
 from tests.plugins.lake import (
     apply_running,
@@ -57,6 +49,14 @@ from tests.plugins.lake import (
 )
 from tests.plugins.pipeline import Pipeline
 from tests.plugins.services import Services
+from tests.plugins.type_cases import (
+    CASES,
+    ROWS,
+    agrees,
+    create_table,
+    expected_values,
+    insert_rows,
+)
 
 pytestmark = pytest.mark.slow
 Connection = psycopg.Connection[tuple[Any, ...]]
@@ -149,7 +149,7 @@ def _run_pipeline(services: Services, spark: Any, pg: Connection, name: str, roo
     table = sql.Identifier(name, TABLE)
     pg.execute("CREATE EXTENSION IF NOT EXISTS hstore SCHEMA public")
     pg.execute(sql.SQL("SET search_path = {}, public").format(sql.Identifier(name)))
-    _create_table(pg, table)
+    create_table(pg, table)
     pg.execute(sql.SQL("ALTER TABLE {} ADD COLUMN big text").format(table))
     pg.execute(sql.SQL("ALTER TABLE {} ALTER COLUMN big SET STORAGE EXTERNAL").format(table))
     simple = sql.Identifier(name, SIMPLE)
@@ -159,7 +159,7 @@ def _run_pipeline(services: Services, spark: Any, pg: Connection, name: str, roo
     runner.start(pg)
     try:
         with apply_running(_apply_settings(services, name, root / "dvs"), spark) as errors:
-            _insert_rows(pg, table)
+            insert_rows(pg, table)
             pg.execute(sql.SQL("INSERT INTO {} VALUES (1, 'a'), (2, 'b'), (3, 'c')").format(simple))
             pg.execute(sql.SQL("INSERT INTO {} (id) VALUES (%s)").format(table), [DELETED_ID])
             pg.execute(
@@ -194,9 +194,9 @@ def _mismatches(lake: Lake, read: pa.Table) -> list[str]:
     ):
         for case in CASES:
             got = contract_values(read.column(case.column), case.column_type)
-            want = _expected(case, pg, session, lake.table)
+            want = expected_values(case, pg, session, lake.table)
             for row, (value, expected) in enumerate(zip(got, want, strict=True)):
-                if not _agrees(case, value, expected):
+                if not agrees(case, value, expected):
                     mismatches.append(
                         f"{case.column} row {row}: read {value!r}, PostgreSQL {expected!r}"
                     )

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from deploy.local.jars import kafka_classpath
 from deploy.local.kafka import LocalKafka, cluster_id, find_java
-from tests.unit.deploy.test_local_kafka_cluster_id import DASH_FIRST
+from tests.plugins.kafka_cluster_ids import DASH_FIRST
 
 
 def test_storage_format_takes_an_id_beginning_with_a_dash(tmp_path: Path) -> None:

@@ -13,7 +13,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from pipeline.status import PipelineStatus, StatusReader, TableView, main
 from schemas.control import TableState
 from tests.plugins.capture import CaptureThread, apply_settings_for, capture_settings, current_lsn
 from tests.plugins.services import Services
+from tests.plugins.waiting import wait_for
 
 Connection = psycopg.Connection[tuple[object, ...]]
 REPO = Path(__file__).resolve().parents[2]
@@ -41,16 +41,18 @@ def topic_exists(bootstrap: str, topic: str) -> bool:
     return topic in AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=10).topics
 
 
-def wait_for(
+def wait_for_status(
     reader: StatusReader, predicate: Callable[[PipelineStatus], bool], what: str
 ) -> PipelineStatus:
-    deadline = time.monotonic() + 60
-    while True:
-        status = reader.read()
-        if predicate(status):
-            return status
-        assert time.monotonic() < deadline, f"{what}; last status: {status}"
-        time.sleep(0.2)
+    """The first status read that satisfies ``predicate``, within 60 s."""
+    last: list[PipelineStatus] = []
+
+    def satisfied() -> bool:
+        last[:] = [reader.read()]
+        return predicate(last[0])
+
+    wait_for(satisfied, what, 60, detail=lambda: f"last status: {last[0]}")
+    return last[0]
 
 
 def table(status: PipelineStatus, name: str) -> TableView:
@@ -152,7 +154,7 @@ def test_status_follows_capture_and_apply_and_shows_an_errored_table(
         pg.execute(sql.SQL("INSERT INTO {}.items VALUES (1, 'one'), (2, 'two')").format(s))
 
         # Captured, not applied: everything waits, and the lag shows it.
-        before = wait_for(
+        before = wait_for_status(
             reader,
             lambda st: [t.waiting for t in st.tables] == [2, 20],
             "the changes never reached Kafka",
@@ -197,7 +199,7 @@ def test_status_follows_capture_and_apply_and_shows_an_errored_table(
         pg.execute(sql.SQL("UPDATE {}.orders SET amount = 'ten' WHERE id = 1").format(s))
         pg.execute(sql.SQL("INSERT INTO {}.items VALUES (3, 'three')").format(s))
         wal = current_lsn(pg)
-        lagging = wait_for(
+        lagging = wait_for_status(
             reader,
             lambda st: [t.waiting for t in st.tables] == [1, 1],
             "the new changes never reached Kafka",

@@ -1,6 +1,6 @@
 """A consumer we did not write reads the registry-framed topics: capture in
 ``CAPTURE_KAFKA__ENCODING=registry`` mode streams a type-rich table (a column of every
-mapped type, tests/integration/test_type_roundtrip.py) through a real Kafka into the
+mapped type, tests/plugins/type_cases.py) through a real Kafka into the
 real Apicurio Registry, and confluent-kafka's ``AvroDeserializer`` with its
 ``SchemaRegistryClient`` decodes every key and value to the values our
 :class:`~schemas.reader.ContractReader` gives for the same record.
@@ -29,16 +29,15 @@ from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 from psycopg import sql
 
-from capture.settings import CaptureSettings
-from runtime.schema_registry import SchemaRegistrySettings
 from schemas import registry_framing, single_object
 from schemas.column_type import AvroKind, ColumnType
 from schemas.headers import SCHEMA_FINGERPRINT
 from schemas.naming import table_topic
 from schemas.reader import ContractReader
-from tests.integration.test_type_roundtrip import CASES, _create_table
-from tests.plugins.capture import CaptureThread, capture_settings
+from tests.plugins.capture import CaptureThread, registry_settings
 from tests.plugins.services import Services
+from tests.plugins.topics import wait_for_topic
+from tests.plugins.type_cases import CASES, create_table
 
 Connection = psycopg.Connection[tuple[object, ...]]
 
@@ -90,17 +89,6 @@ def _rows() -> list[list[str]]:
     ]
 
 
-def registry_settings(services: Services, name: str, url: str) -> CaptureSettings:
-    settings = capture_settings(services, name, [])
-    return settings.model_copy(
-        update={
-            "kafka": settings.kafka.model_copy(
-                update={"encoding": "registry", "registry": SchemaRegistrySettings(url=url)}
-            )
-        }
-    )
-
-
 def consume_all(bootstrap: str, topic: str, count: int, timeout_s: float = 120) -> list[Any]:
     """The first ``count`` records of every partition of ``topic`` together."""
     consumer = Consumer(
@@ -118,17 +106,6 @@ def consume_all(bootstrap: str, topic: str, count: int, timeout_s: float = 120) 
                 assert message.error() is None, message.error()
                 records.append(message)
         return records
-    finally:
-        consumer.close()
-
-
-def wait_for_topic(bootstrap: str, topic: str, timeout_s: float = 60) -> None:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{topic}-probe"})
-    try:
-        deadline = time.monotonic() + timeout_s
-        while topic not in consumer.list_topics(timeout=10).topics:
-            assert time.monotonic() < deadline, f"topic {topic} never appeared"
-            time.sleep(0.2)
     finally:
         consumer.close()
 
@@ -207,7 +184,7 @@ def test_confluent_avro_deserializer_reads_what_our_reader_reads(
     request: pytest.FixtureRequest,
 ) -> None:
     table = sql.Identifier(schema, "rich")
-    _create_table(pg, table)
+    create_table(pg, table)
     settings = registry_settings(services, unique_name, schema_registry_url)
     settings = settings.model_copy(
         update={"postgres": settings.postgres.model_copy(update={"tables": [f"{schema}.rich"]})}

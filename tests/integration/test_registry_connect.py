@@ -20,10 +20,10 @@ import pytest
 from psycopg import sql
 
 from schemas.naming import table_topic
-from tests.integration.test_registry_confluent import registry_settings, wait_for_topic
-from tests.plugins.capture import CaptureThread
+from tests.plugins.capture import CaptureThread, registry_settings
 from tests.plugins.connect import file_sink_worker
 from tests.plugins.services import Services
+from tests.plugins.topics import wait_for_topic
 
 Connection = psycopg.Connection[tuple[object, ...]]
 

@@ -35,8 +35,9 @@ from schemas.control import TableState
 from schemas.naming import table_topic
 from schemas.registry_framing import Framing, framing_of
 from tests.plugins.capture import CaptureThread, capture_settings, slot_active
-from tests.plugins.pipeline import current_wal, slot_confirmed, wait_for
+from tests.plugins.pipeline import current_wal, slot_confirmed
 from tests.plugins.services import Services
+from tests.plugins.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -162,10 +163,14 @@ def test_a_switch_to_registry_mode_and_an_added_column_reach_the_lake(
     )
     pg.execute(sql.SQL("UPDATE {} SET note = NULL, amount = -1.5 WHERE id <= 10").format(items))
     pg.execute(sql.SQL("DELETE FROM {} WHERE id > 25").format(items))
-    wait_for(lambda: len(framings(services.kafka_bootstrap_servers, topic)) == 45, "45 records")
+    wait_for(
+        lambda: len(framings(services.kafka_bootstrap_servers, topic)) == 45, "45 records", 120
+    )
     first.join()
     assert not first.errors, first.errors
-    wait_for(lambda: not slot_active(pg, unique_name), "the first capture to let go of the slot")
+    wait_for(
+        lambda: not slot_active(pg, unique_name), "the first capture to let go of the slot", 120
+    )
 
     # Registry mode from here on: the 45 changes again, then an added column.
     second = CaptureThread(in_registry_mode(single_object, schema_registry_url))
@@ -182,6 +187,7 @@ def test_a_switch_to_registry_mode_and_an_added_column_reach_the_lake(
         wait_for(
             lambda: len(framings(services.kafka_bootstrap_servers, topic)) == 45 + 45 + 7,
             "the registry-framed records",
+            120,
         )
         seen = framings(services.kafka_bootstrap_servers, topic)
         assert seen.count(Framing.SINGLE_OBJECT) == 45

@@ -32,10 +32,10 @@ from deploy.local.kafka import READY_TOPIC
 from pipeline.status import StatusReader
 from schemas.naming import table_topic
 from tests.plugins.capture import CaptureThread, capture_settings, confirmed_lsn, current_lsn
-from tests.plugins.pipeline import wait_for
 from tests.plugins.secured import SecuredKafka, pipeline_acls
 from tests.plugins.services import Services
 from tests.plugins.topics import end_offsets
+from tests.plugins.waiting import wait_for
 
 Connection = psycopg.Connection[tuple[object, ...]]
 

@@ -25,9 +25,9 @@ from capture.service import CaptureService
 from capture.settings import CaptureSettings, PostgresSettings
 from schemas.naming import table_topic
 from tests.plugins.capture import CaptureThread, capture_settings
-from tests.plugins.pipeline import wait_for
 from tests.plugins.secured import SecuredPostgres
 from tests.plugins.services import Services
+from tests.plugins.waiting import wait_for
 
 Connection = psycopg.Connection[tuple[object, ...]]
 PASSWORD = "Capture-Pg-secret"

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +30,7 @@ from schemas.control import TableState
 from tests.plugins.capture import CaptureThread, capture_settings
 from tests.plugins.lake import apply_running
 from tests.plugins.services import Services
+from tests.plugins.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 Connection = psycopg.Connection[tuple[object, ...]]
@@ -182,13 +181,6 @@ def _insert(pg: Connection, schema: str, rows: list[dict[str, Any]]) -> None:
         )
 
 
-def _wait(predicate: Callable[[], bool], what: str, timeout_s: float = 90) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.2)
-
-
 def _apply_settings(services: Services, prefix: str, lake: Path) -> ApplySettings:
     return ApplySettings(
         kafka=ApplyKafka(
@@ -231,7 +223,7 @@ def test_verify_proves_a_type_rich_table_and_names_corrupted_keys(
     runner.start(pg)
     try:
         with apply_running(apply_settings, spark):
-            _wait(lambda: _streaming(settings), "the initial snapshot never finished")
+            wait_for(lambda: _streaming(settings), "the initial snapshot never finished", 90)
             # And through the stream.
             _insert(pg, schema, ROWS[4:])
             _insert(pg, schema, [{"id": 6, "t": "deleted soon"}])
@@ -306,7 +298,7 @@ def test_a_change_after_the_verify_point_is_not_reported_once_applied(
     runner.start(pg)
     try:
         with apply_running(apply_settings, spark):
-            _wait(lambda: _streaming(settings), "the initial snapshot never finished")
+            wait_for(lambda: _streaming(settings), "the initial snapshot never finished", 90)
             assert verify_tables(settings, apply_settings, spark, [table], timeout_s=120).ok
             # With capture stopped, the slot cannot reach a new verify point: verify
             # waits, and the update below commits after its verify point.
@@ -322,7 +314,7 @@ def test_a_change_after_the_verify_point_is_not_reported_once_applied(
             )
             before = _verify_slots(pg)
             worker.start()
-            _wait(lambda: _verify_slots(pg) > before, "verify took no verify point")
+            wait_for(lambda: _verify_slots(pg) > before, "verify took no verify point", 90)
             pg.execute(sql.SQL("UPDATE {}.acct SET v = -1 WHERE id = 7").format(s))
             pg.execute(sql.SQL("DELETE FROM {}.acct WHERE id = 8").format(s))
             runner = CaptureThread(settings)

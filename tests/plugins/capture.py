@@ -22,6 +22,7 @@ from capture import admin
 from capture.publish.control import ControlTopicMissingError
 from capture.service import CaptureService
 from capture.settings import CaptureSettings, KafkaSettings, PostgresSettings
+from runtime.schema_registry import SchemaRegistrySettings
 from schemas.control import TableStatus
 from schemas.lsn import Lsn, parse_lsn
 from tests.plugins.services import Services
@@ -54,6 +55,18 @@ def capture_settings(
         ),
         status_interval_s=status_interval_s,
         snapshot_mode=snapshot_mode,
+    )
+
+
+def registry_settings(services: Services, name: str, url: str) -> CaptureSettings:
+    """:func:`capture_settings` writing the registry's framing, against the registry at ``url``."""
+    settings = capture_settings(services, name, [])
+    return settings.model_copy(
+        update={
+            "kafka": settings.kafka.model_copy(
+                update={"encoding": "registry", "registry": SchemaRegistrySettings(url=url)}
+            )
+        }
     )
 
 

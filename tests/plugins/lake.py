@@ -3,7 +3,7 @@ they return in the contract's form, plus an in-process apply job for the lake te
 
 Readers hand back Arrow. :func:`contract_values` turns an Arrow column into the values
 :class:`~schemas.reader.ContractReader` gives for the same column type, so the lake can be
-compared with PostgreSQL by the checks of ``tests/integration/test_type_roundtrip.py``:
+compared with PostgreSQL by the checks of ``tests/plugins/type_cases.py``:
 dates, times and timestamps are read as their integers first (days, microseconds) and
 converted by the contract's own rules, since ``+-infinity`` (the integer extremes) and
 years past 9999 have no Python ``datetime``; a UUID, a string in the lake, becomes a
@@ -34,7 +34,8 @@ from apply.settings import ApplySettings
 from schemas import reader
 from schemas.column_type import AvroKind, ColumnType
 from schemas.lsn import parse_lsn
-from tests.plugins.pipeline import slot_confirmed, wait_for
+from tests.plugins.pipeline import slot_confirmed
+from tests.plugins.waiting import wait_for
 
 Connection = psycopg.Connection[tuple[object, ...]]
 

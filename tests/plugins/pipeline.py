@@ -19,9 +19,10 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -34,21 +35,14 @@ from capture.settings import KafkaSettings as CaptureKafka
 from deploy.local import stack
 from deploy.local.postgres import find_bindir
 from deploy.local.process import free_port, read_pid
+from deploy.local.service_process import ServiceProcess
 from schemas.lsn import Lsn, parse_lsn
 from tests.plugins.tcp_proxy import TcpProxy
+from tests.plugins.waiting import wait_for
 
-ROOT = Path(__file__).resolve().parents[2]
 Connection = psycopg.Connection[tuple[object, ...]]
 
 PGBENCH_TABLES = ("pgbench_accounts", "pgbench_branches", "pgbench_tellers", "pgbench_history")
-
-
-def wait_for(predicate: Callable[[], bool], what: str, timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        time.sleep(0.25)
 
 
 @pytest.fixture(scope="module")
@@ -106,29 +100,18 @@ def dsn_through(dsn: str, proxy: TcpProxy) -> str:
 
 
 @dataclass
-class Service:
-    """One service process: started, killed, restarted; its output appended to ``log``."""
+class Service(ServiceProcess):
+    """One service process (:class:`~deploy.local.service_process.ServiceProcess`, as the
+    demo and the benchmarks run it): started, killed, restarted; each start marked in
+    ``log``, so :meth:`metrics_url` reads only the current run's lines."""
 
-    name: str
-    argv: list[str]
-    env: dict[str, str]
-    log: Path
-    process: subprocess.Popen[bytes] | None = None
     kills: int = 0
 
     def start(self) -> None:
-        assert self.process is None or self.process.poll() is not None, f"{self.name} runs"
+        assert not self.running(), f"{self.name} runs"
         with self.log.open("ab") as out:
             out.write(f"\n==== start {self.name} at {time.strftime('%X')}\n".encode())
-            out.flush()
-            self.process = subprocess.Popen(
-                self.argv,
-                cwd=ROOT,
-                env=self.env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+        super().start()
 
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
@@ -330,6 +313,43 @@ def wait_caught_up(pipeline: Pipeline, timeout_s: float = 300) -> Lsn:
         except AssertionError as exc:
             raise AssertionError(f"{exc}\n{pipeline.logs()}") from None
     return target
+
+
+def _key_columns(conn: Connection, table: str) -> list[str]:
+    """The primary key's columns, or every column of a table without one."""
+    schema, name = table.split(".")
+    relation = f'"{schema}"."{name}"'
+    rows = conn.execute(
+        "SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid "
+        "AND a.attnum = ANY(i.indkey) WHERE i.indrelid = %s::regclass AND i.indisprimary",
+        [relation],
+    ).fetchall()
+    if not rows:
+        rows = conn.execute(
+            "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0 "
+            "AND NOT attisdropped ORDER BY attnum",
+            [relation],
+        ).fetchall()
+    return [str(r[0]) for r in rows]
+
+
+def assert_lake_equals_source(spark: Any, pipeline: Pipeline) -> None:
+    """verify reports every table equal, and no key is twice in Delta."""
+    from pyspark.sql import functions as sf  # noqa: PLC0415
+
+    from pipeline.verify.report import format_human  # noqa: PLC0415
+    from pipeline.verify.rounds import verify_tables  # noqa: PLC0415
+
+    capture_settings, apply_settings = pipeline.settings()
+    report = verify_tables(capture_settings, apply_settings, spark, list(pipeline.tables))
+    assert report.ok, f"{format_human(report)}\n{pipeline.logs()}"
+    assert sorted(t.table for t in report.tables) == sorted(pipeline.tables)
+    for table in pipeline.tables:
+        with psycopg.connect(pipeline.dsn) as conn:
+            keys = _key_columns(conn, table)
+        lake = spark.read.format("delta").load(pipeline.table_path(table))
+        duplicates = lake.groupBy(*keys).count().filter(sf.col("count") > 1).count()
+        assert duplicates == 0, f"{table}: {duplicates} keys appear more than once in Delta"
 
 
 def create_database(admin_dsn: str, name: str) -> str:

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -32,10 +30,3 @@ def status(url: str, path: str) -> int:
             return int(response.status)
     except urllib.error.HTTPError as exc:
         return int(exc.code)
-
-
-def wait_for(predicate: Callable[[], bool], what: str, timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)

@@ -10,6 +10,7 @@ from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 from schemas.control import AppliedProgress
 from schemas.reader import ContractReader
+from tests.plugins.waiting import wait_for
 
 Tables = dict[str, dict[tuple[Any, ...], dict[str, Any]]]
 
@@ -75,6 +76,19 @@ def consume_all(
     finally:
         consumer.close()
     return messages
+
+
+def wait_for_topic(bootstrap: str, topic: str, timeout_s: float = 60) -> None:
+    """Until the broker lists ``topic``."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{topic}-probe"})
+    try:
+        wait_for(
+            lambda: topic in consumer.list_topics(timeout=10).topics,
+            f"topic {topic} never appeared",
+            timeout_s,
+        )
+    finally:
+        consumer.close()
 
 
 def read_to_end(bootstrap: str, topic: str, timeout_s: float = 60) -> list[Any]:

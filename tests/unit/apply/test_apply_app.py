@@ -12,7 +12,9 @@ import pytest
 from apply.__main__ import _arguments, record_coordinates
 from apply.app import change_topic_pattern, replication_lag_s
 from apply.settings import KafkaSettings
-from tests.unit.apply.test_apply_progress import STATE, TOPIC, result
+from tests.plugins.table_states import PROGRESS_STATE as STATE
+from tests.plugins.table_states import TOPIC
+from tests.plugins.table_states import table_result as result
 
 
 def test_pattern_takes_change_topics_and_never_control_or_schema_topics() -> None:

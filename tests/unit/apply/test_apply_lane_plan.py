@@ -13,7 +13,7 @@ from apply.batch import ApplyContext
 from apply.errors import ConfigError
 from apply.lanes import DEFAULT_LANE, Lane, plan_lanes
 from apply.merge import transaction_app_id
-from tests.unit.apply.test_apply_positions import STATE
+from tests.plugins.table_states import STATE
 
 
 def _plan(lanes: dict[str, list[str]], prefix: str = "cdc") -> dict[str, Lane]:

@@ -20,26 +20,7 @@ from apply.positions import (
     encode_state,
 )
 from schemas.lsn import Lsn
-
-TOPIC = "cdc.public.orders"
-
-
-def pos(lsn: int, ordinal: int) -> Position:
-    return Position(Lsn(lsn), ordinal)
-
-
-STATE = AppliedState(
-    table="public.orders",
-    partitions={
-        (TOPIC, 1): PartitionProgress(12, pos(0x16_B374_D848, 3)),
-        (TOPIC, 0): PartitionProgress(7, None),
-    },
-    table_lsn=Lsn(0x16_B374_D848),
-    commit_ts=1_715_941_815_200_000,
-    truncated_at=pos(0x15_0000_0000, 0),
-    batch_id=42,
-    txn_app_id="pgdelta-apply-bfbaa69b27b27c5c846a27f6",
-)
+from tests.plugins.table_states import STATE, TOPIC, pos
 
 
 def test_positions_order_like_the_stream() -> None:

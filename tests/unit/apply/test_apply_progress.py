@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import json
 
-from apply.positions import AppliedState, PartitionProgress, Position
+from apply.positions import AppliedState, PartitionProgress
 from apply.progress import (
     BatchResult,
     ParkedTable,
-    TableResult,
     applied_progress,
     batch_progress,
     parked_progress,
@@ -16,45 +15,9 @@ from apply.progress import (
 )
 from schemas.control import decode_progress
 from schemas.lsn import Lsn
-
-TOPIC = "cdc.public.orders"
-STATE = AppliedState(
-    table="public.orders",
-    partitions={
-        (TOPIC, 2): PartitionProgress(40, Position(Lsn(0x16_B374_D848), 3)),
-        (TOPIC, 0): PartitionProgress(12, Position(Lsn(0x16_B374_0000), 0)),
-        (TOPIC, 1): PartitionProgress(9, None),
-    },
-    table_lsn=Lsn(0x16_B374_D848),
-    commit_ts=1_715_941_815_200_000,
-    truncated_at=None,
-    batch_id=7,
-)
-
-
-def result(partitions: tuple[tuple[str, int], ...]) -> TableResult:
-    return TableResult(
-        table="public.orders",
-        topic=TOPIC,
-        path="/lake/public/orders",
-        batch_id=7,
-        committed=True,
-        version=3,
-        records=10,
-        tombstones=0,
-        replays=0,
-        superseded=0,
-        truncates=0,
-        source_rows=10,
-        rows_inserted=10,
-        rows_updated=0,
-        rows_deleted=0,
-        rows_truncated=0,
-        table_created=False,
-        columns_added=(),
-        partitions=partitions,
-        state=STATE,
-    )
+from tests.plugins.table_states import PROGRESS_STATE as STATE
+from tests.plugins.table_states import TOPIC
+from tests.plugins.table_states import table_result as result
 
 
 def test_messages_cover_the_partitions_of_the_batch_in_order() -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from capture.errors import TableError
@@ -22,7 +21,6 @@ from capture.pgoutput import (
     unix_micros_to_pg_micros,
 )
 from capture.records import OutgoingRecord, SchemaRecord
-from capture.rows.typemap import ColumnMapping
 from capture.stream.change_stream import (
     ChangeFailed,
     ChangeStream,
@@ -30,46 +28,16 @@ from capture.stream.change_stream import (
     TransactionCommitted,
     TransactionStarted,
 )
-from schemas.column_type import LONG, STRING
 from schemas.lsn import Lsn
 from schemas.reader import ContractReader
+from tests.plugins.change_stream import ORDERS, describe_relation, run_stream
 
 T, N, U = ColumnKind.TEXT, ColumnKind.NULL, ColumnKind.UNCHANGED_TOAST
-ORDERS = Relation(
-    xid=None,
-    oid=16384,
-    namespace="public",
-    name="orders",
-    replica_identity=ReplicaIdentity.DEFAULT,
-    columns=(
-        RelationColumn(True, "id", 20, -1),
-        RelationColumn(False, "note", 25, -1),
-        RelationColumn(False, "blob", 25, -1),
-    ),
-)
 COMMIT_TS_UNIX = 1_700_000_000_000_000
-
-
-def _describe(relation: Relation) -> Sequence[ColumnMapping]:
-    def mapping(oid: int) -> ColumnMapping:
-        if oid == 20:
-            return ColumnMapping(LONG, int, "int8")
-        if oid == 25:
-            return ColumnMapping(STRING, lambda b: b.decode(), "text")
-        raise TableError(f"{relation.namespace}.{relation.name}", f"type {oid} unsupported")
-
-    return [mapping(c.type_oid) for c in relation.columns]
 
 
 def _tuple(*cells: tuple[ColumnKind, bytes | None]) -> TupleData:
     return TupleData(tuple(k for k, _ in cells), tuple(v for _, v in cells))
-
-
-def _run(stream: ChangeStream, messages: list[Any]) -> list[Output]:
-    out: list[Output] = []
-    for i, message in enumerate(messages):
-        out += stream.handle(message, Lsn(0x1000 + i))
-    return out
 
 
 def _records(outputs: list[Output]) -> tuple[ContractReader, list[OutgoingRecord]]:
@@ -86,8 +54,8 @@ def _tx(*changes: Any) -> list[Any]:
 
 
 def test_insert_update_delete_positions_and_images() -> None:
-    stream = ChangeStream(_describe, "cdc")
-    outputs = _run(
+    stream = ChangeStream(describe_relation, "cdc")
+    outputs = run_stream(
         stream,
         [
             ORDERS,
@@ -119,11 +87,11 @@ def test_insert_update_delete_positions_and_images() -> None:
 
 
 def test_unchanged_toast_is_filled_from_the_old_row_when_sent() -> None:
-    stream = ChangeStream(_describe, "cdc")
+    stream = ChangeStream(describe_relation, "cdc")
     old = _tuple((T, b"1"), (T, b"a"), (T, b"big"))
     new = _tuple((T, b"1"), (T, b"b"), (U, None))
     reader, records = _records(
-        _run(stream, [ORDERS, *_tx(Update(None, ORDERS.oid, None, old, new))])
+        run_stream(stream, [ORDERS, *_tx(Update(None, ORDERS.oid, None, old, new))])
     )
     value = reader.decode_value(records[0].value or b"")
     assert value["after"]["blob"] == "big"
@@ -133,11 +101,11 @@ def test_unchanged_toast_is_filled_from_the_old_row_when_sent() -> None:
 
 
 def test_key_change_becomes_delete_then_insert() -> None:
-    stream = ChangeStream(_describe, "cdc")
+    stream = ChangeStream(describe_relation, "cdc")
     key = _tuple((T, b"1"), (N, None), (N, None))
     new = _tuple((T, b"2"), (T, b"x"), (T, b"y"))
     reader, records = _records(
-        _run(stream, [ORDERS, *_tx(Update(None, ORDERS.oid, key, None, new))])
+        run_stream(stream, [ORDERS, *_tx(Update(None, ORDERS.oid, key, None, new))])
     )
     values = [reader.decode_value(r.value or b"") for r in records]
     assert [(v["op"], v["ordinal"]) for v in values] == [("DELETE", 0), ("INSERT", 1)]
@@ -145,19 +113,19 @@ def test_key_change_becomes_delete_then_insert() -> None:
 
 
 def test_key_change_with_unsent_toast_errors_the_table_with_the_fix() -> None:
-    stream = ChangeStream(_describe, "cdc")
+    stream = ChangeStream(describe_relation, "cdc")
     key = _tuple((T, b"1"), (N, None), (N, None))
     new = _tuple((T, b"2"), (T, b"x"), (U, None))
-    _run(stream, [ORDERS, *_tx(Update(None, ORDERS.oid, key, None, new))])
+    run_stream(stream, [ORDERS, *_tx(Update(None, ORDERS.oid, key, None, new))])
     assert "REPLICA IDENTITY FULL" in str(stream.errored["public.orders"])
 
 
 def test_deferred_errors_hand_the_failure_out_and_keep_the_table() -> None:
-    stream = ChangeStream(_describe, "cdc", defer_errors=True)
+    stream = ChangeStream(describe_relation, "cdc", defer_errors=True)
     key = _tuple((T, b"1"), (N, None), (N, None))
     bad = _tuple((T, b"2"), (T, b"x"), (U, None))
     good = _tuple((T, b"3"), (T, b"x"), (T, b"y"))
-    outputs = _run(
+    outputs = run_stream(
         stream,
         [ORDERS, *_tx(Update(None, ORDERS.oid, key, None, bad), Insert(None, ORDERS.oid, good))],
     )
@@ -170,8 +138,8 @@ def test_deferred_errors_hand_the_failure_out_and_keep_the_table() -> None:
 
 
 def test_truncate_record_per_captured_table_and_tombstones() -> None:
-    stream = ChangeStream(_describe, "cdc", tombstones=True)
-    outputs = _run(
+    stream = ChangeStream(describe_relation, "cdc", tombstones=True)
+    outputs = run_stream(
         stream,
         [
             ORDERS,
@@ -188,7 +156,7 @@ def test_truncate_record_per_captured_table_and_tombstones() -> None:
 
 
 def test_schema_change_publishes_a_new_writer_schema_once() -> None:
-    stream = ChangeStream(_describe, "cdc")
+    stream = ChangeStream(describe_relation, "cdc")
     wider = Relation(
         None,
         ORDERS.oid,
@@ -199,7 +167,7 @@ def test_schema_change_publishes_a_new_writer_schema_once() -> None:
     )
     insert3 = Insert(None, ORDERS.oid, _tuple((T, b"1"), (T, b"a"), (N, None)))
     insert4 = Insert(None, ORDERS.oid, _tuple((T, b"2"), (T, b"a"), (N, None), (T, b"e")))
-    outputs = _run(stream, [ORDERS, *_tx(insert3, insert3), wider, *_tx(insert4)])
+    outputs = run_stream(stream, [ORDERS, *_tx(insert3, insert3), wider, *_tx(insert4)])
     schemas = [o for o in outputs if isinstance(o, SchemaRecord)]
     assert len(schemas) == 4, "key and value schema for each of the two table versions"
     reader, records = _records(outputs)
@@ -210,11 +178,11 @@ def test_schema_change_publishes_a_new_writer_schema_once() -> None:
 
 
 def test_unsupported_column_errors_only_that_table() -> None:
-    stream = ChangeStream(_describe, "cdc")
+    stream = ChangeStream(describe_relation, "cdc")
     odd = Relation(
         None, 555, "public", "odd", ReplicaIdentity.DEFAULT, (RelationColumn(True, "g", 600, -1),)
     )
-    outputs = _run(
+    outputs = run_stream(
         stream,
         [
             odd,
@@ -238,11 +206,13 @@ def test_unsupported_column_errors_only_that_table() -> None:
 
 def test_an_adopted_transaction_goes_on_from_the_ordinal_given() -> None:
     """The stream lane began the transaction and wrote ordinals 0 to 4."""
-    stream = ChangeStream(_describe, "cdc")
-    _run(stream, [ORDERS])
+    stream = ChangeStream(describe_relation, "cdc")
+    run_stream(stream, [ORDERS])
     assert stream.transaction() is None
     stream.adopt((Lsn(0x2000), 777, COMMIT_TS_UNIX, 5))
-    outputs = _run(stream, [Insert(None, ORDERS.oid, _tuple((T, b"1"), (T, b"a"), (N, None)))])
+    outputs = run_stream(
+        stream, [Insert(None, ORDERS.oid, _tuple((T, b"1"), (T, b"a"), (N, None)))]
+    )
     reader, records = _records(outputs)
     value = reader.decode_value(records[0].value or b"")
     assert (value["commit_lsn"], value["xid"], value["ordinal"]) == (0x2000, 777, 5)
@@ -253,18 +223,18 @@ def test_an_adopted_transaction_goes_on_from_the_ordinal_given() -> None:
 
 
 def test_the_version_moves_with_codecs_errors_and_published_schemas() -> None:
-    stream = ChangeStream(_describe, "cdc")
+    stream = ChangeStream(describe_relation, "cdc")
     start = stream.version
-    _run(stream, [ORDERS])
+    run_stream(stream, [ORDERS])
     after_relation = stream.version
     assert after_relation > start
     codec = stream.codecs[ORDERS.oid]
     assert not stream.schema_published(codec)
-    _run(stream, _tx(Insert(None, ORDERS.oid, _tuple((T, b"1"), (T, b"a"), (N, None)))))
+    run_stream(stream, _tx(Insert(None, ORDERS.oid, _tuple((T, b"1"), (T, b"a"), (N, None)))))
     assert stream.schema_published(codec)
     assert stream.version > after_relation
     published = stream.version
-    _run(stream, _tx(Insert(None, ORDERS.oid, _tuple((T, b"2"), (T, b"a"), (N, None)))))
+    run_stream(stream, _tx(Insert(None, ORDERS.oid, _tuple((T, b"2"), (T, b"a"), (N, None)))))
     assert stream.version == published, "a record of a published table version moves nothing"
     stream.error_table("public.orders", TableError("public.orders", "broken"))
     assert stream.version > published

@@ -19,7 +19,7 @@ from capture.stream.table_flow import TableFlow
 from capture.stream.table_states import Route, TableStates
 from schemas.control import TableState
 from schemas.lsn import Lsn
-from tests.unit.capture.test_change_stream import ORDERS, _describe, _run
+from tests.plugins.change_stream import ORDERS, describe_relation, run_stream
 
 WITH_EXTRA = replace(ORDERS, columns=(*ORDERS.columns, RelationColumn(False, "extra", 20, -1)))
 NO_DEFAULT = AddedColumn(has_missing=False, has_default=False, identity=False)
@@ -76,9 +76,9 @@ def test_the_reason_names_only_the_filled_columns() -> None:
 
 
 def test_the_stream_reports_a_changed_relation_but_not_the_first_or_a_repeated_one() -> None:
-    stream = ChangeStream(_describe, "cdc")
-    assert not [o for o in _run(stream, [ORDERS, ORDERS]) if isinstance(o, RelationChanged)]
-    (changed,) = [o for o in _run(stream, [WITH_EXTRA]) if isinstance(o, RelationChanged)]
+    stream = ChangeStream(describe_relation, "cdc")
+    assert not [o for o in run_stream(stream, [ORDERS, ORDERS]) if isinstance(o, RelationChanged)]
+    (changed,) = [o for o in run_stream(stream, [WITH_EXTRA]) if isinstance(o, RelationChanged)]
     assert changed == RelationChanged("public.orders", ORDERS, WITH_EXTRA)
 
 
@@ -162,7 +162,7 @@ def _flow() -> tuple[TableFlow, _Publisher, list[_Run]]:
         states,
         book=ProgressBook(Lsn(0)),
         publisher=cast("Any", publisher),
-        changes=ChangeStream(_describe, "cdc"),
+        changes=ChangeStream(describe_relation, "cdc"),
         start_run=start_run,
         spool_dir=None,
     )

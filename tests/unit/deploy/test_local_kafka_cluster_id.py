@@ -8,9 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from deploy.local.kafka import cluster_id, new_cluster_id
-
-DASH_FIRST = bytes([0xF8]) + bytes(15)
-"""Six leading bits 111110: base64 index 62, which URL-safe base64 writes as ``-``."""
+from tests.plugins.kafka_cluster_ids import DASH_FIRST
 
 
 def test_an_id_is_16_bytes_in_unpadded_url_safe_base64() -> None:
