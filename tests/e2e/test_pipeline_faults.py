@@ -18,7 +18,6 @@ Repeat counts come from the environment so ``make soak`` can run the long form:
 from __future__ import annotations
 
 import os
-import random
 import signal
 import threading
 import time
@@ -33,123 +32,49 @@ from schemas.control import TableState
 from tests.plugins.capture import table_status
 from tests.plugins.pipeline import (
     PGBENCH_TABLES,
+    RATE,
+    SECONDS,
     Pipeline,
     assert_lake_equals_source,
     create_database,
+    finish_workload,
     kafka_pid,
+    kill_9_during_the_workload,
     pgbench,
-    slot_confirmed,
+    pgbench_pipeline,
+    start_and_catch_up,
     start_pgbench,
+    start_workload,
     wait_caught_up,
 )
 from tests.plugins.telemetry import status
 from tests.plugins.waiting import wait_for
 
 pytestmark = pytest.mark.slow
-KILLS = int(os.environ.get("CDC_SOAK_KILLS", "2"))
-SECONDS = int(os.environ.get("CDC_SOAK_SECONDS", "40"))
-RATE = "40"  # transactions per second: 4 changes each, well within apply's pace here
-
-
-def _pipeline(state: stack.StackState, name: str, workdir: Path) -> Pipeline:
-    dsn = create_database(state.postgres.dsn, name)
-    pgbench(dsn, "-i", "-s", "1", "-q")
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("ALTER TABLE public.pgbench_history REPLICA IDENTITY FULL")
-    return Pipeline(
-        name=name,
-        dsn=dsn,
-        bootstrap=state.kafka.bootstrap_servers,
-        tables=tuple(f"public.{t}" for t in PGBENCH_TABLES),
-        workdir=workdir,
-    )
-
-
-def _finish(spark: Any, pipeline: Pipeline, bench: Any) -> None:
-    assert bench.wait(SECONDS + 120) == 0, (pipeline.workdir / "pgbench.log").read_text()
-    assert pipeline.capture.running(), pipeline.logs()
-    assert pipeline.apply.running(), pipeline.logs()
-    wait_caught_up(pipeline)
-    assert_lake_equals_source(spark, pipeline)
-
-
-def _workload(pipeline: Pipeline, seconds: int) -> Any:
-    return start_pgbench(
-        pipeline.dsn,
-        "-n",
-        "-c",
-        "2",
-        "-j",
-        "1",
-        "-T",
-        str(seconds),
-        "-R",
-        RATE,
-        log=pipeline.workdir / "pgbench.log",
-    )
-
-
-def _started(pipeline: Pipeline) -> None:
-    pipeline.capture.start()
-    pipeline.apply.start()
-    # The slot is created at the end of the WAL, so a target read before it exists would
-    # be passed at once. Wait for the slot, write past its start, then wait: the snapshot
-    # pins the slot, so it moves past that write only once the snapshot is in the lake.
-    with psycopg.connect(pipeline.dsn, autocommit=True) as conn:
-        wait_for(
-            lambda: slot_confirmed(conn, pipeline.name) is not None,
-            f"capture to create its slot\n{pipeline.logs()}",
-            120,
-        )
-        conn.execute("SELECT pg_logical_emit_message(true, 'test', 'after slot creation')")
-    wait_caught_up(pipeline, timeout_s=600)
 
 
 @pytest.fixture
 def pipeline(own_stack: stack.StackState, unique_name: str, tmp_path: Path) -> Any:
-    built = _pipeline(own_stack, unique_name, tmp_path)
+    built = pgbench_pipeline(own_stack, unique_name, tmp_path)
     yield built
     built.stop()
 
 
 def test_pgbench_through_the_pipeline(spark: Any, pipeline: Pipeline) -> None:
-    _started(pipeline)
-    bench = _workload(pipeline, SECONDS // 2)
-    _finish(spark, pipeline, bench)
+    start_and_catch_up(pipeline)
+    bench = start_workload(pipeline, SECONDS // 2)
+    finish_workload(spark, pipeline, bench)
 
 
-@pytest.mark.parametrize("change_log", [False, True], ids=["merge", "change-log"])
-def test_kill_9_of_capture_and_apply_during_the_workload(
-    spark: Any, pipeline: Pipeline, change_log: bool
-) -> None:
-    """With the change log too: apply killed between appends and folds, and mid-fold,
-    the restarted job folds what it finds; verify reads the freshest view."""
-    seed = random.randrange(1 << 32)
-    chooser = random.Random(seed)
-    if change_log:
-        pipeline.apply.env["APPLY_LAKE__CHANGE_LOG"] = "true"
-        pipeline.apply.env["APPLY_LAKE__FOLD_EVERY_S"] = "2"
-    _started(pipeline)
-    bench = _workload(pipeline, SECONDS)
-    victims = [pipeline.capture, pipeline.apply] * KILLS
-    chooser.shuffle(victims)
-    plan = [(v.name, round(chooser.uniform(1.0, SECONDS / (2 * KILLS)), 1)) for v in victims]
-    print(f"kill plan (seed {seed}): {plan}")
-    for service, (_, delay) in zip(victims, plan, strict=True):
-        time.sleep(delay)
-        service.kill()
-        time.sleep(chooser.uniform(0.5, 2.0))
-        service.start()
-    _finish(spark, pipeline, bench)
-    assert pipeline.capture.kills == KILLS
-    assert pipeline.apply.kills == KILLS
+def test_kill_9_of_capture_and_apply_during_the_workload(spark: Any, pipeline: Pipeline) -> None:
+    kill_9_during_the_workload(spark, pipeline)
 
 
 def test_kafka_stopped_and_killed_mid_workload(
     spark: Any, pipeline: Pipeline, own_stack: stack.StackState
 ) -> None:
-    _started(pipeline)
-    bench = _workload(pipeline, SECONDS)
+    start_and_catch_up(pipeline)
+    bench = start_workload(pipeline, SECONDS)
     kafka = own_stack.kafka
     time.sleep(SECONDS / 5)
     assert kafka.stop()  # SIGTERM: a controlled shutdown
@@ -160,17 +85,17 @@ def test_kafka_stopped_and_killed_mid_workload(
     wait_for(lambda: not kafka.running(), "the killed broker to exit", 30)
     time.sleep(5)
     kafka.start()
-    _finish(spark, pipeline, bench)
+    finish_workload(spark, pipeline, bench)
 
 
 def test_postgres_restarted_mid_workload(
     spark: Any, pipeline: Pipeline, own_stack: stack.StackState
 ) -> None:
-    _started(pipeline)
+    start_and_catch_up(pipeline)
     postgres = own_stack.postgres
     log = pipeline.workdir / "pgbench.log"
     # pgbench ends when its server goes away, so the workload runs in two parts.
-    first = _workload(pipeline, SECONDS // 3)
+    first = start_workload(pipeline, SECONDS // 3)
     time.sleep(SECONDS / 6)
     pid = postgres.postmaster_pid()
     assert pid is not None
@@ -190,7 +115,7 @@ def test_postgres_restarted_mid_workload(
     second = start_pgbench(
         pipeline.dsn, "-n", "-c", "2", "-j", "1", "-T", str(SECONDS // 3), "-R", RATE, log=log
     )
-    _finish(spark, pipeline, second)
+    finish_workload(spark, pipeline, second)
 
 
 def test_kill_9_of_capture_mid_snapshot_resumes_and_ends_equal(
@@ -222,7 +147,7 @@ def test_kill_9_of_capture_mid_snapshot_resumes_and_ends_equal(
         },
     )
     try:
-        bench = _workload(pipeline, SECONDS)
+        bench = start_workload(pipeline, SECONDS)
         pipeline.capture.start()
         pipeline.apply.start()
         capture_settings, _ = pipeline.settings()
@@ -240,7 +165,7 @@ def test_kill_9_of_capture_mid_snapshot_resumes_and_ends_equal(
         cut = resume_recorded()
         assert cut is not None, "the kill came after the snapshot"
         pipeline.capture.start()
-        _finish(spark, pipeline, bench)
+        finish_workload(spark, pipeline, bench)
         resumed = pipeline.capture.log.read_text(errors="replace").rsplit("==== start", 1)[-1]
         assert "snapshot of public.pgbench_accounts resumes at block" in resumed, resumed[-4000:]
         assert pipeline.capture.kills == 1
@@ -336,59 +261,6 @@ def test_apply_waits_out_a_broker_stopped_during_its_publish(
         assert_lake_equals_source(spark, pipeline)
     finally:
         stop_writes.set()
-        if not kafka.running():
-            kafka.start()
-        pipeline.stop()
-
-
-def test_apply_started_while_the_broker_is_down_comes_up_by_itself(
-    spark: Any, own_stack: stack.StackState, unique_name: str, tmp_path: Path
-) -> None:
-    """apply started during a broker outage stays up (alive, not ready) and waits for
-    the broker, then applies what capture published before, as capture does; it does
-    not exit for its supervisor to restart it (docs/architecture.md, failure model)."""
-    dsn = create_database(own_stack.postgres.dsn, unique_name)
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("CREATE TABLE public.t (id int PRIMARY KEY, v text)")
-        conn.execute(
-            "INSERT INTO public.t SELECT i, 'old' FROM generate_series(1, %s) i", [SNAPSHOT_ROWS]
-        )
-    pipeline = Pipeline(
-        name=unique_name,
-        dsn=dsn,
-        bootstrap=own_stack.kafka.bootstrap_servers,
-        tables=("public.t",),
-        workdir=tmp_path,
-    )
-    pipeline.apply.env["APPLY_METRICS__NOT_READY_AFTER_S"] = "1"
-    kafka = own_stack.kafka
-    try:
-        pipeline.capture.start()
-        capture_settings, _ = pipeline.settings()
-
-        def snapshot_published() -> bool:
-            found = table_status(capture_settings, "public.t")
-            return found is not None and found.state is TableState.STREAMING
-
-        wait_for(snapshot_published, f"the snapshot of public.t\n{pipeline.logs()}", 300)
-        assert kafka.stop()
-        pipeline.apply.start()
-        apply_url = pipeline.apply.metrics_url(timeout_s=300)
-
-        def retrying() -> bool:
-            log = pipeline.apply.log.read_text(errors="replace")
-            return "transient failure, retrying in" in log and "schema topic" in log
-
-        wait_for(retrying, f"apply to retry reading the schema topic\n{pipeline.logs()}", 180)
-        time.sleep(FAILING_S)  # longer than a read's own timeouts, several retries
-        assert pipeline.apply.running(), pipeline.logs()
-        assert status(apply_url, "/readyz") == 503
-        assert status(apply_url, "/healthz") == 200
-        kafka.start()
-        wait_caught_up(pipeline)
-        assert pipeline.apply.running(), pipeline.logs()
-        assert_lake_equals_source(spark, pipeline)
-    finally:
         if not kafka.running():
             kafka.start()
         pipeline.stop()

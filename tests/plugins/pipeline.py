@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import signal
 import subprocess
@@ -350,6 +351,88 @@ def assert_lake_equals_source(spark: Any, pipeline: Pipeline) -> None:
         lake = spark.read.format("delta").load(pipeline.table_path(table))
         duplicates = lake.groupBy(*keys).count().filter(sf.col("count") > 1).count()
         assert duplicates == 0, f"{table}: {duplicates} keys appear more than once in Delta"
+
+
+# The fault scenarios' workload; `make soak` runs the long form through the environment.
+KILLS = int(os.environ.get("CDC_SOAK_KILLS", "2"))
+SECONDS = int(os.environ.get("CDC_SOAK_SECONDS", "40"))
+RATE = "40"  # transactions per second: 4 changes each, well within apply's pace here
+
+
+def pgbench_pipeline(state: stack.StackState, name: str, workdir: Path) -> Pipeline:
+    """capture and apply, not started yet, for a new database with pgbench's tables."""
+    dsn = create_database(state.postgres.dsn, name)
+    pgbench(dsn, "-i", "-s", "1", "-q")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("ALTER TABLE public.pgbench_history REPLICA IDENTITY FULL")
+    return Pipeline(
+        name=name,
+        dsn=dsn,
+        bootstrap=state.kafka.bootstrap_servers,
+        tables=tuple(f"public.{t}" for t in PGBENCH_TABLES),
+        workdir=workdir,
+    )
+
+
+def finish_workload(spark: Any, pipeline: Pipeline, bench: Any) -> None:
+    assert bench.wait(SECONDS + 120) == 0, (pipeline.workdir / "pgbench.log").read_text()
+    assert pipeline.capture.running(), pipeline.logs()
+    assert pipeline.apply.running(), pipeline.logs()
+    wait_caught_up(pipeline)
+    assert_lake_equals_source(spark, pipeline)
+
+
+def start_workload(pipeline: Pipeline, seconds: int) -> Any:
+    return start_pgbench(
+        pipeline.dsn,
+        "-n",
+        "-c",
+        "2",
+        "-j",
+        "1",
+        "-T",
+        str(seconds),
+        "-R",
+        RATE,
+        log=pipeline.workdir / "pgbench.log",
+    )
+
+
+def start_and_catch_up(pipeline: Pipeline) -> None:
+    pipeline.capture.start()
+    pipeline.apply.start()
+    # The slot is created at the end of the WAL, so a target read before it exists would
+    # be passed at once. Wait for the slot, write past its start, then wait: the snapshot
+    # pins the slot, so it moves past that write only once the snapshot is in the lake.
+    with psycopg.connect(pipeline.dsn, autocommit=True) as conn:
+        wait_for(
+            lambda: slot_confirmed(conn, pipeline.name) is not None,
+            f"capture to create its slot\n{pipeline.logs()}",
+            120,
+        )
+        conn.execute("SELECT pg_logical_emit_message(true, 'test', 'after slot creation')")
+    wait_caught_up(pipeline, timeout_s=600)
+
+
+def kill_9_during_the_workload(spark: Any, pipeline: Pipeline) -> None:
+    """capture and apply each killed ``KILLS`` times at random moments of the workload
+    and started again; the lake ends equal to the source."""
+    seed = random.randrange(1 << 32)
+    chooser = random.Random(seed)
+    start_and_catch_up(pipeline)
+    bench = start_workload(pipeline, SECONDS)
+    victims = [pipeline.capture, pipeline.apply] * KILLS
+    chooser.shuffle(victims)
+    plan = [(v.name, round(chooser.uniform(1.0, SECONDS / (2 * KILLS)), 1)) for v in victims]
+    print(f"kill plan (seed {seed}): {plan}")
+    for service, (_, delay) in zip(victims, plan, strict=True):
+        time.sleep(delay)
+        service.kill()
+        time.sleep(chooser.uniform(0.5, 2.0))
+        service.start()
+    finish_workload(spark, pipeline, bench)
+    assert pipeline.capture.kills == KILLS
+    assert pipeline.apply.kills == KILLS
 
 
 def create_database(admin_dsn: str, name: str) -> str:

@@ -1,0 +1,100 @@
+"""apply's own fault scenarios, in a module of their own so the suite spreads them over
+its workers (docs/testing.md): the change log under kill -9, and a job started while
+the broker is away. Each runs capture and apply as processes on this module's own
+PostgreSQL and Kafka (``tests/plugins/pipeline.py``); the lake ends equal to the source.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from deploy.local import stack
+from schemas.control import TableState
+from tests.plugins.capture import table_status
+from tests.plugins.pipeline import (
+    Pipeline,
+    assert_lake_equals_source,
+    create_database,
+    kill_9_during_the_workload,
+    pgbench_pipeline,
+    wait_caught_up,
+)
+from tests.plugins.telemetry import status
+from tests.plugins.waiting import wait_for
+
+pytestmark = pytest.mark.slow
+SNAPSHOT_ROWS = 20_000
+FAILING_S = 15  # longer than a schema-topic read's own timeouts: several retries
+
+
+def test_kill_9_with_the_change_log(
+    spark: Any, own_stack: stack.StackState, unique_name: str, tmp_path: Path
+) -> None:
+    """apply killed between its appends and its folds, and mid-fold: the restarted job
+    folds what it finds, and verify (which reads the freshest view) finds the lake equal
+    to the source, with no key twice in any table."""
+    pipeline = pgbench_pipeline(own_stack, unique_name, tmp_path)
+    pipeline.apply.env["APPLY_LAKE__CHANGE_LOG"] = "true"
+    pipeline.apply.env["APPLY_LAKE__FOLD_EVERY_S"] = "2"
+    try:
+        kill_9_during_the_workload(spark, pipeline)
+    finally:
+        pipeline.stop()
+
+
+def test_apply_started_while_the_broker_is_down_comes_up_by_itself(
+    spark: Any, own_stack: stack.StackState, unique_name: str, tmp_path: Path
+) -> None:
+    """apply started during a broker outage stays up (alive, not ready) and waits for
+    the broker, then applies what capture published before, as capture does; it does
+    not exit for its supervisor to restart it (docs/architecture.md, failure model)."""
+    dsn = create_database(own_stack.postgres.dsn, unique_name)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE public.t (id int PRIMARY KEY, v text)")
+        conn.execute(
+            "INSERT INTO public.t SELECT i, 'old' FROM generate_series(1, %s) i", [SNAPSHOT_ROWS]
+        )
+    pipeline = Pipeline(
+        name=unique_name,
+        dsn=dsn,
+        bootstrap=own_stack.kafka.bootstrap_servers,
+        tables=("public.t",),
+        workdir=tmp_path,
+    )
+    pipeline.apply.env["APPLY_METRICS__NOT_READY_AFTER_S"] = "1"
+    kafka = own_stack.kafka
+    try:
+        pipeline.capture.start()
+        capture_settings, _ = pipeline.settings()
+
+        def snapshot_published() -> bool:
+            found = table_status(capture_settings, "public.t")
+            return found is not None and found.state is TableState.STREAMING
+
+        wait_for(snapshot_published, f"the snapshot of public.t\n{pipeline.logs()}", 300)
+        assert kafka.stop()
+        pipeline.apply.start()
+        apply_url = pipeline.apply.metrics_url(timeout_s=300)
+
+        def retrying() -> bool:
+            log = pipeline.apply.log.read_text(errors="replace")
+            return "transient failure, retrying in" in log and "schema topic" in log
+
+        wait_for(retrying, f"apply to retry reading the schema topic\n{pipeline.logs()}", 180)
+        time.sleep(FAILING_S)
+        assert pipeline.apply.running(), pipeline.logs()
+        assert status(apply_url, "/readyz") == 503
+        assert status(apply_url, "/healthz") == 200
+        kafka.start()
+        wait_caught_up(pipeline)
+        assert pipeline.apply.running(), pipeline.logs()
+        assert_lake_equals_source(spark, pipeline)
+    finally:
+        if not kafka.running():
+            kafka.start()
+        pipeline.stop()
