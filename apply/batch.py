@@ -481,6 +481,16 @@ def _batch_ids_restarted(table: str, batch_id: int, recorded: AppliedState | Non
     )
 
 
+def _replayed_state(spark: SparkSession, path: str, table: str, batch_id: int) -> AppliedState:
+    """The state recorded at ``path`` (the table, or its change log) when Delta skipped
+    the batch's write: this ``txnAppId`` committed this batch id, or a later one,
+    before. Only the first is a replay; the second means batch ids restarted."""
+    recorded = recover_state(spark, path, table)
+    if recorded is None or recorded.batch_id != batch_id:
+        raise _batch_ids_restarted(table, batch_id, recorded)
+    return recorded
+
+
 def _covered_result(
     topic_survey: TopicSurvey,
     batch_id: int,
@@ -914,10 +924,7 @@ def _append_decoded(
         ),
     )
     if not outcome.committed:
-        recorded = recover_state(spark, log_path, name)
-        if recorded is None or recorded.batch_id != batch_id:
-            raise _batch_ids_restarted(name, batch_id, recorded)
-        state = recorded
+        state = _replayed_state(spark, log_path, name, batch_id)
     replays = sum(m.replays for m in measured.partitions.values())
     source_rows = _metric(outcome.metrics, "numOutputRows")
     changes = topic_survey.records - topic_survey.tombstones - replays
@@ -1078,12 +1085,7 @@ def _apply_decoded(
             metadata=encode_state(state),
         )
     if not outcome.committed:
-        # Delta skipped the MERGE: this txnAppId committed this batch id, or a later
-        # one, before. Only the first is a replay; report what that commit recorded.
-        recorded = recover_state(spark, path, name)
-        if recorded is None or recorded.batch_id != batch_id:
-            raise _batch_ids_restarted(name, batch_id, recorded)
-        state = recorded
+        state = _replayed_state(spark, path, name, batch_id)
 
     metrics = outcome.metrics
     replays = sum(m.replays for m in measured.partitions.values())

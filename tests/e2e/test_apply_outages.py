@@ -10,17 +10,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 
 from deploy.local import stack
 from schemas.control import TableState
 from tests.plugins.capture import table_status
 from tests.plugins.pipeline import (
-    Pipeline,
     assert_lake_equals_source,
-    create_database,
     kill_9_during_the_workload,
+    one_table_pipeline,
     pgbench_pipeline,
     wait_caught_up,
 )
@@ -53,19 +51,7 @@ def test_apply_started_while_the_broker_is_down_comes_up_by_itself(
     """apply started during a broker outage stays up (alive, not ready) and waits for
     the broker, then applies what capture published before, as capture does; it does
     not exit for its supervisor to restart it (docs/architecture.md, failure model)."""
-    dsn = create_database(own_stack.postgres.dsn, unique_name)
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("CREATE TABLE public.t (id int PRIMARY KEY, v text)")
-        conn.execute(
-            "INSERT INTO public.t SELECT i, 'old' FROM generate_series(1, %s) i", [SNAPSHOT_ROWS]
-        )
-    pipeline = Pipeline(
-        name=unique_name,
-        dsn=dsn,
-        bootstrap=own_stack.kafka.bootstrap_servers,
-        tables=("public.t",),
-        workdir=tmp_path,
-    )
+    pipeline = one_table_pipeline(own_stack, unique_name, tmp_path, SNAPSHOT_ROWS)
     pipeline.apply.env["APPLY_METRICS__NOT_READY_AFTER_S"] = "1"
     kafka = own_stack.kafka
     try:

@@ -40,6 +40,7 @@ from tests.plugins.pipeline import (
     finish_workload,
     kafka_pid,
     kill_9_during_the_workload,
+    one_table_pipeline,
     pgbench,
     pgbench_pipeline,
     start_and_catch_up,
@@ -199,19 +200,8 @@ def test_apply_waits_out_a_broker_stopped_during_its_publish(
     apply stays up, not ready while the publish fails, and once the broker is back the
     publish gets through, the slot passes the WAL written and the lake equals the source
     (docs/architecture.md, failure model)."""
-    dsn = create_database(own_stack.postgres.dsn, unique_name)
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("CREATE TABLE public.t (id int PRIMARY KEY, v text)")
-        conn.execute(
-            "INSERT INTO public.t SELECT i, 'old' FROM generate_series(1, %s) i", [SNAPSHOT_ROWS]
-        )
-    pipeline = Pipeline(
-        name=unique_name,
-        dsn=dsn,
-        bootstrap=own_stack.kafka.bootstrap_servers,
-        tables=("public.t",),
-        workdir=tmp_path,
-    )
+    pipeline = one_table_pipeline(own_stack, unique_name, tmp_path, SNAPSHOT_ROWS)
+    dsn = pipeline.dsn
     # Not ready a second into a run of failures, so the outage shows on /readyz at once.
     pipeline.apply.env["APPLY_METRICS__NOT_READY_AFTER_S"] = "1"
     kafka = own_stack.kafka

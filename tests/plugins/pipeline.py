@@ -435,6 +435,22 @@ def kill_9_during_the_workload(spark: Any, pipeline: Pipeline) -> None:
     assert pipeline.apply.kills == KILLS
 
 
+def one_table_pipeline(state: stack.StackState, name: str, workdir: Path, rows: int) -> Pipeline:
+    """capture and apply, not started yet, for a new database with one table,
+    ``public.t (id int PRIMARY KEY, v text)``, holding ``rows`` rows for its snapshot."""
+    dsn = create_database(state.postgres.dsn, name)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE public.t (id int PRIMARY KEY, v text)")
+        conn.execute("INSERT INTO public.t SELECT i, 'old' FROM generate_series(1, %s) i", [rows])
+    return Pipeline(
+        name=name,
+        dsn=dsn,
+        bootstrap=state.kafka.bootstrap_servers,
+        tables=("public.t",),
+        workdir=workdir,
+    )
+
+
 def create_database(admin_dsn: str, name: str) -> str:
     """A new database ``name`` on the server of ``admin_dsn``; its DSN."""
     with psycopg.connect(admin_dsn, autocommit=True) as conn:
