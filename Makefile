@@ -54,7 +54,7 @@ typecheck: bootstrap
 	$(VENV)/bin/mypy
 
 test: lint typecheck native-check
-	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder -m "not soak" $(PYTEST_ARGS)
 
 test-unit: bootstrap
 	$(VENV)/bin/pytest tests/unit $(PYTEST_ARGS)
@@ -62,7 +62,7 @@ test-unit: bootstrap
 # The e2e proof scenarios with more kills and longer workloads than CI's short form.
 soak: bootstrap
 	CDC_SOAK_KILLS=$${CDC_SOAK_KILLS:-8} CDC_SOAK_SECONDS=$${CDC_SOAK_SECONDS:-300} \
-		$(VENV)/bin/pytest tests/e2e -k "faults or scenarios or network" $(PYTEST_ARGS)
+		$(VENV)/bin/pytest tests/e2e -k "faults or scenarios or network or outages" $(PYTEST_ARGS)
 
 demo: bootstrap-demo
 	@$(PY) -m deploy.demo

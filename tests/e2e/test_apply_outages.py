@@ -30,6 +30,7 @@ SNAPSHOT_ROWS = 20_000
 FAILING_S = 15  # longer than a schema-topic read's own timeouts: several retries
 
 
+@pytest.mark.soak  # about 9 minutes of a worker for an opt-in path: make soak runs it
 def test_kill_9_with_the_change_log(
     spark: Any, own_stack: stack.StackState, unique_name: str, tmp_path: Path
 ) -> None:
