@@ -314,12 +314,30 @@ def test_idle_table_does_not_pin_the_slot(
         assert judged >= 1, f"the run was shorter than the {window:.0f} s window"
         assert written > 2 * NEAR_ZERO, "the workload wrote too little WAL to tell a pinned slot"
 
+        # After the workload the slot lets go of its WAL only at the next xl_running_xacts
+        # it decodes and then sees confirmed. The last record the workload left may have
+        # been decoded while an earlier candidate still waited for its confirmation, and
+        # such a record is dropped, not queued (LogicalIncreaseRestartDecodingForSlot in
+        # logical.c); on a server with no other writes the background writer then logs
+        # no further one (it does only after new WAL), and restart_lsn stays a window
+        # behind for good. That is PostgreSQL's bound, not a pin. A trickle of writes, as
+        # any live database has, makes the records that let it move on.
+        trickled = [0.0]
+
         def released() -> bool:
+            now = time.monotonic()
+            if now - trickled[0] >= SAMPLE_S:
+                conn.execute("UPDATE public.busy SET n = n + 1 WHERE id = 1")
+                trickled[0] = now
             s = _sample(conn, pipeline.name, start)
             print(s.row())
             return s.retained < NEAR_ZERO
 
-        wait_for(released, "the retained WAL to drop below 1 MiB after the workload", 120)
+        wait_for(
+            released,
+            "the retained WAL to drop below 1 MiB after the workload, under a trickle",
+            120,
+        )
     wait_caught_up(pipeline)
     assert_lake_equals_source(spark, pipeline)
 
