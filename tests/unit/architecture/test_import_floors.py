@@ -126,3 +126,41 @@ def test_the_snapshot_never_imports_the_stream() -> None:
     for path, part in _capture_modules().items():
         if part == "snapshot":
             assert "stream" not in _imported_capture_parts(path), path
+
+
+BATCH_STAGES = {
+    "context": 0,  # what every stage is given
+    "read": 1,  # the contract checks, the table's applied state
+    "plan": 2,  # columns, measure: needs the read's state
+    "write": 3,  # the commits: needs the plan
+    "park": 3,  # the dead-letter commit: beside the write, never after it
+    "table": 4,  # one table through the stages in order
+    "micro_batch": 5,  # every table's part, then the parked ones
+}
+"""apply's micro-batch (``apply/batch/``), stage by stage: a batch flows one way, so a
+stage imports only the stages before it (docs/architecture.md, apply's stages)."""
+
+
+def _imported_batch_stages(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        found.update(name.split(".")[2] for name in names if name.startswith("apply.batch."))
+    return found
+
+
+def test_a_batch_flows_one_way_through_its_stages() -> None:
+    root = ROOT / "apply" / "batch"
+    stages = {p.stem for p in root.glob("*.py")} - {"__init__"}
+    assert stages == BATCH_STAGES.keys(), "a new stage needs its place in BATCH_STAGES"
+    arrows_back: list[str] = []
+    for stage in sorted(stages):
+        for imported in _imported_batch_stages(root / f"{stage}.py") - {stage}:
+            if BATCH_STAGES[imported] >= BATCH_STAGES[stage]:
+                arrows_back.append(f"apply/batch/{stage}.py imports apply.batch.{imported}")
+    assert not arrows_back, "a stage that imports a later one:\n" + "\n".join(arrows_back)

@@ -1,0 +1,56 @@
+"""What every micro-batch needs besides its records: where the lake is, the query's
+``txnAppId``, the writer schemas, and the job's helpers (upkeep, what it keeps of its
+own commits, the change log's folds)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from apply.dead_letter import dead_letter_path
+from apply.fold import Folds
+from apply.known_tables import KnownTables
+from apply.positions import AppliedState
+from apply.upkeep import TableUpkeep
+from schemas.single_object import Fingerprint
+
+
+@dataclass(frozen=True, slots=True)
+class ApplyContext:
+    """What every batch needs besides its records."""
+
+    lake_root: str
+    """Delta tables live at ``<lake_root>/<schema>/<table>`` (:mod:`apply.tables`)."""
+    txn_app_id: str
+    """Delta ``txnAppId`` of the streaming query (:func:`apply.merge.transaction_app_id`)."""
+    writer_schemas: Mapping[Fingerprint, str]
+    """Writer schema JSON by fingerprint, as read from the schema topic. The mapping may
+    grow between batches; it is read, never changed."""
+    parallelism: int = 4
+    """Tables of one batch applied at the same time."""
+    schema_topic: str = "the schema topic"
+    """Where ``writer_schemas`` come from, named in errors."""
+    default_txn_app_id: str | None = None
+    """The ``txnAppId`` of the one query the job runs without lanes
+    (:func:`apply.app.checkpoint_location`): the writer of table states that name none,
+    all written before lanes existed (:mod:`apply.lanes`). None: such states are taken
+    as this query's."""
+    upkeep: TableUpkeep | None = None
+    """Compaction and vacuum after a table's commit (:mod:`apply.upkeep`); None: none."""
+    known: KnownTables | None = None
+    """What the job's earlier batches committed to each table, used again while no
+    commit followed (:mod:`apply.known_tables`); None: every batch reads from Delta."""
+    folds: Folds | None = None
+    """With the change log (:mod:`apply.change_log`): batches append to each table's
+    log, and these folds merge it into the table; None: batches MERGE into the table."""
+
+    def wrote(self, state: AppliedState) -> bool:
+        """Whether ``state`` was committed by this query (so its batch ids compare with
+        this query's), rather than by another lane that held the table before."""
+        writer = state.txn_app_id or self.default_txn_app_id
+        return writer is None or writer == self.txn_app_id
+
+    @property
+    def dead_letter(self) -> str:
+        """Location of the dead-letter table (:mod:`apply.dead_letter`)."""
+        return dead_letter_path(self.lake_root)

@@ -1,0 +1,141 @@
+"""The body of ``foreachBatch``: survey the batch once, run every table's part at the same
+time (:mod:`apply.table_pool`), park the errored ones in one commit, and return the
+results the job publishes (:mod:`apply.progress`)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+from pyspark.sql import DataFrame, SparkSession
+
+from apply.batch.context import ApplyContext
+from apply.batch.park import Park, park_tables, parsable_schemas
+from apply.batch.read import lake_state, missing_schemas
+from apply.batch.table import apply_table, released
+from apply.dead_letter import ErroredTable, errored_tables
+from apply.decode import RECORD_COLUMNS, TopicSurvey, persisted, survey
+from apply.errors import MissingSchemaError, TableError, UnknownSchemaError
+from apply.progress import BatchResult, TableResult
+from apply.table_pool import SchedulerPools, run_per_table, table_session
+from apply.tables import table_of_topic
+from schemas.registry_framing import registry_id_of
+from schemas.single_object import format_fingerprint
+
+log = logging.getLogger(__name__)
+
+
+def _table_name(topic_survey: TopicSurvey) -> str:
+    """The table a topic's records go to: the name of its scheduler pool too."""
+    return str(table_of_topic(topic_survey.topic))
+
+
+def _table_task(
+    spark: SparkSession,
+    *,
+    batch: DataFrame,
+    batch_id: int,
+    context: ApplyContext,
+    errored: Mapping[str, ErroredTable],
+    topic_survey: TopicSurvey,
+) -> TableResult | Park | None:
+    """One table's part of the batch, in a session of its own (:mod:`apply.table_pool`)."""
+    session = table_session(spark)
+    table = str(table_of_topic(topic_survey.topic))
+    before = errored.get(table)
+    if before is not None:
+        release = released(
+            session,
+            batch=batch,
+            batch_id=batch_id,
+            topic_survey=topic_survey,
+            context=context,
+            errored=before,
+        )
+        if release is not None:
+            return release
+        return Park(
+            survey=topic_survey,
+            error=before.error,
+            error_kind=before.error_kind,
+            newly_errored=False,
+            state=lake_state(session, topic_survey, context),
+            schemas=parsable_schemas(topic_survey, context),
+        )
+    try:
+        missing = missing_schemas(topic_survey, context)
+        if missing:
+            registry_ids = [i for i in map(registry_id_of, missing) if i is not None]
+            fingerprints = [format_fingerprint(f) for f in missing if registry_id_of(f) is None]
+            raise MissingSchemaError(
+                table, topic_survey.topic, context.schema_topic, fingerprints, registry_ids
+            )
+        return apply_table(session, batch, batch_id, topic_survey, context)
+    except TableError as exc:
+        log.error(  # noqa: TRY400 - the message says what to do; the trace adds nothing
+            "batch %d: table %s is errored and parked: %s", batch_id, table, exc
+        )
+        return Park(
+            survey=topic_survey,
+            error=str(exc),
+            error_kind=type(exc).__name__,
+            newly_errored=True,
+            state=lake_state(session, topic_survey, context),
+            schemas=parsable_schemas(topic_survey, context),
+        )
+
+
+def apply_batch(
+    batch: DataFrame,
+    batch_id: int,
+    context: ApplyContext,
+    *,
+    park_missing_schemas: bool = False,
+) -> BatchResult:
+    """Apply a micro-batch from the Kafka source: a result per table applied (tables
+    holding only tombstones and no Delta table yet have none) and per table parked, each
+    in topic order.
+
+    A writer fingerprint ``context`` lacks raises :class:`UnknownSchemaError` before
+    anything is written: the schema topic is probably read less far than the change
+    topics. The caller reads it again and retries with ``park_missing_schemas``; then a
+    table whose schemas are still missing is parked (:class:`MissingSchemaError`) and
+    the others are applied."""
+    spark = batch.sparkSession
+    # Surveyed once, then read again per table. Only the columns decoding needs are
+    # cached: keeping the headers too doubled the cost of the first read. Parking, the
+    # rare path, reads the batch again, headers included.
+    records = batch.select(*RECORD_COLUMNS)
+    with persisted(records):
+        surveys = survey(records)
+        if not park_missing_schemas:
+            for topic in sorted(surveys):
+                missing = missing_schemas(surveys[topic], context)
+                if missing:
+                    raise UnknownSchemaError(topic, [format_fingerprint(f) for f in missing])
+        errored = errored_tables(spark, context.dead_letter)
+        topics = [surveys[topic] for topic in sorted(surveys)]
+        futures = run_per_table(
+            topics,
+            lambda topic_survey: _table_task(
+                spark,
+                batch=records,
+                batch_id=batch_id,
+                context=context,
+                errored=errored,
+                topic_survey=topic_survey,
+            ),
+            context.parallelism,
+            pools=SchedulerPools(spark.sparkContext, _table_name),
+        )
+        # Not a TableError: the batch fails as a whole, the first failure in topic order.
+        for future in futures:
+            error = future.exception()
+            if error is not None:
+                raise error
+        outcomes = [future.result() for future in futures]
+        applied = tuple(o for o in outcomes if isinstance(o, TableResult))
+        to_park = [o for o in outcomes if isinstance(o, Park)]
+        return BatchResult(
+            applied=applied, parked=park_tables(spark, batch, batch_id, context, to_park)
+        )

@@ -1,0 +1,128 @@
+"""Stage 1, read: what the lake holds for a table before the batch.
+
+Which records a topic's batch holds is the survey's (:func:`apply.decode.survey`); this
+stage checks them against the contract (framing, writer schemas the job knows) and reads
+the table's side: its applied state (the table's, or its change log's when newer), and
+whether that state already covers the batch, in which case nothing is planned or
+written (:func:`covered_result`).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from pyspark.sql import SparkSession
+
+from apply.batch.context import ApplyContext
+from apply.change_log import change_log_path, newer_state
+from apply.decode import TopicSurvey
+from apply.errors import BadRecordError, ConfigError, TableError
+from apply.history import recover_state
+from apply.positions import AppliedState, covers
+from apply.progress import TableResult
+from apply.tables import TableId, table_of_topic, table_path
+from schemas.single_object import Fingerprint
+
+log = logging.getLogger(__name__)
+
+
+def applied_state(spark: SparkSession, lake_root: str, table: TableId) -> AppliedState | None:
+    """The applied state of ``table``: its Delta table's, or its change log's when that
+    is newer (:func:`apply.change_log.newer_state`)."""
+    name = str(table)
+    logged = recover_state(spark, change_log_path(lake_root, table), name)
+    return newer_state(recover_state(spark, table_path(lake_root, table), name), logged)
+
+
+def lake_state(
+    spark: SparkSession, topic_survey: TopicSurvey, context: ApplyContext
+) -> AppliedState | None:
+    """The applied state of the topic's lake table, if it has a readable one."""
+    table = table_of_topic(topic_survey.topic)
+    try:
+        return applied_state(spark, context.lake_root, table)
+    except TableError:
+        return None  # the history itself is what is broken; positions stay unknown
+
+
+def missing_schemas(topic_survey: TopicSurvey, context: ApplyContext) -> list[Fingerprint]:
+    """The writer keys (fingerprints, or registry ids as keys) of the topic's records
+    that ``context`` lacks."""
+    return sorted(
+        fingerprint
+        for fingerprint in topic_survey.fingerprints
+        if fingerprint not in context.writer_schemas
+    )
+
+
+def check_framing(topic_survey: TopicSurvey, table: str) -> None:
+    for partition, seen in sorted(topic_survey.partitions.items()):
+        if seen.first_without_header is not None:
+            raise BadRecordError(
+                table,
+                topic_survey.topic,
+                partition,
+                seen.first_without_header,
+                "has neither framing of the contract (no single-object c3 01 header, no "
+                "Schema Registry 00 header)",
+            )
+
+
+def batch_ids_restarted(table: str, batch_id: int, recorded: AppliedState | None) -> ConfigError:
+    return ConfigError(
+        f"batch {batch_id} for table {table} is already written, but the table's newest "
+        f"apply commit is from batch {None if recorded is None else recorded.batch_id}: the "
+        "streaming checkpoint was reset while keeping its location, so batch ids restarted "
+        "under the same txnAppId; use a new checkpoint location"
+    )
+
+
+def covered_result(
+    topic_survey: TopicSurvey,
+    batch_id: int,
+    version: int,
+    previous: AppliedState,
+    *,
+    path: str,
+    context: ApplyContext,
+) -> TableResult | None:
+    """The result for a batch the table's state already covers, which commits nothing;
+    None when the batch holds records the table has not seen. Batch ids compare only
+    within one query: a lane that just took the table over counts from 0."""
+    topic = topic_survey.topic
+    next_offsets = {(topic, p): seen.next_offset for p, seen in topic_survey.partitions.items()}
+    if not covers(previous, next_offsets):
+        return None
+    if context.wrote(previous) and batch_id < previous.batch_id:
+        raise batch_ids_restarted(previous.table, batch_id, previous)
+    result = TableResult(
+        table=previous.table,
+        topic=topic,
+        path=path,
+        batch_id=batch_id,
+        committed=False,
+        version=version,
+        records=topic_survey.records,
+        tombstones=topic_survey.tombstones,
+        # Every record is below its partition's next offset: applied before.
+        replays=topic_survey.records - topic_survey.tombstones,
+        superseded=0,
+        truncates=0,
+        source_rows=0,
+        rows_inserted=0,
+        rows_updated=0,
+        rows_deleted=0,
+        rows_truncated=0,
+        table_created=False,
+        columns_added=(),
+        partitions=tuple(sorted(next_offsets)),
+        state=previous,
+    )
+    log.info(
+        "batch %d to %s: all %d records applied before, nothing to commit (version %d)",
+        batch_id,
+        previous.table,
+        result.records,
+        version,
+    )
+    return result

@@ -1,0 +1,269 @@
+"""One table's part of a micro-batch, through the stages in order: read (:mod:`.read`),
+plan (:mod:`.plan`), write (:mod:`.write`); and the release of an errored table whose
+parked records a TRUNCATE supersedes."""
+
+from __future__ import annotations
+
+import logging
+from contextlib import nullcontext
+
+from pyspark.sql import DataFrame, SparkSession
+
+from apply.batch.context import ApplyContext
+from apply.batch.plan import format_position, measure_batch, plan_batch
+from apply.batch.read import check_framing, covered_result, lake_state, missing_schemas
+from apply.batch.write import after_commit, append_batch, fold_then_merge, merge_batch
+from apply.change_log import LOG_UPKEEP, change_log_path, newer_state
+from apply.dead_letter import ErroredTable, release_superseded
+from apply.decode import TopicSurvey, decode_topic, persisted
+from apply.delta_schema import ExistingTable, ValueSchema, parse_value_schema, read_existing_table
+from apply.errors import TableError
+from apply.fold import Folds
+from apply.history import TableHistory, read_history
+from apply.progress import TableResult
+from apply.superseded import measure_supersession
+from apply.tables import table_of_topic, table_path
+
+log = logging.getLogger(__name__)
+
+
+def apply_table(
+    spark: SparkSession,
+    batch: DataFrame,
+    batch_id: int,
+    topic_survey: TopicSurvey,
+    context: ApplyContext,
+) -> TableResult | None:
+    """Apply one topic's records of the batch to its Delta table (module docstring).
+
+    Returns None only for a batch holding nothing but tombstones of a table that has no
+    Delta table yet: there is nothing to record them in.
+    """
+    topic = topic_survey.topic
+    table = table_of_topic(topic)
+    name = str(table)
+    path = table_path(context.lake_root, table)
+    check_framing(topic_survey, name)
+    schemas = [
+        parse_value_schema(table, fingerprint, context.writer_schemas[fingerprint])
+        for fingerprint in sorted(topic_survey.fingerprints)
+    ]
+    if context.folds is not None:
+        return _apply_table_logged(
+            spark, batch, batch_id, topic_survey, context, schemas=schemas, folds=context.folds
+        )
+    known = context.known.current(spark, path) if context.known is not None else None
+    existing: ExistingTable | None = None
+    if known is not None:
+        history: TableHistory | None = known.history
+        existing = known.existing
+    else:
+        history = read_history(spark, path, name)
+    if history is not None and history.state is not None:
+        covered = covered_result(
+            topic_survey, batch_id, history.version, history.state, path=path, context=context
+        )
+        if covered is not None:
+            return covered
+    if known is None:
+        existing = read_existing_table(spark, path, table) if history is not None else None
+    if existing is None and not schemas:
+        log.warning("tombstones for a table not created yet, nothing to record: %s", name)
+        return None
+    previous = history.state if history is not None else None
+    plan = plan_batch(
+        batch, topic, table=table, existing=existing, schemas=schemas, previous=previous
+    )
+
+    decoded = (
+        decode_topic(batch, topic, schemas, plan.columns.columns, plan.superseded)
+        if schemas
+        else None
+    )
+    with persisted(decoded):
+        result = merge_batch(
+            spark,
+            batch_id=batch_id,
+            topic_survey=topic_survey,
+            context=context,
+            history=history,
+            existing=existing,
+            plan=plan,
+            decoded=decoded,
+        )
+    after_commit(
+        spark,
+        context,
+        result,
+        path=path,
+        existing=existing if not plan.replace and not plan.columns.added else None,
+        version_before=-1 if history is None else history.version,
+    )
+    return result
+
+
+def _apply_table_logged(
+    spark: SparkSession,
+    batch: DataFrame,
+    batch_id: int,
+    topic_survey: TopicSurvey,
+    context: ApplyContext,
+    *,
+    schemas: list[ValueSchema],
+    folds: Folds,
+) -> TableResult | None:
+    """:func:`apply_table` with the change log on: the batch's changes are appended to
+    the table's log when the log can take them, while the table may be being folded
+    (an append and a fold's trim never conflict, :func:`apply.change_log.create_log`);
+    else, holding the table's fold lock, the log is folded and emptied and the batch is
+    merged into the table (:mod:`apply.change_log`, What goes to the log)."""
+    topic = topic_survey.topic
+    table = table_of_topic(topic)
+    name = str(table)
+    path = table_path(context.lake_root, table)
+    log_path = change_log_path(context.lake_root, table)
+    known = (
+        context.known.current(spark, log_path, passing=LOG_UPKEEP)
+        if context.known is not None
+        else None
+    )
+    table_history: TableHistory | None = None
+    if known is not None:
+        log_history: TableHistory | None = known.history
+        existing: ExistingTable | None = known.existing
+        state = known.history.state
+    else:
+        table_history = read_history(spark, path, name)
+        log_history = read_history(spark, log_path, name)
+        state = newer_state(
+            None if table_history is None else table_history.state,
+            None if log_history is None else log_history.state,
+        )
+        existing = read_existing_table(spark, path, table) if table_history is not None else None
+    if state is not None:
+        reported = log_history or table_history
+        covered = covered_result(
+            topic_survey,
+            batch_id,
+            -1 if reported is None else reported.version,
+            state,
+            path=log_path,
+            context=context,
+        )
+        if covered is not None:
+            return covered
+    if existing is None and not schemas:
+        log.warning("tombstones for a table not created yet, nothing to record: %s", name)
+        return None
+    plan = plan_batch(batch, topic, table=table, existing=existing, schemas=schemas, previous=state)
+    decoded = (
+        decode_topic(batch, topic, schemas, plan.columns.columns, plan.superseded)
+        if schemas
+        else None
+    )
+    with persisted(decoded):
+        measured = measure_batch(decoded, state, topic_survey, name)
+        loggable = not plan.replace and measured.truncate is None
+        if not loggable:
+            # The table takes this batch directly: first it takes everything the log
+            # holds, and the log is emptied, so no row left there is older than a change
+            # in the table.
+            if context.known is not None:
+                context.known.forget(log_path)
+            with folds.lock(table):
+                return fold_then_merge(
+                    spark,
+                    batch_id=batch_id,
+                    topic_survey=topic_survey,
+                    context=context,
+                    folds=folds,
+                    state=state,
+                    log_history=log_history,
+                    existing=existing,
+                    plan=plan,
+                    decoded=decoded,
+                    measured=measured,
+                )
+        # Creating the table or adding columns to it is a commit on the table: not while
+        # a fold MERGEs into it.
+        ddl = plan.columns.create or bool(plan.columns.added)
+        with folds.lock(table) if ddl else nullcontext():
+            result = append_batch(
+                spark,
+                batch_id=batch_id,
+                topic_survey=topic_survey,
+                context=context,
+                previous=state,
+                log_history=log_history,
+                existing=existing,
+                plan=plan.columns,
+                decoded=decoded,
+                measured=measured,
+            )
+    folds.appended(table)
+    after_commit(
+        spark,
+        context,
+        result,
+        path=log_path,
+        existing=existing if not plan.columns.added and log_history is not None else None,
+        version_before=-1 if log_history is None else log_history.version,
+    )
+    return result
+
+
+def released(
+    spark: SparkSession,
+    *,
+    batch: DataFrame,
+    batch_id: int,
+    topic_survey: TopicSurvey,
+    context: ApplyContext,
+    errored: ErroredTable,
+) -> TableResult | None:
+    """An errored table's batch applied, and its parked records released, when a TRUNCATE
+    positioned after every parked record supersedes them all (a resync reached apply);
+    None when the table stays parked.
+
+    The TRUNCATE is this batch's, or one the lake table already holds: the latter when
+    an earlier attempt committed the batch and died before the release."""
+    table = errored.table
+    newest = errored.newest
+    if newest is None or errored.unpositioned or missing_schemas(topic_survey, context):
+        return None  # a record without position could be after any TRUNCATE
+    state = lake_state(spark, topic_survey, context)
+    erased = None if state is None else state.truncated_at
+    if erased is None or erased <= newest:
+        try:
+            schemas = [
+                parse_value_schema(table_of_topic(topic_survey.topic), f, context.writer_schemas[f])
+                for f in sorted(topic_survey.fingerprints)
+            ]
+        except TableError:
+            return None
+        if not schemas:
+            return None
+        erased = measure_supersession(batch, topic_survey.topic, schemas, state).truncate
+        if erased is None or erased <= newest:
+            return None
+    try:
+        result = apply_table(spark, batch, batch_id, topic_survey, context)
+    except TableError as exc:
+        log.error(  # noqa: TRY400 - the message says what to do; the trace adds nothing
+            "batch %d: table %s stays errored, its batch after the TRUNCATE fails too: %s",
+            batch_id,
+            table,
+            exc,
+        )
+        return None
+    release_superseded(
+        spark, context.dead_letter, table, erased, None if result is None else result.version
+    )
+    log.warning(
+        "batch %d: table %s is released: the TRUNCATE at %s supersedes its %d parked records",
+        batch_id,
+        table,
+        format_position(erased),
+        errored.records,
+    )
+    return result

@@ -1,0 +1,407 @@
+"""Stage 3, write: one Delta commit per table, with its applied state in the commit.
+
+- :func:`merge_batch`: the latest change per key MERGEd into the table (or the table
+  replaced), the path without the change log and of batches the log cannot take;
+- :func:`append_batch`: with the change log, the latest change per key appended to the
+  table's log (:mod:`apply.change_log`);
+- :func:`fold_then_merge`: a batch the log cannot take (a TRUNCATE, a replacement), under
+  the table's fold lock: the log is folded and emptied first;
+- :func:`after_commit`: what the job keeps of the commit for the next batch
+  (:mod:`apply.known_tables`) and the upkeep it made due (:mod:`apply.upkeep`).
+
+Delta's ``txnAppId``/``txnVersion`` make a repeated write a no-op; the state is then read
+back from the commit that holds it (:func:`replayed_state`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import replace
+
+from pyspark.sql import DataFrame, SparkSession
+
+from apply.batch.context import ApplyContext
+from apply.batch.plan import format_position, measure_batch, partition_batches
+from apply.batch.read import batch_ids_restarted
+from apply.change_log import (
+    Append,
+    append,
+    change_log_path,
+    create_log,
+    reshape_log,
+    resolve_unchanged,
+)
+from apply.decode import TopicSurvey
+from apply.delta_schema import (
+    ColumnPlan,
+    ExistingTable,
+    ensure_table,
+    prepare_replacement,
+    support_timestamp_ntz,
+)
+from apply.fold import Folds, fold_table
+from apply.history import TableHistory, newest_version, read_history, recover_state
+from apply.known_tables import KnownTable
+from apply.merge import BatchMeasure, empty_source, merge_into, merge_source, replace_table
+from apply.positions import AppliedState, advance, encode_state
+from apply.progress import TableResult
+from apply.superseded import TablePlan
+from apply.tables import table_of_topic, table_path
+
+log = logging.getLogger(__name__)
+
+
+def _metric(metrics: Mapping[str, str], name: str) -> int:
+    return int(metrics.get(name, "0"))
+
+
+def replayed_state(spark: SparkSession, path: str, table: str, batch_id: int) -> AppliedState:
+    """The state recorded at ``path`` (the table, or its change log) when Delta skipped
+    the batch's write: this ``txnAppId`` committed this batch id, or a later one,
+    before. Only the first is a replay; the second means batch ids restarted."""
+    recorded = recover_state(spark, path, table)
+    if recorded is None or recorded.batch_id != batch_id:
+        raise batch_ids_restarted(table, batch_id, recorded)
+    return recorded
+
+
+def after_commit(
+    spark: SparkSession,
+    context: ApplyContext,
+    result: TableResult,
+    *,
+    path: str,
+    existing: ExistingTable | None,
+    version_before: int,
+) -> None:
+    """After a table's batch wrote the Delta table at ``path`` (the table, or its change
+    log): keep what it committed for the next batch (:mod:`apply.known_tables`), when
+    ``existing`` names the columns it wrote to (None: the batch created or changed
+    them, nothing is kept), and run the upkeep the commit made due (:mod:`apply.upkeep`)."""
+    if context.known is not None:
+        if result.committed and existing is not None:
+            context.known.remember(
+                path, KnownTable(TableHistory(result.version, result.state), existing)
+            )
+        else:
+            context.known.forget(path)
+    if result.committed and context.upkeep is not None:
+        context.upkeep.after_commit(
+            spark,
+            table=result.table,
+            path=path,
+            version_before=version_before,
+            version_after=result.version,
+        )
+
+
+def merge_batch(
+    spark: SparkSession,
+    *,
+    batch_id: int,
+    topic_survey: TopicSurvey,
+    context: ApplyContext,
+    history: TableHistory | None,
+    existing: ExistingTable | None,
+    plan: TablePlan,
+    decoded: DataFrame | None,
+    measured: BatchMeasure | None = None,
+) -> TableResult:
+    """A table's batch once its records are decoded: measure (unless ``measured``),
+    then MERGE into the table (or replace it). ``decoded`` is cached, so the measure and
+    the MERGE decode every record once."""
+    topic = topic_survey.topic
+    table = table_of_topic(topic)
+    name = str(table)
+    path = table_path(context.lake_root, table)
+    previous = history.state if history is not None else None
+    if measured is None:
+        measured = measure_batch(decoded, previous, topic_survey, name)
+    truncate = measured.truncate
+    state = advance(
+        previous,
+        name,
+        batch_id,
+        partition_batches(topic_survey, measured),
+        truncate,
+        txn_app_id=context.txn_app_id,
+    )
+
+    columns = plan.columns
+    if plan.replace:
+        assert existing is not None  # plan_table replaces an existing table only
+        prepare_replacement(spark, path, columns, existing)
+        version_before = newest_version(spark, path)
+    else:
+        ensure_table(spark, path, table, columns, existing)
+        if history is None or columns.added:
+            refreshed = read_history(spark, path, name)
+            assert refreshed is not None  # ensure_table just wrote the table
+            version_before = refreshed.version
+        else:
+            version_before = history.version
+    source = (
+        merge_source(
+            decoded,
+            previous=previous,
+            topic=topic,
+            plan=columns,
+            erased_before=state.truncated_at,
+            unchanged_columns=measured.unchanged_columns,
+        )
+        if decoded is not None
+        else empty_source(spark, columns)
+    )
+    if plan.replace:
+        log.warning(
+            "batch %d to %s: the lake table cannot take the new schema; the TRUNCATE at %s "
+            "erases every row it holds, so it is replaced by the rows from there on",
+            batch_id,
+            name,
+            format_position(truncate),
+        )
+        outcome = replace_table(
+            spark,
+            path=path,
+            table=name,
+            source=source,
+            plan=columns,
+            version_before=version_before,
+            app_id=context.txn_app_id,
+            batch_id=batch_id,
+            metadata=encode_state(state),
+        )
+    else:
+        outcome = merge_into(
+            spark,
+            path=path,
+            table=name,
+            source=source,
+            plan=columns,
+            truncate=truncate,
+            version_before=version_before,
+            app_id=context.txn_app_id,
+            batch_id=batch_id,
+            metadata=encode_state(state),
+        )
+    if not outcome.committed:
+        state = replayed_state(spark, path, name, batch_id)
+
+    metrics = outcome.metrics
+    replays = sum(m.replays for m in measured.partitions.values())
+    truncates = sum(m.truncates for m in measured.partitions.values())
+    source_rows = _metric(metrics, "numSourceRows")
+    changes = topic_survey.records - topic_survey.tombstones - replays - truncates
+    result = TableResult(
+        table=name,
+        topic=topic,
+        path=path,
+        batch_id=batch_id,
+        committed=outcome.committed,
+        version=outcome.version,
+        records=topic_survey.records,
+        tombstones=topic_survey.tombstones,
+        replays=replays,
+        superseded=changes - source_rows if outcome.committed else 0,
+        truncates=truncates,
+        source_rows=source_rows,
+        rows_inserted=_metric(
+            metrics, "numOutputRows" if plan.replace else "numTargetRowsInserted"
+        ),
+        rows_updated=_metric(metrics, "numTargetRowsUpdated"),
+        rows_deleted=_metric(metrics, "numTargetRowsDeleted"),
+        rows_truncated=_metric(metrics, "numTargetRowsNotMatchedBySourceDeleted"),
+        table_created=columns.create and not plan.replace,
+        columns_added=tuple(column.name for column in columns.added),
+        partitions=tuple(sorted((topic, partition) for partition in topic_survey.partitions)),
+        state=state,
+    )
+    log.info(
+        "batch %d to %s: version %d %s, %d records, %d replays, "
+        "rows inserted %d, updated %d, deleted %d",
+        batch_id,
+        name,
+        result.version,
+        "committed" if result.committed else "skipped as already committed",
+        result.records,
+        result.replays,
+        result.rows_inserted,
+        result.rows_updated,
+        result.rows_deleted,
+    )
+    return result
+
+
+def append_batch(
+    spark: SparkSession,
+    *,
+    batch_id: int,
+    topic_survey: TopicSurvey,
+    context: ApplyContext,
+    previous: AppliedState | None,
+    log_history: TableHistory | None,
+    existing: ExistingTable | None,
+    plan: ColumnPlan,
+    decoded: DataFrame | None,
+    measured: BatchMeasure,
+) -> TableResult:
+    """Append the batch's latest change per key to the table's log, with the new state
+    in the same commit. The table itself is created or given new columns first, so a
+    fold always finds every column the log holds."""
+    topic = topic_survey.topic
+    table = table_of_topic(topic)
+    name = str(table)
+    path = table_path(context.lake_root, table)
+    log_path = change_log_path(context.lake_root, table)
+    ensure_table(spark, path, table, plan, existing)
+    if log_history is None:
+        create_log(spark, log_path, table, plan.columns, plan.key_columns)
+        version_before = newest_version(spark, log_path)
+    else:
+        # The append adds the batch's new columns to the log (mergeSchema), all but the
+        # feature a zone-less timestamp needs.
+        support_timestamp_ntz(spark, log_path, plan.added)
+        version_before = newest_version(spark, log_path) if plan.added else log_history.version
+    seq = version_before + 1
+    state = replace(
+        advance(
+            previous,
+            name,
+            batch_id,
+            partition_batches(topic_survey, measured),
+            None,
+            txn_app_id=context.txn_app_id,
+        ),
+        log_seq=seq,
+    )
+    source = (
+        resolve_unchanged(
+            spark,
+            merge_source(
+                decoded,
+                previous=previous,
+                topic=topic,
+                plan=plan,
+                erased_before=None if previous is None else previous.truncated_at,
+                unchanged_columns=measured.unchanged_columns,
+            ),
+            table_path=path,
+            log_path=log_path,
+            columns=plan.columns,
+            key_columns=plan.key_columns,
+        )
+        if decoded is not None
+        else empty_source(spark, plan)
+    )
+    outcome = append(
+        spark,
+        source,
+        plan.columns,
+        Append(
+            path=log_path,
+            table=name,
+            seq=seq,
+            version_before=version_before,
+            app_id=context.txn_app_id,
+            batch_id=batch_id,
+            metadata=encode_state(state),
+        ),
+    )
+    if not outcome.committed:
+        state = replayed_state(spark, log_path, name, batch_id)
+    replays = sum(m.replays for m in measured.partitions.values())
+    source_rows = _metric(outcome.metrics, "numOutputRows")
+    changes = topic_survey.records - topic_survey.tombstones - replays
+    result = TableResult(
+        table=name,
+        topic=topic,
+        path=log_path,
+        batch_id=batch_id,
+        committed=outcome.committed,
+        version=outcome.version,
+        records=topic_survey.records,
+        tombstones=topic_survey.tombstones,
+        replays=replays,
+        superseded=changes - source_rows if outcome.committed else 0,
+        truncates=0,
+        source_rows=source_rows,
+        rows_inserted=0,
+        rows_updated=0,
+        rows_deleted=0,
+        rows_truncated=0,
+        table_created=plan.create,
+        columns_added=tuple(column.name for column in plan.added),
+        partitions=tuple(sorted((topic, partition) for partition in topic_survey.partitions)),
+        state=state,
+    )
+    log.info(
+        "batch %d to %s: change log version %d %s, %d records, %d replays, %d rows logged",
+        batch_id,
+        name,
+        result.version,
+        "committed" if result.committed else "skipped as already committed",
+        result.records,
+        result.replays,
+        source_rows,
+    )
+    return result
+
+
+def fold_then_merge(
+    spark: SparkSession,
+    *,
+    batch_id: int,
+    topic_survey: TopicSurvey,
+    context: ApplyContext,
+    folds: Folds,
+    state: AppliedState | None,
+    log_history: TableHistory | None,
+    existing: ExistingTable | None,
+    plan: TablePlan,
+    decoded: DataFrame | None,
+    measured: BatchMeasure,
+) -> TableResult:
+    """A batch the log cannot take, under the table's fold lock: the table takes
+    everything the log holds and the log is emptied, so no row left there is older than
+    a change in the table; then the batch is merged into the table."""
+    table = table_of_topic(topic_survey.topic)
+    name = str(table)
+    path = table_path(context.lake_root, table)
+    log_path = change_log_path(context.lake_root, table)
+    mark = folds.mark(table)
+    if log_history is not None:
+        fold_table(
+            spark,
+            lake_root=context.lake_root,
+            table=table,
+            default_app_id=context.txn_app_id,
+            empty_log=True,
+        )
+    folds.folded(table, mark)
+    direct = read_history(spark, path, name)
+    merged = merge_batch(
+        spark,
+        batch_id=batch_id,
+        topic_survey=topic_survey,
+        context=context,
+        history=None if direct is None else TableHistory(direct.version, state),
+        existing=existing,
+        plan=plan,
+        decoded=decoded,
+        measured=measured,
+    )
+    if log_history is not None and (plan.replace or plan.columns.added):
+        # The emptied log takes the table's new columns, so the next append and the
+        # freshest view's SQL find them (a retyped column included).
+        reshape_log(spark, log_path, plan.columns.columns)
+    # Nothing is kept: the next batch reads the table and its log from Delta.
+    after_commit(
+        spark,
+        context,
+        merged,
+        path=path,
+        existing=None,
+        version_before=-1 if direct is None else direct.version,
+    )
+    return merged
