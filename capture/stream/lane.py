@@ -1,5 +1,6 @@
 """The stream lane: the steady state of streaming, frames to produced records, in one
-compiled call per burst (``capture_native.StreamLane``, ``native/src/lane.rs``).
+compiled call per burst (``capture_native.CompiledStream``,
+``native/src/compiled_stream.rs``).
 
 Most of a streamed change's cost in the Python loop was not the encoding (compiled
 already) but the steps around it, each a few Python calls per frame or record: reading
@@ -54,8 +55,8 @@ from schemas.lsn import Lsn
 from schemas.operation import Operation
 
 if TYPE_CHECKING:
-    from capture_native import KafkaProducer, LaneRead
-    from capture_native import StreamLane as NativeLane
+    from capture_native import CompiledStream as NativeLane
+    from capture_native import CompiledStreamRead, KafkaProducer
 
 # ``Stop`` (what a read stopped on) is defined once, by the extension; the loop reads it
 # from here. Where the extension is not built, no StreamLane can be made, so nothing
@@ -98,7 +99,7 @@ class StreamLane:
         ensure_topic: Callable[[str], None],
         metrics: CaptureMetrics | None,
     ) -> None:
-        from capture_native import StreamLane as NativeLane  # noqa: PLC0415
+        from capture_native import CompiledStream as NativeLane  # noqa: PLC0415
 
         path = libpq()
         if path is None:
@@ -119,7 +120,7 @@ class StreamLane:
         """Called with each end LSN the lane's commits reach, after the book's commit."""
         self._native.adopt(None, book.next_transaction_id)
 
-    def read(self, budget: int) -> LaneRead:
+    def read(self, budget: int) -> CompiledStreamRead:
         """Take up to ``budget`` frames libpq holds for the replication connection:
         what it stopped on (a ``Stop``; ``Stop.FRAME`` with the frame), and how many
         frames the lane took. The book has the lane's transactions when this returns."""

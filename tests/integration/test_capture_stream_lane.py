@@ -28,7 +28,7 @@ from tests.plugins.services import Services
 from tests.plugins.topics import read_to_end
 
 if TYPE_CHECKING:
-    from capture_native import LaneRead
+    from capture_native import CompiledStreamRead
 
 pytestmark = pytest.mark.skipif(
     not AVAILABLE or native_producer.library() is None,
@@ -131,7 +131,7 @@ def test_the_lane_publishes_what_the_python_loop_publishes(
     stopped_on: set[stream_lane.Stop] = set()
     read = StreamLane.read
 
-    def counting(self: StreamLane, budget: int) -> LaneRead:
+    def counting(self: StreamLane, budget: int) -> CompiledStreamRead:
         result = read(self, budget)
         stopped_on.add(result.stopped)
         taken.append(result.taken)
