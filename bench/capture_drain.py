@@ -39,7 +39,7 @@ timings are then not comparable. ``--python-rows`` runs capture with
 row encoder), for comparing the two paths run against run; ``--confluent-producer``
 likewise with ``compiled_producer=false`` (confluent-kafka's producer), and
 ``--python-loop`` with ``compiled_stream=false`` (every frame through the Python loop,
-without the stream lane). ``--debezium`` adds a third
+without the compiled stream). ``--debezium`` adds a third
 slot, created with the others, and drains it afterwards with Debezium's PostgreSQL
 connector in Kafka Connect (:mod:`bench.debezium_drain`): its start-up and steady drain
 are reported apart, and capture's rows per CPU second are compared with its steady ones.

@@ -20,9 +20,9 @@ the code gets faster (the bytes are the wire contract).
 (:mod:`capture.rows.native`, where built) and with the Python path alone, the baseline
 of the same run; then ``ChangeStream.handle_frame``, as the service's Python loop calls
 it, which takes Inserts and new-tuple-only Updates from their bytes without decoding
-them. The digests of all three must be equal, or the run fails. The service's stream
-lane (:mod:`capture.stream.lane`) is not measured here: it produces to Kafka, so the
-drain benchmark measures it (``--python-loop`` for the loop without it).
+them. The digests of all three must be equal, or the run fails. The service's compiled
+stream (:mod:`capture.stream.compiled_stream`) is not measured here: it produces to
+Kafka, so the drain benchmark measures it (``--python-loop`` for the loop without it).
 
 What it leaves out, and the drain benchmark includes: reading the socket, producing to
 Kafka, delivery reports and the in-flight book. It is the part of the drain that decode

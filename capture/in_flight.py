@@ -161,7 +161,7 @@ class ProgressBook:
 
     def produced_records(self, records: int, encoded_bytes: int) -> None:
         """``records`` records of the open transaction, ``encoded_bytes`` in all, were
-        handed to the producer without tickets: the stream lane's, whose reports come
+        handed to the producer without tickets: the compiled stream's, whose reports come
         summed per partition (:meth:`delivered_records`)."""
         transaction = self._open
         if transaction is None:
@@ -172,7 +172,7 @@ class ProgressBook:
 
     @property
     def next_transaction_id(self) -> int:
-        """The id :meth:`begin` gives the next transaction (the stream lane's records
+        """The id :meth:`begin` gives the next transaction (the compiled stream's records
         carry it)."""
         return self._next_id
 
@@ -283,9 +283,10 @@ class ProgressBook:
         :meth:`produced_records`), ``encoded_bytes`` in all, are in ``topic`` /
         ``partition``, the last at ``offset``.
 
-        Their reports may come before the lane's replay booked them all (only while
-        the transaction is open): pending deliveries then dip, but an open transaction
-        never advances confirmation, and its commit comes after its last booking."""
+        Their reports may come before the compiled stream's replay booked them all (only
+        while the transaction is open): pending deliveries then dip, but an open
+        transaction never advances confirmation, and its commit comes after its last
+        booking."""
         owner = self._find(transaction_id)
         owner.pending_deliveries -= records
         key = (topic, partition)

@@ -198,8 +198,8 @@ class CaptureSettings(BaseSettings):
     compiled_stream: bool = Field(
         True,
         description=(
-            "take streamed changes from the replication connection to the producer in "
-            "compiled code (the stream lane, capture_native) where it can run: with the "
+            "take streamed changes from the replication connection to the producer "
+            "through the compiled stream (capture_native) where it can run: with the "
             "compiled rows and producer, and psycopg's libpq found; false: every frame "
             "through the Python loop, same records, more CPU per change"
         ),

@@ -1,6 +1,6 @@
 """Types of ``capture_native``, the compiled part of capture: the row encoder
-(``src/lib.rs``), the record producer (``src/producer.rs``) and the stream lane
-(``src/lane.rs``); those files say how each is held to the Python path.
+(``src/lib.rs``), the record producer (``src/producer.rs``) and the compiled stream
+(``src/compiled_stream.rs``); those files say how each is held to the Python path.
 
 Every value the extension hands back is one of the frozen classes below, read by field
 name; a class the caller never builds has no constructor here.
@@ -155,7 +155,7 @@ class ClientError:
 
 @final
 class StreamedRun:
-    """The stream lane's records of one transaction delivered to one partition since
+    """The compiled stream's records of one transaction delivered to one partition since
     the last poll, summed into one report."""
 
     @property
@@ -186,13 +186,13 @@ class Polled:
         """How many delivery callbacks were called."""
     @property
     def unreported_failures(self) -> list[UnreportedFailure]:
-        """Records without a callback that failed, a stream lane's included."""
+        """Records without a callback that failed, a compiled stream's included."""
     @property
     def client_errors(self) -> list[ClientError]:
         """The client's errors since the last poll (the latest 100 at most)."""
     @property
     def streamed(self) -> list[StreamedRun]:
-        """The stream lane's delivered records, one run per transaction and
+        """The compiled stream's delivered records, one run per transaction and
         partition, in the order each first appeared (per partition, offset order)."""
 
 @final
@@ -246,29 +246,29 @@ class KafkaProducer:
     def __len__(self) -> int:
         """Records queued or in flight, and reports not served yet."""
 
-# -- the stream lane (src/lane.rs) ----------------------------------------------------
+# -- the compiled stream (src/compiled_stream.rs) -------------------------------------
 
 @final
 class Stop:
-    """What :meth:`StreamLane.read` stopped on. Values compare with each other (``==``,
-    hashable), not with numbers."""
+    """What :meth:`CompiledStream.read` stopped on. Values compare with each other
+    (``==``, hashable), not with numbers."""
 
     EMPTY: ClassVar[Stop]
     """Nothing more is buffered."""
     FRAME: ClassVar[Stop]
-    """A frame for the Python path, in :attr:`LaneRead.frame`."""
+    """A frame for the Python path, in :attr:`CompiledStreamRead.frame`."""
     FULL: ClassVar[Stop]
     """The producer's queue is full: serve reports, then read again."""
     LIMIT: ClassVar[Stop]
-    """The budget is used up, or a commit reached :meth:`StreamLane.stop_at`."""
+    """The budget is used up, or a commit reached :meth:`CompiledStream.stop_at`."""
     ENDED: ClassVar[Stop]
     """The server ended the replication stream."""
     FAILED: ClassVar[Stop]
     """libpq could not read: the connection's error message says why."""
 
 @final
-class LaneRead:
-    """What one :meth:`StreamLane.read` did."""
+class CompiledStreamRead:
+    """What one :meth:`CompiledStream.read` did."""
 
     @property
     def stopped(self) -> Stop:
@@ -279,12 +279,12 @@ class LaneRead:
         payload); otherwise None."""
     @property
     def taken(self) -> int:
-        """How many frames the lane took itself (``frame`` not counted)."""
+        """How many frames the compiled stream took itself (``frame`` not counted)."""
 
 @final
 class TransactionPart:
-    """What the lane did in one transaction since the last
-    :meth:`StreamLane.take_transactions`, for the caller's in-flight book."""
+    """What the compiled stream did in one transaction since the last
+    :meth:`CompiledStream.take_transactions`, for the caller's in-flight book."""
 
     @property
     def id(self) -> int:
@@ -297,7 +297,7 @@ class TransactionPart:
         """Whether its Begin is in this part: the book must begin it."""
     @property
     def records(self) -> int:
-        """Records the lane produced for it in this part."""
+        """Records the compiled stream produced for it in this part."""
     @property
     def bytes(self) -> int:
         """Their key and value bytes."""
@@ -307,8 +307,8 @@ class TransactionPart:
 
 @final
 class TableCount:
-    """Records the lane produced for one armed table and operation since the last
-    :meth:`StreamLane.take_counts`."""
+    """Records the compiled stream produced for one armed table and operation since the
+    last :meth:`CompiledStream.take_counts`."""
 
     @property
     def oid(self) -> int:
@@ -325,8 +325,8 @@ class TableCount:
 
 @final
 class OpenTransaction:
-    """An open transaction as the lane and the Python path hand it to each other
-    (:meth:`StreamLane.transaction`, :meth:`StreamLane.adopt`)."""
+    """An open transaction as the compiled stream and the Python path hand it to each
+    other (:meth:`CompiledStream.transaction`, :meth:`CompiledStream.adopt`)."""
 
     def __init__(self, commit_lsn: int, xid: int, commit_ts: int, ordinal: int, id: int, /) -> None:
         """The transaction as the Python path holds it, with its book id."""
@@ -347,17 +347,17 @@ class OpenTransaction:
         """Its id in the in-flight book."""
 
 @final
-class StreamLane:
+class CompiledStream:
     """Streamed changes from the replication connection's buffer to the producer's
     queue, one call per burst, for the frames that need no decision
-    (``capture/stream/lane.py`` drives it)."""
+    (``capture/stream/compiled_stream.py`` drives it)."""
 
     def __init__(
         self, producer: KafkaProducer, libpq: str, commit_header: str, change_header: str, /
     ) -> None:
-        """A lane producing with ``producer``, reading with the libpq at ``libpq`` (the
-        file psycopg loaded); the headers name the records' LSN headers. Raises OSError
-        when libpq cannot be loaded."""
+        """A compiled stream producing with ``producer``, reading with the libpq at
+        ``libpq`` (the file psycopg loaded); the headers name the records' LSN headers.
+        Raises OSError when libpq cannot be loaded."""
     def arm(
         self,
         oid: int,
@@ -375,11 +375,12 @@ class StreamLane:
         ``publish_after`` go to the Python path. Replaces what ``oid`` had."""
     def disarm(self) -> None:
         """Disarm every table (after :meth:`take_counts`, so no count is lost)."""
-    def read(self, connection: int, budget: int, /) -> LaneRead:
+    def read(self, connection: int, budget: int, /) -> CompiledStreamRead:
         """Take up to ``budget`` of the frames libpq holds for the connection at
         ``connection`` (its ``PGconn *``); never waits."""
     def take_transactions(self) -> list[TransactionPart]:
-        """What the lane did since the last call, a part per transaction, in order."""
+        """What the compiled stream did since the last call, a part per transaction, in
+        order."""
     def take_counts(self) -> list[TableCount]:
         """Records and bytes per armed table and operation since the last call,
         nonzero ones only."""

@@ -103,12 +103,12 @@ class NativeProducer:
         self.unreported_failure: str | None = None
         """The first failure of a record produced without a report."""
         self.on_streamed: Callable[[list[StreamedRun]], None] | None = None
-        """Takes the stream lane's delivered records (:mod:`capture.stream.lane`), per
-        transaction and partition."""
+        """Takes the compiled stream's delivered records
+        (:mod:`capture.stream.compiled_stream`), per transaction and partition."""
 
     @property
     def native(self) -> KafkaProducer:
-        """The compiled producer itself, for the stream lane to produce with."""
+        """The compiled producer itself, for the compiled stream to produce with."""
         return self._native
 
     def produce(

@@ -317,7 +317,8 @@ class ChangePublisher:
 
     @property
     def compiled_producer(self) -> KafkaProducer | None:
-        """The compiled producer, for the stream lane; None with confluent-kafka's."""
+        """The compiled producer, for the compiled stream; None with
+        confluent-kafka's."""
         producer = self._producer
         return producer.native if isinstance(producer, NativeProducer) else None
 
@@ -325,7 +326,7 @@ class ChangePublisher:
         self._topics.ensure(topic)
 
     def _streamed(self, runs: list[StreamedRun]) -> None:
-        """The stream lane's delivered records, summed per transaction and partition
+        """The compiled stream's delivered records, summed per transaction and partition
         (a failed one comes as an unreported failure instead)."""
         delivered = self._book.delivered_records
         for run in runs:

@@ -175,7 +175,8 @@ class ChangeStream:
     (:mod:`capture.rows.native`); off only to measure or test the Python path."""
     version: int = 0
     """Bumped whenever a table's codec, its errored mark or its schema's publication
-    changes: what the stream lane's arming depends on (:mod:`capture.stream.lane`)."""
+    changes: what the compiled stream's arming depends on
+    (:mod:`capture.stream.compiled_stream`)."""
     _published_schemas: set[int] = field(default_factory=set)
     _tx: _Transaction | None = None
     _encoded_operations: dict[int, Operation] = field(init=False, repr=False)
@@ -201,7 +202,7 @@ class ChangeStream:
 
     def adopt(self, transaction: tuple[Lsn, int, int, int] | None) -> None:
         """Take over the open transaction as another reader of the stream left it (the
-        stream lane): its records so far took the ordinals before the one given."""
+        compiled stream): its records so far took the ordinals before the one given."""
         if transaction is None:
             self._tx = None
             return

@@ -1,10 +1,10 @@
 """The replication loop: one attempt's streaming, from the slot to Kafka and back.
 
 :class:`ReplicationLoop` reads frames from the replication connection (through the
-compiled stream lane where it runs, :mod:`capture.stream.lane`), hands them to the change
-stream, routes the records per table (:mod:`capture.stream.table_flow`), serves the
-producer's delivery reports and the control topic, and confirms to the server what the
-in-flight book allows (:mod:`capture.in_flight`).
+compiled stream where it runs, :mod:`capture.stream.compiled_stream`), hands them to the
+change stream, routes the records per table (:mod:`capture.stream.table_flow`), serves
+the producer's delivery reports and the control topic, and confirms to the server what
+the in-flight book allows (:mod:`capture.in_flight`).
 
 The loop is single-threaded on purpose: the in-flight book is touched by delivery
 reports (served inside ``producer.poll``), control-topic messages and the stream, and one
@@ -50,7 +50,7 @@ from capture.source.setup import (
     resolve_tables,
 )
 from capture.source.wal_safety import WalWatch
-from capture.stream import lane as stream_lane
+from capture.stream import compiled_stream
 from capture.stream.change_stream import (
     ChangeFailed,
     ChangeStream,
@@ -58,8 +58,8 @@ from capture.stream.change_stream import (
     TransactionCommitted,
     TransactionStarted,
 )
+from capture.stream.compiled_stream import CompiledStream
 from capture.stream.copy_data import PrimaryKeepalive, parse_copy_data
-from capture.stream.lane import StreamLane
 from capture.stream.replication import Frame, ReplicationStream
 from capture.stream.schema_change import resync_reason_after
 from capture.stream.table_flow import TableFlow
@@ -73,8 +73,8 @@ _READ_TIMEOUT_S = 0.1
 _POLL_INTERVAL_S = 0.005
 _BURST_FRAMES = 128
 """Frames handled back to back before the loop's periodic checks run."""
-_LANE_BUDGET = 512
-"""Frames the stream lane takes in one call: the loop's periodic checks (reports,
+_COMPILED_BUDGET = 512
+"""Frames the compiled stream takes in one call: the loop's periodic checks (reports,
 control messages, status updates) run between calls, and the in-flight bound is
 checked per call, so it may be passed by up to this many records."""
 
@@ -165,22 +165,22 @@ class ReplicationLoop:
         """The commit LSN of the transaction being received (from its Begin)."""
         self._reply = False
         """The server asked for a status update in this round of the loop."""
-        self._lane = self._open_lane()
+        self._compiled = self._open_compiled_stream()
         log.info(
             "streamed changes go %s",
-            "through the compiled stream lane"
-            if self._lane is not None
+            "through the compiled stream"
+            if self._compiled is not None
             else "through the Python loop",
         )
-        if self._lane is not None:
-            self._lane.stop_at(stop_at)
-            self._lane.on_commit = self._lane_committed
+        if self._compiled is not None:
+            self._compiled.stop_at(stop_at)
+            self._compiled.on_commit = self._compiled_committed
 
     def run(self) -> None:
         """Stream until ``stop`` is set; then deliver everything produced and confirm it."""
         settings = self._settings
         stop, book, flow = self._stop, self._book, self._flow
-        publisher, control, lane = self._publisher, self._control, self._lane
+        publisher, control, compiled = self._publisher, self._control, self._compiled
         last_status = 0.0
         last_refresh = time.monotonic()
         try:
@@ -193,8 +193,8 @@ class ReplicationLoop:
                 if paused:
                     publisher.poll(_READ_TIMEOUT_S)
                     idle = True
-                elif lane is not None:
-                    idle = self._lane_burst(lane, timeout)
+                elif compiled is not None:
+                    idle = self._compiled_burst(compiled, timeout)
                 else:
                     idle = self._python_burst(timeout)
                 now = time.monotonic()
@@ -202,8 +202,8 @@ class ReplicationLoop:
                 # not per frame: at full speed a frame is a few microseconds of work, and
                 # polling both clients per frame cost more than decoding it.
                 if idle or now - last_poll >= _POLL_INTERVAL_S:
-                    if lane is not None:
-                        lane.count()
+                    if compiled is not None:
+                        compiled.count()
                     publisher.poll(0)
                     control.poll(book)
                     if not paused:
@@ -229,8 +229,8 @@ class ReplicationLoop:
     def _stop_gracefully(self) -> None:
         """Everything produced is delivered, then one last status update."""
         book, publisher = self._book, self._publisher
-        if self._lane is not None:
-            self._lane.count()
+        if self._compiled is not None:
+            self._compiled.count()
         self._flow.close()
         publisher.flush()
         self._control.poll(book)
@@ -289,8 +289,8 @@ class ReplicationLoop:
 
     def _handle(self, frame: Frame) -> None:
         """One frame through the Python path."""
-        if self._lane is not None:
-            # The lane may have begun the open transaction.
+        if self._compiled is not None:
+            # The compiled stream may have begun the open transaction.
             open_transaction = self._changes.transaction()
             if open_transaction is not None:
                 self._commit_lsn = open_transaction[0]
@@ -328,10 +328,11 @@ class ReplicationLoop:
             position.received_lsn = max(position.received_lsn, frame.wal_end)
             self._stop_when_reached(frame.wal_end)
 
-    # -- the stream lane -----------------------------------------------------------------
+    # -- the compiled stream -------------------------------------------------------------
 
-    def _open_lane(self) -> StreamLane | None:
-        """The stream lane, where it can run (:mod:`capture.stream.lane`)."""
+    def _open_compiled_stream(self) -> CompiledStream | None:
+        """The compiled stream, where it can run
+        (:mod:`capture.stream.compiled_stream`)."""
         settings = self._settings
         producer = self._publisher.compiled_producer
         connection = self._stream.connection_pointer
@@ -340,10 +341,10 @@ class ReplicationLoop:
             and settings.compiled_rows
             and producer is not None
             and connection is not None
-            and stream_lane.libpq() is not None
+            and compiled_stream.libpq() is not None
         ):
             return None
-        return StreamLane(
+        return CompiledStream(
             producer,
             connection,
             self._book,
@@ -353,45 +354,46 @@ class ReplicationLoop:
             self._metrics,
         )
 
-    def _lane_committed(self, end_lsn: Lsn) -> None:
+    def _compiled_committed(self, end_lsn: Lsn) -> None:
         self._position.received_lsn = end_lsn
         self._stop_when_reached(end_lsn)
 
-    def _lane_burst(self, lane: StreamLane, timeout: float) -> bool:
-        """One burst through the stream lane: the frames libpq holds (waiting up to
-        ``timeout`` for some if it holds none), the lane's up to its budget, the others
-        handled by :meth:`_handle`, at most a burst of those. True when nothing came."""
+    def _compiled_burst(self, compiled: CompiledStream, timeout: float) -> bool:
+        """One burst through the compiled stream: the frames libpq holds (waiting up to
+        ``timeout`` for some if it holds none), the compiled stream's up to its budget,
+        the others handled by :meth:`_handle`, at most a burst of those. True when
+        nothing came."""
         stream = self._stream
         waited = False
         took = False
         python_frames = 0
         while True:
-            read = lane.read(_LANE_BUDGET)
+            read = compiled.read(_COMPILED_BUDGET)
             status, raw = read.stopped, read.frame
             if read.taken or raw is not None:
                 took = True
                 stream.heard()
-            if status == stream_lane.Stop.FRAME and raw is not None:
-                lane.to_python()
+            if status == compiled_stream.Stop.FRAME and raw is not None:
+                compiled.to_python()
                 self._handle(parse_copy_data(raw))
-                lane.from_python()
+                compiled.from_python()
                 python_frames += 1
                 if python_frames >= _BURST_FRAMES or self._stop.is_set() or self._over_bound():
                     return False
-            elif status == stream_lane.Stop.EMPTY:
+            elif status == compiled_stream.Stop.EMPTY:
                 if took or waited:
                     return not took
                 waited = True
                 if not stream.wait(timeout):
                     return True
-            elif status == stream_lane.Stop.FULL:
+            elif status == compiled_stream.Stop.FULL:
                 # The producer's queue is full: its reports make room.
                 self._publisher.poll(_READ_TIMEOUT_S)
                 return False
-            elif status == stream_lane.Stop.LIMIT:
+            elif status == compiled_stream.Stop.LIMIT:
                 return False
             else:
-                raise stream.broken(ended=status == stream_lane.Stop.ENDED)
+                raise stream.broken(ended=status == compiled_stream.Stop.ENDED)
 
     # -- tables --------------------------------------------------------------------------
 

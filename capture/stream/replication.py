@@ -183,13 +183,13 @@ class ReplicationStream:
 
     @property
     def connection_pointer(self) -> int | None:
-        """The libpq connection (``PGconn *``) the stream reads, for the stream lane;
+        """The libpq connection (``PGconn *``) the stream reads, for the compiled stream;
         None where psycopg does not say (its pure-Python implementation)."""
         pointer = getattr(self._pgconn, "pgconn_ptr", None)
         return pointer if isinstance(pointer, int) else None
 
     def wait(self, timeout_s: float) -> bool:
-        """:meth:`read` for a reader of libpq's buffer (the stream lane): wait up to
+        """:meth:`read` for a reader of libpq's buffer (the compiled stream): wait up to
         ``timeout_s`` for the server, and True once what it sent is in the buffer."""
         try:
             ready, _, _ = select.select(

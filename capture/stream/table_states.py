@@ -100,7 +100,7 @@ class TableStates:
         self._clock = clock
         self._tables: dict[str, _Table] = {}
         self.version = 0
-        """Bumped by every transition: the stream lane re-arms when it moves."""
+        """Bumped by every transition: the compiled stream re-arms when it moves."""
 
         for table, status in persisted.items():
             if status.state in (TableState.STREAMING, TableState.CATCH_UP):

@@ -26,7 +26,7 @@
 //! - **No state.** An encoder is the immutable per-table-version plan; calls share
 //!   nothing, so one encoder serves any thread.
 
-mod lane;
+mod compiled_stream;
 mod producer;
 
 use pyo3::exceptions::PyValueError;
@@ -779,12 +779,12 @@ fn capture_native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<producer::UnreportedFailure>()?;
     module.add_class::<producer::ClientError>()?;
     module.add_class::<producer::StreamedRun>()?;
-    module.add_class::<lane::StreamLane>()?;
-    module.add_class::<lane::Stop>()?;
-    module.add_class::<lane::LaneRead>()?;
-    module.add_class::<lane::TransactionPart>()?;
-    module.add_class::<lane::TableCount>()?;
-    module.add_class::<lane::OpenTransaction>()?;
+    module.add_class::<compiled_stream::CompiledStream>()?;
+    module.add_class::<compiled_stream::Stop>()?;
+    module.add_class::<compiled_stream::CompiledStreamRead>()?;
+    module.add_class::<compiled_stream::TransactionPart>()?;
+    module.add_class::<compiled_stream::TableCount>()?;
+    module.add_class::<compiled_stream::OpenTransaction>()?;
     module.add_function(wrap_pyfunction!(key_partitions, module)?)?;
     Ok(())
 }

@@ -194,8 +194,8 @@ struct Deliveries {
     /// What the client's error callback said.
     errors: VecDeque<ClientError>,
     /// `(transaction, error code, topic handle, partition, offset, bytes)` of every
-    /// record a stream lane produced (`src/lane.rs`): its opaque is a transaction id,
-    /// not a [`Pending`].
+    /// record a compiled stream produced (`src/compiled_stream.rs`): its opaque is a
+    /// transaction id, not a [`Pending`].
     streamed: Vec<(u64, i32, usize, i32, i64, usize)>,
 }
 
@@ -253,10 +253,11 @@ unsafe extern "C" fn client_error(_rk: *mut Rk, err: c_int, reason: *const c_cha
 }
 
 /// The low bit of a streamed record's opaque: a [`Pending`] is a boxed pointer, aligned,
-/// so its low bit is 0; a lane's record carries `transaction id << 1 | STREAMED`.
+/// so its low bit is 0; a record of the compiled stream carries
+/// `transaction id << 1 | STREAMED`.
 pub(crate) const STREAMED: usize = 1;
 
-/// The opaque of a record a stream lane produces for `transaction`.
+/// The opaque of a record a compiled stream produces for `transaction`.
 pub(crate) fn streamed_opaque(transaction: u64) -> usize {
     ((transaction as usize) << 1) | STREAMED
 }
@@ -328,8 +329,8 @@ pub struct ClientError {
     reason: String,
 }
 
-/// A stream lane's records of one transaction delivered to one partition since the last
-/// poll, summed: the caller's book takes them as one report.
+/// A compiled stream's records of one transaction delivered to one partition since the
+/// last poll, summed: the caller's book takes them as one report.
 #[pyclass(module = "capture_native", frozen, get_all)]
 pub struct StreamedRun {
     /// The transaction's id in the in-flight book (the records' opaque).
@@ -348,13 +349,13 @@ pub struct StreamedRun {
 pub struct Polled {
     /// How many delivery callbacks were called.
     served: usize,
-    /// Records without a report that failed, a stream lane's included (list of
+    /// Records without a report that failed, a compiled stream's included (list of
     /// [`UnreportedFailure`]).
     unreported_failures: Py<PyList>,
     /// The client's errors since the last poll, the latest [`ERRORS_KEPT`] at most
     /// (list of [`ClientError`]).
     client_errors: Py<PyList>,
-    /// The stream lane's delivered records, one [`StreamedRun`] per transaction and
+    /// The compiled stream's delivered records, one [`StreamedRun`] per transaction and
     /// partition, in the order each first appeared (so, per partition, in offset order).
     streamed: Py<PyList>,
 }
@@ -474,8 +475,8 @@ impl KafkaProducer {
 }
 
 impl KafkaProducer {
-    /// The stream lane's reports summed by transaction and partition; failed records go
-    /// to `failures` as unreported ones do.
+    /// The compiled stream's reports summed by transaction and partition; failed records
+    /// go to `failures` as unreported ones do.
     fn streamed_runs(
         &self,
         py: Python<'_>,
@@ -643,7 +644,7 @@ impl KafkaProducer {
     /// Serve librdkafka's callbacks for up to `timeout_ms` (without the GIL), then call
     /// the delivery callbacks of the reports that came, in order, as confluent-kafka
     /// does: `(None, Delivered)`, or `(KafkaError, Delivered)` for a failed record.
-    /// Returns what it served and collected ([`Polled`]: a stream lane's record that
+    /// Returns what it served and collected ([`Polled`]: a compiled stream's record that
     /// failed is an unreported failure); raises the first exception a callback raised,
     /// after serving every report.
     fn poll(&self, py: Python<'_>, timeout_ms: i32) -> PyResult<Polled> {

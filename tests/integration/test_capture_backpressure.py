@@ -2,7 +2,7 @@
 
 With nothing applied (no apply job, no stand-in), capture may produce no more than
 ``max_in_flight_records`` streamed records, plus what one step of the loop takes past
-the bound: one stream-lane call, or one frame of the Python loop. The bound is what
+the bound: one compiled-stream call, or one frame of the Python loop. The bound is what
 keeps capture's memory and the topic's lead over the lake finite; it must hold on both
 paths."""
 
@@ -21,18 +21,20 @@ Connection = psycopg.Connection[tuple[object, ...]]
 BOUND = 2_000
 ROWS = 20_000
 # How far past the bound one step of the loop may go: the Python loop checks it after
-# every frame, the lane before each call, which takes up to its budget of frames
-# (capture/stream/loop.py, _LANE_BUDGET).
+# every frame, the compiled stream before each call, which takes up to its budget of
+# frames (capture/stream/loop.py, _COMPILED_BUDGET).
 PAST_THE_BOUND = {True: 512, False: 1}
 
 
-@pytest.mark.parametrize("lane", [True, False], ids=["stream-lane", "python-loop"])
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled-stream", "python-loop"])
 def test_reading_pauses_at_the_in_flight_bound(
-    pg: Connection, services: Services, unique_name: str, lane: bool
+    pg: Connection, services: Services, unique_name: str, compiled: bool
 ) -> None:
     pg.execute(f"CREATE TABLE {unique_name} (id int PRIMARY KEY, body text)")
     settings = capture_settings(services, unique_name, [f"public.{unique_name}"])
-    settings = settings.model_copy(update={"max_in_flight_records": BOUND, "compiled_stream": lane})
+    settings = settings.model_copy(
+        update={"max_in_flight_records": BOUND, "compiled_stream": compiled}
+    )
     runner = CaptureThread(settings)
     runner.start(pg)
     topic = f"{unique_name}.public.{unique_name}"
@@ -48,7 +50,7 @@ def test_reading_pauses_at_the_in_flight_bound(
             time.sleep(0.5)
         produced = record_count(services.kafka_bootstrap_servers, topic)
         assert produced >= BOUND, f"capture produced only {produced} records"
-        assert produced <= BOUND + PAST_THE_BOUND[lane], (
+        assert produced <= BOUND + PAST_THE_BOUND[compiled], (
             f"{produced} records produced with nothing applied, bound {BOUND}"
         )
     finally:

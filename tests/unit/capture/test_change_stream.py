@@ -205,7 +205,7 @@ def test_unsupported_column_errors_only_that_table() -> None:
 
 
 def test_an_adopted_transaction_goes_on_from_the_ordinal_given() -> None:
-    """The stream lane began the transaction and wrote ordinals 0 to 4."""
+    """The compiled stream began the transaction and wrote ordinals 0 to 4."""
     stream = ChangeStream(describe_relation, "cdc")
     run_stream(stream, [ORDERS])
     assert stream.transaction() is None

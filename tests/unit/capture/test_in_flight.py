@@ -296,10 +296,10 @@ def test_records_of_a_transaction_share_a_ticket_by_size_and_never_across_transa
     assert book.confirmable == 208
 
 
-# -- the stream lane's records: booked in sums, reported in sums ---------------------------
+# -- the compiled stream's records: booked in sums, reported in sums -----------------------
 
 
-def test_lane_records_confirm_once_every_summed_report_is_applied() -> None:
+def test_compiled_stream_records_confirm_once_every_summed_report_is_applied() -> None:
     book = ProgressBook(Lsn(0))
     first = book.next_transaction_id
     book.begin(Lsn(100))
@@ -319,7 +319,7 @@ def test_lane_records_confirm_once_every_summed_report_is_applied() -> None:
     assert (book.in_flight_records, book.in_flight_bytes) == (0, 0)
 
 
-def test_lane_reports_before_the_booking_leave_the_open_transaction_unconfirmed() -> None:
+def test_compiled_stream_reports_before_booking_leave_the_open_transaction_unconfirmed() -> None:
     book = ProgressBook(Lsn(0))
     transaction = book.next_transaction_id
     book.begin(Lsn(100))
@@ -334,7 +334,7 @@ def test_lane_reports_before_the_booking_leave_the_open_transaction_unconfirmed(
     assert (book.in_flight_records, book.in_flight_bytes) == (0, 0)
 
 
-def test_lane_and_ticketed_records_of_one_transaction_both_count() -> None:
+def test_compiled_stream_and_ticketed_records_of_one_transaction_both_count() -> None:
     book = ProgressBook(Lsn(0))
     transaction = book.next_transaction_id
     book.begin(Lsn(100))
@@ -349,7 +349,7 @@ def test_lane_and_ticketed_records_of_one_transaction_both_count() -> None:
     assert book.confirmable == 108
 
 
-def test_lane_report_for_an_unknown_transaction_is_an_error() -> None:
+def test_compiled_stream_report_for_an_unknown_transaction_is_an_error() -> None:
     book = ProgressBook(Lsn(0))
     with pytest.raises(ValueError, match="unknown transaction"):
         book.delivered_records(book.next_transaction_id, T, 0, 0, 1, 10)

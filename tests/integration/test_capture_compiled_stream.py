@@ -1,13 +1,14 @@
-"""On the real PostgreSQL and broker: the stream lane (capture/stream/lane.py,
-native/src/lane.rs) publishes exactly what the Python loop publishes.
+"""On the real PostgreSQL and broker: the compiled stream
+(capture/stream/compiled_stream.py, native/src/compiled_stream.rs) publishes exactly
+what the Python loop publishes.
 
-Two captures read the same WAL through two slots created before it was written: one
-with the lane, one with every frame through the Python loop. Their topics must hold the
-same records -- partition, offset, key, value and headers -- for a workload that makes
-the two paths take turns inside transactions: rows the lane takes, updates that change
-a key, unchanged TOASTed values and a type the compiled encoder leaves to Python, a
-TRUNCATE, a new column (a Relation mid-stream), and a transaction larger than one lane
-call."""
+Two captures read the same WAL through two slots created before it was written: one with
+the compiled stream, one with every frame through the Python loop. Their topics must
+hold the same records -- partition, offset, key, value and headers -- for a workload
+that makes the two paths take turns inside transactions: rows the compiled stream takes,
+updates that change a key, unchanged TOASTed values and a type the compiled encoder
+leaves to Python, a TRUNCATE, a new column (a Relation mid-stream), and a transaction
+larger than one call of the compiled stream."""
 
 from __future__ import annotations
 
@@ -21,14 +22,14 @@ import pytest
 from capture.publish import native_producer
 from capture.rows.native import AVAILABLE
 from capture.service import CaptureService
-from capture.stream import lane as stream_lane
-from capture.stream.lane import StreamLane
+from capture.stream import compiled_stream
+from capture.stream.compiled_stream import CompiledStream
 from tests.plugins.capture import capture_settings, current_lsn
 from tests.plugins.services import Services
 from tests.plugins.topics import read_to_end
 
 if TYPE_CHECKING:
-    from capture_native import LaneRead
+    from capture_native import CompiledStreamRead
 
 pytestmark = pytest.mark.skipif(
     not AVAILABLE or native_producer.library() is None,
@@ -106,12 +107,12 @@ def _records(services: Services, topic: str) -> list[Record]:
     "producer",
     [
         pytest.param({}, id="default-producer"),
-        # A queue of 50 records: the lane stops on a full queue again and again, keeps
-        # the frame it took, and takes it first once reports made room.
+        # A queue of 50 records: the compiled stream stops on a full queue again and
+        # again, keeps the frame it took, and takes it first once reports made room.
         pytest.param({"queue.buffering.max.messages": "50"}, id="small-producer-queue"),
     ],
 )
-def test_the_lane_publishes_what_the_python_loop_publishes(
+def test_the_compiled_stream_publishes_what_the_python_loop_publishes(
     pg: Connection,
     services: Services,
     unique_name: str,
@@ -120,7 +121,7 @@ def test_the_lane_publishes_what_the_python_loop_publishes(
     producer: dict[str, str],
 ) -> None:
     a, b, c = (t.removeprefix("public.") for t in tables)
-    runs = {"lane": f"{unique_name}_l", "loop": f"{unique_name}_p"}
+    runs = {"compiled": f"{unique_name}_c", "loop": f"{unique_name}_p"}
     for name in runs.values():
         pg.execute(f"CREATE PUBLICATION {name} FOR TABLE {a}, {b}, {c}")
         pg.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", [name])
@@ -128,39 +129,40 @@ def test_the_lane_publishes_what_the_python_loop_publishes(
     end = current_lsn(pg)
 
     taken: list[int] = []
-    stopped_on: set[stream_lane.Stop] = set()
-    read = StreamLane.read
+    stopped_on: set[compiled_stream.Stop] = set()
+    read = CompiledStream.read
 
-    def counting(self: StreamLane, budget: int) -> LaneRead:
+    def counting(self: CompiledStream, budget: int) -> CompiledStreamRead:
         result = read(self, budget)
         stopped_on.add(result.stopped)
         taken.append(result.taken)
         return result
 
-    monkeypatch.setattr(StreamLane, "read", counting)
+    monkeypatch.setattr(CompiledStream, "read", counting)
     try:
         for mode, name in runs.items():
             settings = capture_settings(services, name, tables)
             settings = settings.model_copy(
                 update={
-                    "compiled_stream": mode == "lane",
+                    "compiled_stream": mode == "compiled",
                     "kafka": settings.kafka.model_copy(update={"producer": producer}),
                 }
             )
             CaptureService(settings, threading.Event(), stop_at=end).run()
-            if mode == "lane":
-                # The lane took most frames: the comparison below is not the loop's twice.
+            if mode == "compiled":
+                # The compiled stream took most frames: the comparison below is not the
+                # loop's twice.
                 assert sum(taken) > 3000, taken
-                lane_taken = sum(taken)
+                compiled_taken = sum(taken)
                 if producer:
-                    assert stream_lane.Stop.FULL in stopped_on, "the queue never filled"
-                assert stream_lane.Stop.FRAME in stopped_on
-        assert sum(taken) == lane_taken, "the Python loop's capture used the lane"
+                    assert compiled_stream.Stop.FULL in stopped_on, "the queue never filled"
+                assert compiled_stream.Stop.FRAME in stopped_on
+        assert sum(taken) == compiled_taken, "the Python loop's capture used the compiled stream"
         for table in (a, b, c):
-            lane = _records(services, f"{runs['lane']}.public.{table}")
+            compiled = _records(services, f"{runs['compiled']}.public.{table}")
             loop = _records(services, f"{runs['loop']}.public.{table}")
-            assert lane, table
-            assert lane == loop, table
+            assert compiled, table
+            assert compiled == loop, table
     finally:
         for name in runs.values():
             pg.execute(
@@ -173,6 +175,6 @@ def test_the_lane_publishes_what_the_python_loop_publishes(
 
 def test_libpq_is_found_where_psycopg_uses_its_c_implementation() -> None:
     assert psycopg.pq.__impl__ in {"binary", "c"}
-    path = stream_lane.libpq()
+    path = compiled_stream.libpq()
     assert path is not None
     assert "libpq" in path

@@ -1,12 +1,13 @@
-"""The stream lane: the steady state of streaming, frames to produced records, in one
-compiled call per burst (``capture_native.StreamLane``, ``native/src/lane.rs``).
+"""The compiled stream: the steady state of streaming, frames to produced records, in one
+compiled call per burst (``capture_native.CompiledStream``,
+``native/src/compiled_stream.rs``).
 
 Most of a streamed change's cost in the Python loop was not the encoding (compiled
 already) but the steps around it, each a few Python calls per frame or record: reading
 the frame, the transaction's state, the record object, routing, the book's ticket,
-producing, and a Python callback per delivery report. The lane takes the frames libpq
-already holds and does all of that for the ones that need no decision; this module
-decides which, and keeps the Python objects that stay the authority in step:
+producing, and a Python callback per delivery report. The compiled stream takes the
+frames libpq already holds and does all of that for the ones that need no decision; this
+module decides which, and keeps the Python objects that stay the authority in step:
 
 - **Armed tables.** A table version is armed when nothing about its changes needs a
   decision: its codec has a compiled encoder, its schema records are out, it is not
@@ -16,23 +17,25 @@ decides which, and keeps the Python objects that stay the authority in step:
   adds the tombstone). The arming is redone whenever the table states or the change
   stream's codecs, errors or published schemas moved (their ``version``), which happens
   only in the Python path or between bursts.
-- **One reader at a time.** Any frame the lane does not take comes back to the loop,
-  which handles it exactly as without the lane. Before it does, the change stream
-  adopts the lane's open transaction (commit LSN, xid, timestamp, next ordinal); after
-  it, the lane adopts the change stream's, with the in-flight book's next transaction
-  id. So ordinals run on across the two paths, and a Begin or Commit the Python path
-  handled is known to the lane.
-- **The book.** After every lane call, before anything can poll the producer, the
-  lane's transactions are replayed into the book in order: begin (the lane gave its
+- **One reader at a time.** Any frame the compiled stream does not take comes back to
+  the loop, which handles it exactly as without the compiled stream. Before it does, the
+  change stream adopts the compiled stream's open transaction (commit LSN, xid,
+  timestamp, next ordinal); after it, the compiled stream adopts the change stream's,
+  with the in-flight book's next transaction id. So ordinals run on across the two
+  paths, and a Begin or Commit the Python path handled is known to the compiled stream.
+- **The book.** After every call into the compiled stream, before anything can poll the
+  producer, its transactions are replayed into the book in order: begin (it gave its
   records the id the book gives it, checked here), records and bytes produced, commit.
-  The lane's records carry no per-record ticket; their delivery reports come summed per
-  transaction and partition (:meth:`~capture.in_flight.ProgressBook.delivered_records`).
+  The compiled stream's records carry no per-record ticket; their delivery reports come
+  summed per transaction and partition
+  (:meth:`~capture.in_flight.ProgressBook.delivered_records`).
 - **Backpressure.** The loop checks the in-flight bound per burst (``budget`` frames)
   instead of per frame, so it may overshoot the bound by up to one burst.
 
-The lane runs where the compiled producer does and psycopg's libpq can be found in the
-process (:func:`libpq`); otherwise, or with ``CAPTURE_COMPILED_STREAM=false``, the loop
-reads every frame in Python, with the same records.
+The compiled stream runs where the compiled producer does and psycopg's libpq can be
+found in the process (:func:`libpq`); otherwise, or with
+``CAPTURE_COMPILED_STREAM=false``, the loop reads every frame in Python, with the same
+records.
 """
 
 from __future__ import annotations
@@ -54,16 +57,16 @@ from schemas.lsn import Lsn
 from schemas.operation import Operation
 
 if TYPE_CHECKING:
-    from capture_native import KafkaProducer, LaneRead
-    from capture_native import StreamLane as NativeLane
+    from capture_native import CompiledStream as NativeCompiledStream
+    from capture_native import CompiledStreamRead, KafkaProducer
 
 # ``Stop`` (what a read stopped on) is defined once, by the extension; the loop reads it
-# from here. Where the extension is not built, no StreamLane can be made, so nothing
+# from here. Where the extension is not built, no CompiledStream can be made, so nothing
 # reads these names.
 with contextlib.suppress(ImportError):
     from capture_native import OpenTransaction, Stop
 
-__all__ = ["Stop", "StreamLane", "libpq"]
+__all__ = ["CompiledStream", "Stop", "libpq"]
 
 
 @functools.cache
@@ -72,8 +75,8 @@ def libpq() -> str | None:
     return loaded_library("/libpq")
 
 
-class StreamLane:
-    """Drives the compiled lane for the capture loop (see the module's text)."""
+class CompiledStream:
+    """Drives the compiled stream for the capture loop (see the module's text)."""
 
     __slots__ = (
         "_armed_at",
@@ -88,7 +91,7 @@ class StreamLane:
         "on_commit",
     )
 
-    def __init__(  # noqa: PLR0917 -- the objects the lane keeps in step
+    def __init__(  # noqa: PLR0917 -- the objects the compiled stream keeps in step
         self,
         producer: KafkaProducer,
         connection: int,
@@ -98,15 +101,18 @@ class StreamLane:
         ensure_topic: Callable[[str], None],
         metrics: CaptureMetrics | None,
     ) -> None:
-        from capture_native import StreamLane as NativeLane  # noqa: PLC0415
+        from capture_native import CompiledStream as NativeCompiledStream  # noqa: PLC0415
 
         path = libpq()
         if path is None:
             raise RuntimeError("psycopg's libpq is not found in this process")
-        self._native: NativeLane = NativeLane(producer, path, COMMIT_LSN, CHANGE_LSN)
+        self._native: NativeCompiledStream = NativeCompiledStream(
+            producer, path, COMMIT_LSN, CHANGE_LSN
+        )
         self._connection = connection
         """The replication connection's ``PGconn *``: valid while its stream is open,
-        which outlives the lane (one lane per stream)."""
+        which outlives the compiled stream (one compiled stream per replication
+        stream)."""
         self._book = book
         self._changes = changes
         self._states = states
@@ -116,13 +122,15 @@ class StreamLane:
         self._counted: dict[tuple[int, int], tuple[tuple[str, Operation], tuple[str, bytes]]] = {}
         """By (oid, tag) armed: the decoded and produced metrics' keys."""
         self.on_commit: Callable[[Lsn], None] = lambda _end_lsn: None
-        """Called with each end LSN the lane's commits reach, after the book's commit."""
+        """Called with each end LSN the compiled stream's commits reach, after the
+        book's commit."""
         self._native.adopt(None, book.next_transaction_id)
 
-    def read(self, budget: int) -> LaneRead:
-        """Take up to ``budget`` frames libpq holds for the replication connection:
-        what it stopped on (a ``Stop``; ``Stop.FRAME`` with the frame), and how many
-        frames the lane took. The book has the lane's transactions when this returns."""
+    def read(self, budget: int) -> CompiledStreamRead:
+        """Take up to ``budget`` frames libpq holds for the replication connection: what
+        it stopped on (a ``Stop``; ``Stop.FRAME`` with the frame), and how many frames
+        the compiled stream took. The book has the compiled stream's transactions when
+        this returns."""
         self._arm()
         read = self._native.read(self._connection, budget)
         self._replay()
@@ -133,7 +141,7 @@ class StreamLane:
 
     def to_python(self) -> None:
         """Before the Python path handles a frame: the change stream takes over the
-        lane's open transaction."""
+        compiled stream's open transaction."""
         open_transaction = self._native.transaction()
         if open_transaction is None:
             self._changes.adopt(None)
@@ -148,8 +156,8 @@ class StreamLane:
             )
 
     def from_python(self) -> None:
-        """After it: the lane takes over the change stream's open transaction, as the
-        book's open one."""
+        """After it: the compiled stream takes over the change stream's open
+        transaction, as the book's open one."""
         transaction = self._changes.transaction()
         next_id = self._book.next_transaction_id
         if transaction is None or not self._book.in_transaction:
@@ -161,8 +169,8 @@ class StreamLane:
         )
 
     def count(self) -> None:
-        """Add the lane's records to the metrics (done before re-arming, and by the
-        loop's periodic checks)."""
+        """Add the compiled stream's records to the metrics (done before re-arming, and
+        by the loop's periodic checks)."""
         metrics = self._metrics
         counts = self._native.take_counts()
         if metrics is None or not counts:
@@ -189,8 +197,8 @@ class StreamLane:
                 book.begin(Lsn(part.commit_lsn))
                 if part.id != expected:
                     raise RuntimeError(
-                        f"the stream lane gave transaction id {part.id}, the book "
-                        f"{expected}: the lane and the book are out of step"
+                        f"the compiled stream gave transaction id {part.id}, the book "
+                        f"{expected}: the compiled stream and the book are out of step"
                     )
             if part.records:
                 book.produced_records(part.records, part.bytes)

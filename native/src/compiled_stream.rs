@@ -1,11 +1,12 @@
-//! The stream lane: streamed changes from the replication connection's buffer to the
+//! The compiled stream: streamed changes from the replication connection's buffer to the
 //! producer's queue in one call per burst, with no Python object per frame or record.
 //!
 //! In the Python loop a streamed change cost about 25 µs of one core, of which the
 //! compiled encoder was a small part: reading the frame, the transaction's state, the
 //! record object, routing, the in-flight book's ticket, producing, and a Python callback
-//! per delivery report. The lane does those steps here for the frames that need no
-//! decision (`capture/stream/lane.py` says which; `docs/capture.md`, "The stream lane"):
+//! per delivery report. The compiled stream does those steps here for the frames that
+//! need no decision (`capture/stream/compiled_stream.py` says which; `docs/capture.md`,
+//! "The compiled stream"):
 //!
 //! - **Reading.** `read` takes the frames libpq already holds (`PQgetCopyData`, async:
 //!   never waits, never reads the socket) from the connection psycopg owns, by its
@@ -13,10 +14,10 @@
 //! - **What it takes.** An XLogData frame holding a Begin, a Commit, or an Insert, a
 //!   new-tuple-only Update or a Delete of an *armed* table (one the caller found
 //!   streaming, with a compiled encoder, its schema published) whose row the encoder
-//!   takes, in a transaction that commits after the table's snapshot. Anything else --
-//!   a keepalive, a Relation, a Truncate, a row the encoder leaves to Python, a table
-//!   not armed, a malformed message -- is handed back, unread by the lane, for the
-//!   Python path, which reads it and says what is wrong with it. So the Python path
+//!   takes, in a transaction that commits after the table's snapshot. Anything else -- a
+//!   keepalive, a Relation, a Truncate, a row the encoder leaves to Python, a table not
+//!   armed, a malformed message -- is handed back, unread by the compiled stream, for
+//!   the Python path, which reads it and says what is wrong with it. So the Python path
 //!   stays the reference for every message and every error.
 //! - **Same records.** Key, value and headers are built exactly as
 //!   `capture.stream.change_stream.ChangeStream.handle_frame` builds them (the tests compare
@@ -24,10 +25,10 @@
 //!   within a transaction, through `transaction` and `adopt`.
 //! - **Bookkeeping stays in Python.** Records carry their transaction's in-flight book
 //!   id as their opaque (`producer::streamed_opaque`); the producer sums their reports
-//!   per transaction and partition. The lane hands the caller each transaction's begin,
-//!   records, bytes and commit (`take_transactions`) to replay into the book right after
-//!   every `read`, before anything polls the producer, so every report finds its
-//!   transaction in the book.
+//!   per transaction and partition. The compiled stream hands the caller each
+//!   transaction's begin, records, bytes and commit (`take_transactions`) to replay into
+//!   the book right after every `read`, before anything polls the producer, so every
+//!   report finds its transaction in the book.
 
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void, CString};
@@ -55,9 +56,9 @@ const PG_EPOCH_UNIX_MICROS: i64 = 946_684_800_000_000;
 const QUEUE_FULL: c_int = -184;
 
 /// What `read` stopped on: the one definition, exported to Python as
-/// `capture_native.Stop` (`capture/stream/lane.py` and the loop read it from there).
-/// Its values compare with each other only, never with their numbers, which are part
-/// of no protocol.
+/// `capture_native.Stop` (`capture/stream/compiled_stream.py` and the loop read it from
+/// there). Its values compare with each other only, never with their numbers, which are
+/// part of no protocol.
 #[pyclass(module = "capture_native", frozen, eq, hash)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Stop {
@@ -83,23 +84,23 @@ pub enum Stop {
 
 /// What one `read` did.
 #[pyclass(module = "capture_native", frozen, get_all)]
-pub struct LaneRead {
+pub struct CompiledStreamRead {
     /// What it stopped on.
     stopped: Stop,
     /// With [`Stop::Frame`], the frame for the Python path (the whole CopyData
     /// payload); otherwise None.
     frame: Option<Py<PyBytes>>,
-    /// How many frames the lane took (its own, not counting `frame`).
+    /// How many frames the compiled stream took (its own, not counting `frame`).
     taken: usize,
 }
 
-impl LaneRead {
-    fn stopped(stopped: Stop, taken: usize) -> LaneRead {
-        LaneRead { stopped, frame: None, taken }
+impl CompiledStreamRead {
+    fn stopped(stopped: Stop, taken: usize) -> CompiledStreamRead {
+        CompiledStreamRead { stopped, frame: None, taken }
     }
 }
 
-/// The libpq functions the lane calls.
+/// The libpq functions the compiled stream calls.
 struct LibPq {
     get_copy_data: unsafe extern "C" fn(*mut c_void, *mut *mut c_char, c_int) -> c_int,
     free_memory: unsafe extern "C" fn(*mut c_void),
@@ -180,24 +181,26 @@ impl Transaction {
     }
 }
 
-/// One transaction's part of what the lane did since the last `take_transactions`:
-/// what the caller replays into its in-flight book, in order.
+/// One transaction's part of what the compiled stream did since the last
+/// `take_transactions`: what the caller replays into its in-flight book, in order.
 #[pyclass(module = "capture_native", frozen, get_all)]
 pub struct TransactionPart {
-    /// The transaction's id in the book (the lane's records carry it as their opaque).
+    /// The transaction's id in the book (the compiled stream's records carry it as their
+    /// opaque).
     id: u64,
     commit_lsn: u64,
     /// Whether its Begin is in this part (the book must begin it).
     began: bool,
-    /// Records the lane produced for it in this part, and their key and value bytes.
+    /// Records the compiled stream produced for it in this part, and their key and value
+    /// bytes.
     records: u64,
     bytes: u64,
     /// The Commit's end LSN when the Commit is in this part; 0 while it is open.
     end_lsn: u64,
 }
 
-/// The records and bytes the lane produced for one armed table and operation since the
-/// last `take_counts`, for the caller's metrics.
+/// The records and bytes the compiled stream produced for one armed table and operation
+/// since the last `take_counts`, for the caller's metrics.
 #[pyclass(module = "capture_native", frozen, get_all)]
 pub struct TableCount {
     /// The table's relation oid, as armed.
@@ -209,7 +212,7 @@ pub struct TableCount {
     bytes: u64,
 }
 
-/// An open transaction as the lane and the Python path hand it to each other
+/// An open transaction as the compiled stream and the Python path hand it to each other
 /// (`transaction`, `adopt`): enough to go on writing its records.
 #[pyclass(module = "capture_native", frozen, get_all)]
 pub struct OpenTransaction {
@@ -247,7 +250,7 @@ enum Taken {
 }
 
 #[pyclass(module = "capture_native")]
-pub struct StreamLane {
+pub struct CompiledStream {
     producer: Py<KafkaProducer>,
     libpq: LibPq,
     commit_header: String,
@@ -261,7 +264,7 @@ pub struct StreamLane {
     stop_at: u64,
 }
 
-impl StreamLane {
+impl CompiledStream {
     fn take(&mut self, frame: &[u8]) -> Taken {
         if frame.len() <= XLOG_DATA_HEADER || frame[0] != XLOG_DATA {
             return Taken::Pass;
@@ -380,13 +383,14 @@ impl StreamLane {
 }
 
 #[pymethods]
-impl StreamLane {
-    /// A lane producing with `producer`, reading with the libpq at `libpq` (the file
-    /// psycopg loaded); `commit_header` and `change_header` name the LSN headers.
+impl CompiledStream {
+    /// A compiled stream producing with `producer`, reading with the libpq at `libpq`
+    /// (the file psycopg loaded); `commit_header` and `change_header` name the LSN
+    /// headers.
     #[new]
     fn new(producer: Py<KafkaProducer>, libpq: &str, commit_header: String, change_header: String) -> PyResult<Self> {
         let libpq = LibPq::load(libpq).map_err(|e| PyOSError::new_err(format!("cannot load libpq from {libpq}: {e}")))?;
-        Ok(StreamLane {
+        Ok(CompiledStream {
             producer,
             libpq,
             commit_header,
@@ -436,7 +440,7 @@ impl StreamLane {
     /// Take the frames libpq holds for the connection at `connection` (a `PGconn *`),
     /// at most `budget` of them: what it stopped on ([`Stop`]), the frame for the
     /// Python path if that is what it stopped on, and how many frames it took.
-    fn read(&mut self, py: Python<'_>, connection: usize, budget: usize) -> LaneRead {
+    fn read(&mut self, py: Python<'_>, connection: usize, budget: usize) -> CompiledStreamRead {
         let mut taken = 0;
         while taken < budget {
             let frame = match self.pending.take() {
@@ -447,13 +451,13 @@ impl StreamLane {
                     // only parses what is buffered.
                     let size = unsafe { (self.libpq.get_copy_data)(connection as *mut c_void, &mut buffer, 1) };
                     if size == 0 {
-                        return LaneRead::stopped(Stop::Empty, taken);
+                        return CompiledStreamRead::stopped(Stop::Empty, taken);
                     }
                     if size == -1 {
-                        return LaneRead::stopped(Stop::Ended, taken);
+                        return CompiledStreamRead::stopped(Stop::Ended, taken);
                     }
                     if size < 0 || buffer.is_null() {
-                        return LaneRead::stopped(Stop::Failed, taken);
+                        return CompiledStreamRead::stopped(Stop::Failed, taken);
                     }
                     // SAFETY: libpq hands over `size` bytes, ours until PQfreemem.
                     let frame = unsafe { std::slice::from_raw_parts(buffer as *const u8, size as usize).to_vec() };
@@ -468,25 +472,25 @@ impl StreamLane {
                     if was_open && self.transaction.is_none() && self.stop_at != 0 {
                         let end_lsn = self.entries.last().map_or(0, |entry| entry.end_lsn);
                         if end_lsn >= self.stop_at {
-                            return LaneRead::stopped(Stop::Limit, taken);
+                            return CompiledStreamRead::stopped(Stop::Limit, taken);
                         }
                     }
                 }
                 Taken::Pass => {
                     let frame = Some(PyBytes::new(py, &frame).unbind());
-                    return LaneRead { stopped: Stop::Frame, frame, taken };
+                    return CompiledStreamRead { stopped: Stop::Frame, frame, taken };
                 }
                 Taken::Full => {
                     self.pending = Some(frame);
-                    return LaneRead::stopped(Stop::Full, taken);
+                    return CompiledStreamRead::stopped(Stop::Full, taken);
                 }
             }
         }
-        LaneRead::stopped(Stop::Limit, taken)
+        CompiledStreamRead::stopped(Stop::Limit, taken)
     }
 
-    /// What the lane did since the last call, one part per transaction it touched, in
-    /// order (the parts move to Python as they are: no copy).
+    /// What the compiled stream did since the last call, one part per transaction it
+    /// touched, in order (the parts move to Python as they are: no copy).
     fn take_transactions(&mut self) -> Vec<TransactionPart> {
         std::mem::take(&mut self.entries)
     }
