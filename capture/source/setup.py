@@ -147,16 +147,25 @@ def check_slot_history(
 
     - The slot is missing but the lake has applied records of our topics: it was dropped
       (and would be recreated at the current WAL position), so every change since the
-      lake's last applied transaction would be skipped.
+      lake's last applied transaction would be skipped. A promoted standby whose copy of
+      the slot was not yet synchronized (still temporary) lacks it the same way.
     - The slot is ahead of capture's last checkpoint: someone advanced it, and WAL in
       between may never have reached Kafka.
+
+    A slot behind the checkpoint is accepted: capture confirms nothing before its
+    checkpoint is delivered, so that is a slot whose confirmations never reached the
+    server, or a promoted standby's synchronized copy, which trails the primary's. The
+    server re-sends what followed, and apply drops what it already has (its replay
+    filter: docs/apply.md, why a replay is safe).
     """
     applied = sorted(applied_topics)
     if slot is None and applied:
         raise ConfigError(
             f"replication slot {slot_name} does not exist, but the control topic shows "
-            f"applied changes for {', '.join(applied)}: the slot was dropped, and a new one "
-            "would silently skip every change made since. Resync: stop apply, delete those "
+            f"applied changes for {', '.join(applied)}: the slot was dropped (or, after a "
+            "failover, the promoted standby had no failover-ready copy of it: docs/operations.md, "
+            "a primary that fails over), and a new one would silently skip every change made "
+            "since. Resync: stop apply, delete those "
             "Delta tables and their checkpoints, delete the change and control topics, then "
             "start capture again with CAPTURE_SNAPSHOT_MODE=initial, which snapshots every "
             "table anew (docs/capture.md)"

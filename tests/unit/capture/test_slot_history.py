@@ -31,6 +31,11 @@ def test_dropped_slot_with_applied_changes_is_refused() -> None:
         _check(None, ControlState(Lsn(100), APPLIED))
 
 
+def test_a_missing_slot_names_a_failover_without_a_synchronized_copy() -> None:
+    with pytest.raises(ConfigError, match="after a failover, the promoted standby had no"):
+        _check(None, ControlState(Lsn(100), APPLIED))
+
+
 def test_missing_slot_is_fine_when_only_other_pipelines_applied() -> None:
     _check(None, ControlState(None, {("other.public.x", 0): 5}))
 
