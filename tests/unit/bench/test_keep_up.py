@@ -19,11 +19,15 @@ def test_transactions_cover_the_requested_changes() -> None:
 def test_committed_batches_come_from_apply_log_lines() -> None:
     log = "\n".join(
         [
-            "INFO apply.batch.write batch 3 to public.pgbench_accounts: version 7 committed, 10 records",
-            "INFO apply.batch.write batch 3 to public.pgbench_history: version 2 committed, 3 records",
-            "INFO apply.batch.write batch 4 to public.pgbench_accounts: version 7 skipped as already "
+            "INFO apply.batch.write "
+            "batch 3 to public.pgbench_accounts: version 7 committed, 10 records",
+            "INFO apply.batch.write "
+            "batch 3 to public.pgbench_history: version 2 committed, 3 records",
+            "INFO apply.batch.write "
+            "batch 4 to public.pgbench_accounts: version 7 skipped as already "
             "committed, 10 records",
-            "INFO apply.batch.write batch 12 to public.pgbench_tellers: version 40 committed, 1 records",
+            "INFO apply.batch.write "
+            "batch 12 to public.pgbench_tellers: version 40 committed, 1 records",
             "INFO apply.app batch 13 table public.pgbench_tellers: records=1",
         ]
     )
