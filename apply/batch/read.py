@@ -56,6 +56,8 @@ def missing_schemas(topic_survey: TopicSurvey, context: ApplyContext) -> list[Fi
 
 
 def check_framing(topic_survey: TopicSurvey, table: str) -> None:
+    """Every record of the topic carries one of the contract's two framings; the first
+    that does not makes the table errored (:class:`~apply.errors.BadRecordError`)."""
     for partition, seen in sorted(topic_survey.partitions.items()):
         if seen.first_without_header is not None:
             raise BadRecordError(
