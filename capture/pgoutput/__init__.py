@@ -1,7 +1,8 @@
 """Pure decoder for PostgreSQL's pgoutput logical replication messages.
 
 ``decode(buf, in_stream=...)`` turns one message into a frozen dataclass; nothing here
-touches a socket. Formats:
+touches a socket. :class:`StreamBlocks` decodes a stream in order, knowing which messages
+sit inside a stream block (and so carry an xid). Formats:
 https://www.postgresql.org/docs/current/protocol-logicalrep-message-formats.html
 """
 
@@ -38,6 +39,7 @@ from capture.pgoutput.messages import (
     unix_micros_to_pg_micros,
 )
 from capture.pgoutput.reader import MalformedMessageError, Reader
+from capture.pgoutput.stream_block import StreamBlocks, StreamOrderError, split_stream_xid
 
 __all__ = [
     "PG_EPOCH_UNIX_MICROS",
@@ -59,7 +61,9 @@ __all__ = [
     "ReplicaIdentity",
     "RollbackPrepared",
     "StreamAbort",
+    "StreamBlocks",
     "StreamCommit",
+    "StreamOrderError",
     "StreamPrepare",
     "StreamStart",
     "StreamStop",
@@ -71,5 +75,6 @@ __all__ = [
     "decode",
     "pg_micros_to_datetime",
     "pg_micros_to_unix_micros",
+    "split_stream_xid",
     "unix_micros_to_pg_micros",
 ]

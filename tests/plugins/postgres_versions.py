@@ -48,11 +48,13 @@ VERSIONED_MODULES = frozenset(
         "tests/integration/test_capture_snapshot.py",
         "tests/integration/test_capture_replication_burst.py",
         "tests/integration/test_postgres_versions.py",
+        "tests/integration/test_capture_streamed_transactions.py",
     }
 )
 """The modules that run once per version in :data:`VERSIONS`: what capture relies on,
-with no Spark: the decoder against a real stream, every type's round trip, slots and
-publications, snapshots (with Kafka), schema changes, the per-version differences."""
+with no Spark: the decoder against a real stream (streamed transactions too), every
+type's round trip, slots and publications, snapshots (with Kafka), schema changes, the
+per-version differences."""
 
 _TEST_ROOT = TEST_STACK_ROOT.parent
 

@@ -1,0 +1,288 @@
+"""Streamed transactions, spooled to disk until their commit: pure bookkeeping, no socket.
+
+With ``streaming`` on, PostgreSQL sends a large transaction in blocks while it runs and
+ends it with Stream Commit or Stream Abort (docs/streaming.md). A record needs its
+transaction's commit LSN and time, and consumers must see whole committed transactions
+in commit order, so nothing is published before the commit: each top-level transaction's
+changes go to a spool file of their own, and come back in stream order at the commit.
+
+Invariants:
+
+- A spooled change is a pgoutput message in its protocol-version-1 form (the block's xid
+  taken off, :func:`capture.pgoutput.stream_block.split_stream_xid`) with its change LSN
+  (the XLogData ``wal_start``) and the subxid it carried. Replayed at the commit between
+  a Begin and a Commit, it yields the records the unstreamed transaction would.
+- **Subtransaction aborts.** A session runs one subtransaction at a time and the server
+  streams changes in the order they were made, so every change streamed after the first
+  change of the subtransaction ``S`` that Stream Abort names was made by the rolled-back
+  subtransaction or by one begun inside it. :meth:`StreamedTransactions.abort` therefore
+  voids ``S`` and every subxid first seen after ``S``; void changes never come back. When
+  they are the end of the file, the file is cut back, so the space returns at once.
+  A change of a void subxid is a :class:`ProtocolError`.
+- **Bounded memory**: per transaction, the file's size and, per subxid, where its changes
+  start and end; reading back goes one change at a time through a buffered file.
+- **Bounded disk**: all open spools together hold at most ``max_bytes``; the change that
+  would pass it raises :class:`StreamedTransactionTooLargeError`.
+- **Nothing survives the process**: files are unnamed temporary files. A new connection
+  must :meth:`~StreamedTransactions.discard` every spool, because the server streams
+  each open transaction again from its first change (Stream Start with first-segment
+  set), which also discards that transaction's spool.
+
+Not wired into the replication loop yet: capture does not request ``streaming``.
+Formats: https://www.postgresql.org/docs/current/protocol-logicalrep-message-formats.html.
+"""
+
+from __future__ import annotations
+
+import struct
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from capture.errors import ConfigError, ProtocolError, TransientError
+from schemas.lsn import Lsn
+
+# subxid, change LSN, length of the message that follows.
+_ENTRY = struct.Struct(">IQI")
+
+
+@dataclass(frozen=True, slots=True)
+class StreamedChange:
+    """One spooled change, as it comes back at the commit."""
+
+    change_lsn: Lsn
+    message: bytes
+    """The pgoutput message in its protocol-version-1 form (no xid)."""
+
+
+class StreamedTransactionTooLargeError(ConfigError):
+    """The spools of open streamed transactions would outgrow their byte limit.
+
+    A retry would not help: the server streams the same transaction again.
+    """
+
+    def __init__(self, xid: int, held: int, total: int, max_bytes: int) -> None:
+        super().__init__(
+            f"streamed transaction {xid} needs more spool space: it holds {held} bytes, "
+            f"all open streamed transactions {total} bytes, and the limit is {max_bytes} "
+            "bytes; raise the limit (and make room for it in the spool directory), or "
+            "split the transaction"
+        )
+        self.xid = xid
+        self.held = held
+        self.total = total
+        self.max_bytes = max_bytes
+
+
+@dataclass(slots=True)
+class _Subxact:
+    """Where one subxid's changes sit in its transaction's file."""
+
+    first_at: int
+    end_at: int
+
+
+class _Spool:
+    """One top-level transaction's changes; the file is made at the first change."""
+
+    __slots__ = ("file", "size", "subxacts", "void")
+
+    def __init__(self) -> None:
+        self.file: IO[bytes] | None = None
+        self.size = 0
+        # In order of first appearance (dicts keep insertion order).
+        self.subxacts: dict[int, _Subxact] = {}
+        self.void: set[int] = set()
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+
+
+class StreamedTransactions:
+    """The spools of the streamed transactions not committed or aborted yet, by xid."""
+
+    __slots__ = ("_directory", "_max_bytes", "_spools", "_total")
+
+    def __init__(self, max_bytes: int, directory: Path | None = None) -> None:
+        if max_bytes <= 0:
+            raise ConfigError(
+                f"the streamed-transaction spool limit must be positive, not {max_bytes}"
+            )
+        self._max_bytes = max_bytes
+        self._directory = directory
+        self._spools: dict[int, _Spool] = {}
+        self._total = 0
+
+    def __len__(self) -> int:
+        """Open streamed transactions."""
+        return len(self._spools)
+
+    def __contains__(self, xid: object) -> bool:
+        return xid in self._spools
+
+    @property
+    def size(self) -> int:
+        """Bytes held by all open spools."""
+        return self._total
+
+    def start(self, xid: int, *, first_segment: bool) -> None:
+        """A Stream Start: the first segment begins the transaction (again, after a
+        reconnect: whatever an earlier connection streamed of it is discarded)."""
+        if first_segment:
+            self._drop(xid)
+            self._spools[xid] = _Spool()
+        elif xid not in self._spools:
+            raise ProtocolError(
+                f"a stream block continues transaction {xid}, whose first block this "
+                "connection never received; the stream is not read further"
+            )
+
+    def append(self, xid: int, subxid: int, change_lsn: Lsn, message: bytes) -> None:
+        """Spool one change of the block of ``xid``, made by ``subxid``."""
+        spool = self._open(xid, "a change")
+        if subxid in spool.void:
+            raise ProtocolError(
+                f"transaction {xid} streamed a change of subtransaction {subxid} after "
+                "its abort; the stream is not read further"
+            )
+        entry = _ENTRY.size + len(message)
+        if self._total + entry > self._max_bytes:
+            raise StreamedTransactionTooLargeError(xid, spool.size, self._total, self._max_bytes)
+        file = spool.file
+        if file is None:
+            file = spool.file = self._new_file()
+        try:
+            # One write per change: a failure leaves no header without its message
+            # behind (and ends the attempt, whose retry discards every spool).
+            file.write(_ENTRY.pack(subxid, change_lsn, len(message)) + message)
+        except OSError as exc:
+            raise TransientError(
+                f"cannot write the spool of streamed transaction {xid}: {exc}"
+            ) from exc
+        subxact = spool.subxacts.get(subxid)
+        if subxact is None:
+            spool.subxacts[subxid] = _Subxact(spool.size, spool.size + entry)
+        else:
+            subxact.end_at = spool.size + entry
+        spool.size += entry
+        self._total += entry
+
+    def abort(self, xid: int, subxid: int) -> None:
+        """A Stream Abort: the whole transaction when ``subxid == xid``, else the
+        subtransaction and those begun inside it. Aborting what holds no change (it was
+        never streamed, or only changes of unpublished tables were) changes nothing."""
+        if subxid == xid:
+            self._drop(xid)
+            return
+        spool = self._spools.get(xid)
+        if spool is None or subxid not in spool.subxacts:
+            if spool is not None:
+                spool.void.add(subxid)
+            return
+        order = list(spool.subxacts)
+        voided = order[order.index(subxid) :]
+        cut = spool.subxacts[subxid].first_at
+        for gone in voided:
+            del spool.subxacts[gone]
+        spool.void.update(voided)
+        if all(kept.end_at <= cut for kept in spool.subxacts.values()):
+            self._cut(xid, spool, cut)
+
+    def commit(self, xid: int) -> Iterator[StreamedChange]:
+        """A Stream Commit: the transaction's changes in stream order, void ones left
+        out. The transaction is no longer open from this call on; its file is closed
+        when the iterator ends or is closed."""
+        spool = self._spools.pop(xid, None)
+        if spool is None:
+            raise ProtocolError(
+                f"Stream Commit of transaction {xid}, which this connection did not "
+                "see streamed; the stream is not read further"
+            )
+        self._total -= spool.size
+        return self._replay(xid, spool)
+
+    def discard(self) -> None:
+        """Drop every open spool: a new connection streams them again from the start."""
+        for xid in list(self._spools):
+            self._drop(xid)
+
+    def close(self) -> None:
+        """Release every file (:meth:`discard`)."""
+        self.discard()
+
+    def _open(self, xid: int, what: str) -> _Spool:
+        spool = self._spools.get(xid)
+        if spool is None:
+            raise ProtocolError(
+                f"{what} of transaction {xid} arrived outside any stream of it this "
+                "connection received; the stream is not read further"
+            )
+        return spool
+
+    def _new_file(self) -> IO[bytes]:
+        directory = self._directory
+        try:
+            if directory is not None:
+                directory.mkdir(parents=True, exist_ok=True)
+            return tempfile.TemporaryFile(prefix="streamed-transaction-", dir=directory)
+        except OSError as exc:
+            where = "the system temporary directory" if directory is None else str(directory)
+            raise ConfigError(
+                f"cannot create a spool file for a streamed transaction in {where}: {exc}; "
+                "set CAPTURE_SPOOL_DIR to a writable directory"
+            ) from exc
+
+    def _cut(self, xid: int, spool: _Spool, cut: int) -> None:
+        file = spool.file
+        if file is not None:
+            try:
+                file.flush()
+                file.truncate(cut)
+                file.seek(cut)
+            except OSError as exc:
+                raise TransientError(
+                    f"cannot cut back the spool of streamed transaction {xid}: {exc}"
+                ) from exc
+        self._total -= spool.size - cut
+        spool.size = cut
+
+    def _drop(self, xid: int) -> None:
+        spool = self._spools.pop(xid, None)
+        if spool is not None:
+            self._total -= spool.size
+            spool.close()
+
+    @staticmethod
+    def _replay(xid: int, spool: _Spool) -> Iterator[StreamedChange]:
+        file, void, size = spool.file, spool.void, spool.size
+        try:
+            if file is None:
+                return
+            file.flush()
+            file.seek(0)
+            at = 0
+            while at < size:
+                subxid, change_lsn, length = _ENTRY.unpack(_read(file, _ENTRY.size, xid))
+                message = _read(file, length, xid)
+                at += _ENTRY.size + length
+                if subxid not in void:
+                    yield StreamedChange(Lsn(change_lsn), message)
+        except OSError as exc:
+            raise TransientError(
+                f"cannot read the spool of streamed transaction {xid}: {exc}"
+            ) from exc
+        finally:
+            spool.close()
+
+
+def _read(file: IO[bytes], size: int, xid: int) -> bytes:
+    data = file.read(size)
+    if len(data) != size:
+        raise OSError(
+            f"the spool of streamed transaction {xid} is short by {size - len(data)} bytes"
+        )
+    return data
