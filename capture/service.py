@@ -6,8 +6,9 @@ An attempt sets up the source, reads the control topic, adopts the slot, then st
 until stopped or failed; :mod:`capture.__main__` retries a transient failure with
 backoff (:mod:`runtime.retry`), each retry a fresh attempt from the slot's confirmed LSN.
 The order is what makes a start safe: the slot's position is trusted only once the
-control topic is read (:func:`capture.source.setup.adopt_slot`), and the book starts
-where the slot is, with the applied offsets the control topic holds.
+control topic is read and the server is identified (:func:`capture.source.setup.adopt_slot`,
+:mod:`capture.source.server_identity`), and the book starts where the slot is, with the
+applied offsets the control topic holds.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from capture.publish.schema_registration import Framer, framer_for
 from capture.settings import CaptureSettings
 from capture.source.connection import with_dead_peer_detection
 from capture.source.credentials import source_password
+from capture.source.server_identity import read_source_server
 from capture.source.setup import (
     SlotState,
     adopt_slot,
@@ -120,9 +122,13 @@ class CaptureService:
             control = ControlReader(settings.kafka, topics)
             try:
                 state = control.load(postgres.slot)
+                server = read_source_server(dsn, password, recorded=state.server)
                 slot = adopt_slot(
                     catalog,
                     postgres.slot,
+                    server=server,
+                    recorded=state.server,
+                    position=state.newest_position(settings.kafka.topic_prefix),
                     checkpoint=state.checkpoint,
                     applied_topics=state.applied_topics(settings.kafka.topic_prefix),
                     warn_retained_bytes=settings.wal.warn_retained_bytes,
@@ -139,9 +145,12 @@ class CaptureService:
                     {t.qualified: str(problem) for t, problem in tables.problems.items()},
                 )
                 log.info(
-                    "streaming slot %s from %s (%d tables; %d to snapshot)",
+                    "streaming slot %s from %s on cluster %d, timeline %d (%d tables; "
+                    "%d to snapshot)",
                     slot.name,
                     format_lsn(slot.confirmed_flush),
+                    server.identity.system_identifier,
+                    server.identity.timeline,
                     len(tables.capturable),
                     len(states.in_state(TableState.PENDING)),
                 )
@@ -177,6 +186,7 @@ class CaptureService:
                         health=self.health,
                         stop=self._stop,
                         stop_at=self._stop_at,
+                        server=server.identity,
                     ).run()
                 finally:
                     watch.close()

@@ -24,13 +24,20 @@ confirms it.
 
 - key: ``slot:<slot name>`` (``:`` never occurs in a Kafka topic name, so the two kinds
   of key cannot collide).
-- value: ``{"confirmed_lsn": "X/X"}``.
+- value: ``{"confirmed_lsn": "X/X", "system_identifier": "<decimal>", "timeline": n}``.
+  ``system_identifier`` and ``timeline`` name the server the LSN belongs to (its
+  ``IDENTIFY_SYSTEM``; :class:`ServerIdentity`); the identifier is a decimal string,
+  since it is an unsigned 64-bit integer that JSON readers of other languages would
+  round as a number. Checkpoints written before capture recorded them have neither;
+  they are read with ``server`` None. The two come together or not at all.
 
 At start, capture compares the slot with its checkpoint: a slot *ahead* of the
 checkpoint was advanced by someone else, and WAL in between may never have reached
 Kafka; a slot that was just created while the control topic already holds applied
-progress was dropped and recreated. Both refuse to start instead of silently skipping
-data.
+progress was dropped and recreated; a server of another database cluster, or on a
+timeline that forked before the checkpoint, is not where the checkpoint's LSN means
+anything (capture/source/server_identity.py). All refuse to start instead of silently
+skipping data.
 
 A third kind holds the state of each captured table, written by capture on every
 transition and by ``python -m capture resync`` (which sets ``pending``):
@@ -110,15 +117,39 @@ SLOT_KEY_PREFIX = "slot:"
 
 
 @dataclass(frozen=True, slots=True)
+class ServerIdentity:
+    """Which server an LSN belongs to, as ``IDENTIFY_SYSTEM`` names it
+    (https://www.postgresql.org/docs/current/protocol-replication.html)."""
+
+    system_identifier: int
+    """The database cluster's identifier, chosen by ``initdb``; its physical standbys and
+    base backups share it, a new cluster (a dump restored, ``pg_upgrade``) does not."""
+    timeline: int
+    """The cluster's history branch; a promotion or a point-in-time recovery starts a new
+    one."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.system_identifier < 2**64 or self.timeline < 1:
+            raise ValueError(f"not a server identity: {self}")
+
+
+@dataclass(frozen=True, slots=True)
 class SlotCheckpoint:
     slot: str
     confirmed_lsn: Lsn
+    server: ServerIdentity | None = None
+    """The server ``confirmed_lsn`` is a position of; None in checkpoints written before
+    capture recorded it."""
 
     def key(self) -> bytes:
         return f"{SLOT_KEY_PREFIX}{self.slot}".encode()
 
     def value(self) -> bytes:
-        return json.dumps({"confirmed_lsn": format_lsn(self.confirmed_lsn)}).encode()
+        fields: dict[str, object] = {"confirmed_lsn": format_lsn(self.confirmed_lsn)}
+        if self.server is not None:
+            fields["system_identifier"] = str(self.server.system_identifier)
+            fields["timeline"] = self.server.timeline
+        return json.dumps(fields).encode()
 
 
 TABLE_KEY_PREFIX = "table:"
@@ -241,16 +272,7 @@ def decode_control(key: bytes, value: bytes) -> ControlMessage:
     if key.startswith(APPLY_KEY_PREFIX.encode()):
         return _decode_apply_status(key, value)
     if key.startswith(SLOT_KEY_PREFIX.encode()):
-        try:
-            return SlotCheckpoint(
-                key[len(SLOT_KEY_PREFIX) :].decode(),
-                parse_lsn(json.loads(value)["confirmed_lsn"]),
-            )
-        except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
-            raise ControlMessageError(
-                f"slot checkpoint {key!r} is not in the documented format "
-                f"(schemas/control.py): {exc}"
-            ) from exc
+        return _decode_slot_checkpoint(key, value)
     if _KIND_SEPARATOR in key:
         kind = key.partition(_KIND_SEPARATOR)[0].decode(errors="replace")
         raise ControlMessageError(
@@ -258,6 +280,35 @@ def decode_control(key: bytes, value: bytes) -> ControlMessage:
             "(schemas/control.py lists the kinds): is a newer writer on this topic?"
         )
     return decode_progress(key, value)
+
+
+def _decode_slot_checkpoint(key: bytes, value: bytes) -> SlotCheckpoint:
+    try:
+        fields = json.loads(value)
+        return SlotCheckpoint(
+            key[len(SLOT_KEY_PREFIX) :].decode(),
+            parse_lsn(fields["confirmed_lsn"]),
+            _server(fields.get("system_identifier"), fields.get("timeline")),
+        )
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
+        raise ControlMessageError(
+            f"slot checkpoint {key!r} is not in the documented format (schemas/control.py): {exc}"
+        ) from exc
+
+
+def _server(system_identifier: object, timeline: object) -> ServerIdentity | None:
+    """The identity a checkpoint records; None when it records none (an older writer)."""
+    if system_identifier is None and timeline is None:
+        return None
+    # A decimal string, never a JSON number (rounded by some readers); the timeline an
+    # integer, never a boolean (bool is an int in Python).
+    if not isinstance(system_identifier, str) or not (
+        system_identifier.isascii() and system_identifier.isdigit()
+    ):
+        raise TypeError(f"system_identifier {system_identifier!r} is not a decimal string")
+    if isinstance(timeline, bool) or not isinstance(timeline, int):
+        raise TypeError(f"timeline {timeline!r} is not an integer")
+    return ServerIdentity(int(system_identifier), timeline)
 
 
 def decode_progress(key: bytes, value: bytes) -> AppliedProgress:

@@ -2,11 +2,11 @@
 table's state.
 
 At start, :meth:`ControlReader.load` reads the compacted topic to its end
-(:class:`ControlState`: the last slot checkpoint, the applied offset of every change-topic
-partition, the status of every table); while streaming, :meth:`ControlReader.poll` feeds
-the applied offsets apply publishes to the in-flight book, which is what lets the slot
-advance (:mod:`capture.in_flight`). capture writes to the topic through the publisher
-(:mod:`capture.publish.publisher`).
+(:class:`ControlState`: the last slot checkpoint and the server it names, the applied
+offset and position of every change-topic partition, the status of every table); while
+streaming, :meth:`ControlReader.poll` feeds the applied offsets apply publishes to the
+in-flight book, which is what lets the slot advance (:mod:`capture.in_flight`). capture
+writes to the topic through the publisher (:mod:`capture.publish.publisher`).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from schemas.control import (
     AppliedProgress,
     ControlMessage,
     ControlMessageError,
+    ServerIdentity,
     SlotCheckpoint,
     TableStatus,
     decode_control,
@@ -47,11 +48,27 @@ class ControlState:
     """Applied next offset per change-topic partition."""
     tables: dict[str, TableStatus] = field(default_factory=dict)
     """The last status of each table of the slot."""
+    server: ServerIdentity | None = None
+    """The server the last checkpoint was taken on (None: no checkpoint, or one written
+    before capture recorded it)."""
+    applied_lsns: dict[tuple[str, int], Lsn] = field(default_factory=dict)
+    """Commit LSN of the newest applied record per change-topic partition."""
 
     def applied_topics(self, topic_prefix: str) -> set[str]:
         return {
             t for (t, _), n in self.applied.items() if n > 0 and t.startswith(f"{topic_prefix}.")
         }
+
+    def newest_position(self, topic_prefix: str) -> Lsn | None:
+        """The newest LSN the lake or the slot checkpoint holds for this pipeline: apply
+        drops every record at or below it as a replay, so the source must never write
+        anything new at or below it."""
+        positions = [
+            lsn for (t, _), lsn in self.applied_lsns.items() if t.startswith(f"{topic_prefix}.")
+        ]
+        if self.checkpoint is not None:
+            positions.append(self.checkpoint)
+        return max(positions, default=None)
 
 
 _UNKNOWN_TOPIC = (KafkaError._UNKNOWN_TOPIC, KafkaError.UNKNOWN_TOPIC_OR_PART)
@@ -159,7 +176,9 @@ class ControlReader:
         ends = {p: self._end_offset(p, deadline) for p in self._partitions}
         at_end = {p for p, end in ends.items() if end == 0}
         checkpoint: Lsn | None = None
+        server: ServerIdentity | None = None
         applied: dict[tuple[str, int], int] = {}
+        applied_lsns: dict[tuple[str, int], Lsn] = {}
         tables: dict[str, TableStatus] = {}
         while len(at_end) < len(self._partitions):
             if time.monotonic() > deadline:
@@ -175,12 +194,14 @@ class ControlReader:
                 self._next[partition] = (message.offset() or 0) + 1
                 decoded = self._decode(message)
                 if isinstance(decoded, SlotCheckpoint) and decoded.slot == slot:
-                    checkpoint = decoded.confirmed_lsn
+                    checkpoint, server = decoded.confirmed_lsn, decoded.server
                 elif isinstance(decoded, AppliedProgress):
                     applied[(decoded.topic, decoded.partition)] = decoded.next_offset
+                    if decoded.commit_lsn is not None:
+                        applied_lsns[(decoded.topic, decoded.partition)] = decoded.commit_lsn
                 elif isinstance(decoded, TableStatus) and decoded.slot == slot:
                     tables[decoded.table] = decoded
-        return ControlState(checkpoint, applied, tables)
+        return ControlState(checkpoint, applied, tables, server, applied_lsns)
 
     def _end_offset(self, partition: int, deadline: float) -> int:
         """The partition's end offset now, 0 when it is empty. A topic created a moment

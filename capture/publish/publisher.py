@@ -43,6 +43,7 @@ from runtime.kafka_client import (
     connection_conf,
 )
 from schemas.control import (
+    ServerIdentity,
     SlotCheckpoint,
     TableStatus,
 )
@@ -168,11 +169,15 @@ class ChangePublisher:
         start: Lsn,
         metrics: CaptureMetrics | None = None,
         compiled: bool = True,
+        server: ServerIdentity | None = None,
     ) -> None:
         """``compiled``: produce through :class:`NativeProducer` where this process can
         (:func:`capture.publish.native_producer.library`); otherwise, or when false,
-        confluent-kafka's producer does, with the same records and guarantees."""
+        confluent-kafka's producer does, with the same records and guarantees.
+        ``server``: the server the slot lives on, recorded with every slot checkpoint
+        (:mod:`capture.source.server_identity` compares it at the next start)."""
         self._settings = settings
+        self._server = server
         self._book = book
         self._metrics = metrics
         self._topics = topics
@@ -194,7 +199,7 @@ class ChangePublisher:
         if lsn <= self._checkpoint_sent:
             return
         self._checkpoint_sent = lsn
-        message = SlotCheckpoint(slot, lsn)
+        message = SlotCheckpoint(slot, lsn, self._server)
 
         def delivered(err: KafkaError | None, _msg: Delivery) -> None:
             if err is not None:

@@ -9,8 +9,11 @@ privileges, a missing table, a slot of another plugin or database) is a
 
 At every attempt the service runs, in this order: :func:`connect_catalog`,
 :func:`check_server`, :func:`capturable_tables` (which also publishes them), then, once the
-control topic is read, :func:`adopt_slot`, which refuses a slot whose position cannot be
-trusted (:func:`check_slot_history`) or whose WAL is lost (:mod:`capture.source.wal_safety`).
+control topic is read, :func:`adopt_slot`, which refuses a server that is not the one the
+slot checkpoint was taken on (:mod:`capture.source.server_identity`), a slot whose position
+cannot be trusted (:func:`check_slot_history`), a ``synchronized_standby_slots`` that would
+stall it (:mod:`capture.source.standby_slots`), and a slot whose WAL is lost
+(:mod:`capture.source.wal_safety`).
 
 All SQL identifiers are composed with :mod:`psycopg.sql`, never formatted.
 """
@@ -30,7 +33,10 @@ from capture.pgoutput import Relation, ReplicaIdentity
 from capture.rows.typemap import SESSION_SETTINGS, libpq_options
 from capture.settings import PostgresSettings
 from capture.source.credentials import connection_error
+from capture.source.server_identity import SourceServer, check_same_server
+from capture.source.standby_slots import check_standby_slots
 from capture.source.wal_safety import check, read_slot_wal
+from schemas.control import ServerIdentity
 from schemas.lsn import Lsn, format_lsn, parse_lsn
 
 log = logging.getLogger(__name__)
@@ -111,16 +117,28 @@ def adopt_slot(
     conn: Connection,
     name: str,
     *,
+    server: SourceServer,
+    recorded: ServerIdentity | None,
+    position: Lsn | None,
     checkpoint: Lsn | None,
     applied_topics: Collection[str],
     warn_retained_bytes: int,
     metrics: CaptureMetrics,
 ) -> SlotState:
-    """The slot to stream from, created if missing, once its position can be trusted
-    (:func:`check_slot_history`, with what the control topic says) and its WAL is whole."""
+    """The slot to stream from, created if missing, once ``server`` (the one reached now)
+    is where the control topic's positions mean something (``recorded``: the server of
+    the last checkpoint; ``position``: the newest LSN the pipeline holds), the slot's
+    position can be trusted (:func:`check_slot_history`), nothing on the server would
+    stall it, and its WAL is whole."""
+    check_same_server(server, recorded, position=position, slot=name)
     check_slot_history(
-        find_slot(conn, name), name, checkpoint=checkpoint, applied_topics=applied_topics
+        find_slot(conn, name),
+        name,
+        checkpoint=checkpoint,
+        applied_topics=applied_topics,
+        failed_over=recorded is not None and recorded.timeline != server.identity.timeline,
     )
+    check_standby_slots(conn, name)
     slot = ensure_slot(conn, name)
     # A lost slot fails START_REPLICATION with a server error that looks transient;
     # said here, with the resync, it is not retried forever.
@@ -139,16 +157,21 @@ def check_slot_history(
     *,
     checkpoint: Lsn | None,
     applied_topics: Collection[str],
+    failed_over: bool = False,
 ) -> None:
     """Refuse to stream when the slot's position cannot be trusted.
 
-    ``checkpoint`` is the slot checkpoint capture last wrote to the control topic, and
-    ``applied_topics`` the change topics of this pipeline with applied records there.
+    ``checkpoint`` is the slot checkpoint capture last wrote to the control topic,
+    ``applied_topics`` the change topics of this pipeline with applied records there, and
+    ``failed_over`` whether the server's timeline moved on since that checkpoint (a
+    promoted standby: :mod:`capture.source.server_identity`).
 
     - The slot is missing but the lake has applied records of our topics: it was dropped
       (and would be recreated at the current WAL position), so every change since the
-      lake's last applied transaction would be skipped. A promoted standby whose copy of
-      the slot was not yet synchronized (still temporary) lacks it the same way.
+      lake's last applied transaction would be skipped. A promoted standby lacks it the
+      same way when it had no failover-ready copy: before PostgreSQL 17 a standby keeps
+      no logical slot at all, and from 17 a copy that was not yet synchronized (still
+      temporary) is dropped by the promotion.
     - The slot is ahead of capture's last checkpoint: someone advanced it, and WAL in
       between may never have reached Kafka.
 
@@ -160,12 +183,21 @@ def check_slot_history(
     """
     applied = sorted(applied_topics)
     if slot is None and applied:
+        cause = (
+            "this server is a promoted standby (its timeline changed since capture's last "
+            "checkpoint) with no copy of the slot: before PostgreSQL 17 a standby keeps no "
+            "logical slots, and from 17 only a synchronized, failover-ready copy of a "
+            "failover slot survives the promotion (docs/capture.md, a primary that fails "
+            "over)"
+            if failed_over
+            else "the slot was dropped (or, after a failover, the promoted standby had no "
+            "failover-ready copy of it, which before PostgreSQL 17 it never has: "
+            "docs/operations.md, a primary that fails over)"
+        )
         raise ConfigError(
             f"replication slot {slot_name} does not exist, but the control topic shows "
-            f"applied changes for {', '.join(applied)}: the slot was dropped (or, after a "
-            "failover, the promoted standby had no failover-ready copy of it: docs/operations.md, "
-            "a primary that fails over), and a new one would silently skip every change made "
-            "since. Resync: stop apply, delete those "
+            f"applied changes for {', '.join(applied)}: {cause}, and a new slot would "
+            "silently skip every change made since. Resync: stop apply, delete those "
             "Delta tables and their checkpoints, delete the change and control topics, then "
             "start capture again with CAPTURE_SNAPSHOT_MODE=initial, which snapshots every "
             "table anew (docs/capture.md)"

@@ -65,7 +65,7 @@ from capture.stream.schema_change import resync_reason_after
 from capture.stream.table_flow import TableFlow
 from capture.stream.table_states import TableStates
 from runtime.telemetry import Health
-from schemas.control import SnapshotResume, TableState, TableStatus
+from schemas.control import ServerIdentity, SnapshotResume, TableState, TableStatus
 from schemas.lsn import Lsn, format_lsn
 
 log = logging.getLogger(__name__)
@@ -102,10 +102,13 @@ class ReplicationLoop:
         health: Health,
         stop: threading.Event,
         stop_at: Lsn | None,
+        server: ServerIdentity | None = None,
     ) -> None:
         """``statuses``: table statuses to publish before streaming; ``stop_at``: set
         ``stop`` once every transaction ending at or before this LSN is received, and no
-        snapshot or held change is left (catch-up runs and benchmarks)."""
+        snapshot or held change is left (catch-up runs and benchmarks); ``server``: the
+        server the attempt checked, which the replication connection must reach and
+        every slot checkpoint records (:mod:`capture.source.server_identity`)."""
         self._settings = settings
         self._catalog = catalog
         self._dsn = dsn
@@ -128,6 +131,7 @@ class ReplicationLoop:
             start=start,
             metrics=metrics,
             compiled=settings.compiled_producer,
+            server=server,
         )
         for status in statuses:
             publisher.publish_status(status)
@@ -156,6 +160,7 @@ class ReplicationLoop:
             start_lsn=start,
             settings=SESSION_SETTINGS,
             silence_timeout_s=settings.postgres.silence_timeout_s,
+            server=server,
         )
         health.connected()
         position.stream_started = time.monotonic()

@@ -36,6 +36,13 @@ connection is taken as dead (:class:`TransientError`) and the retry reconnects. 
 kernel's own TCP timeouts (:mod:`capture.source.connection`) catch the same thing when
 the peer is truly gone, but not when something in between still acknowledges the
 packets (a proxy, a stuck load balancer).
+
+**The server it reaches.** Given the server the attempt checked (``server``, see
+:mod:`capture.source.server_identity`), the connection identifies itself
+(``IDENTIFY_SYSTEM``) before it streams: a multi-host DSN may reach another server than
+the checks did when a failover happens in between, and streaming from it unchecked could
+skip changes. A different one ends the attempt (:class:`TransientError`), and the next
+attempt checks whichever server it reaches from the start.
 """
 
 from __future__ import annotations
@@ -49,6 +56,7 @@ from psycopg import sql
 
 from capture.errors import ConfigError, TransientError
 from capture.rows.typemap import libpq_options
+from capture.source.server_identity import identify
 from capture.stream.copy_data import (
     PrimaryKeepalive,
     XLogData,
@@ -56,6 +64,7 @@ from capture.stream.copy_data import (
     parse_copy_data,
     pg_now_micros,
 )
+from schemas.control import ServerIdentity
 from schemas.lsn import Lsn, format_lsn
 
 Frame = XLogData | PrimaryKeepalive
@@ -93,6 +102,26 @@ class ServerShutdownWatch:
         self._conn.close()
 
 
+def _check_reached(conn: psycopg.Connection[tuple[object, ...]], server: ServerIdentity) -> None:
+    """Close ``conn`` and raise when it reached another server than ``server``."""
+    try:
+        reached = identify(conn).identity
+    except psycopg.Error as exc:
+        conn.close()
+        raise TransientError(f"IDENTIFY_SYSTEM failed: {exc}") from exc
+    except TransientError:
+        conn.close()
+        raise
+    if reached != server:
+        conn.close()
+        raise TransientError(
+            f"the replication connection reached another server (system identifier "
+            f"{reached.system_identifier}, timeline {reached.timeline}) than the one the "
+            f"slot was checked on ({server.system_identifier}, timeline {server.timeline}): "
+            "a failover in between? Starting over"
+        )
+
+
 class ReplicationStream:
     """One START_REPLICATION stream of a logical slot, and the watch that ends it when
     the server shuts down (see the module docstring)."""
@@ -123,7 +152,10 @@ class ReplicationStream:
         start_lsn: Lsn,
         settings: Mapping[str, str],
         silence_timeout_s: float = DEFAULT_SILENCE_TIMEOUT_S,
+        server: ServerIdentity | None = None,
     ) -> ReplicationStream:
+        """``server``: the server the attempt's checks ran on; a connection that reaches
+        another one is closed with a :class:`TransientError` (module docstring)."""
         try:
             conn = psycopg.connect(
                 dsn,
@@ -134,6 +166,8 @@ class ReplicationStream:
             )
         except psycopg.OperationalError as exc:
             raise TransientError(f"cannot open the replication connection: {exc}") from exc
+        if server is not None:
+            _check_reached(conn, server)
         command = sql.SQL(
             "START_REPLICATION SLOT {} LOGICAL {} (proto_version '1', publication_names {})"
         ).format(sql.Identifier(slot), sql.SQL(format_lsn(start_lsn)), sql.Literal(publication))

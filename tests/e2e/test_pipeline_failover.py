@@ -236,6 +236,8 @@ def test_capture_streams_on_from_the_promoted_standby(
 
         log = pipeline.capture.log.read_text(errors="replace")
         assert log.count(f"streaming slot {unique_name} from") >= 2, pipeline.logs()
+        # The promoted standby is on timeline 2, forked after everything capture held.
+        assert "the source moved from timeline 1 to 2" in log, pipeline.logs()
         assert_lake_equals_source(spark, pipeline)
         lake = spark.read.format("delta").load(pipeline.table_path("public.t"))
         in_lake = {int(row.id) for row in lake.select("id").collect()}

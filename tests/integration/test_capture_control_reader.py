@@ -13,7 +13,7 @@ from confluent_kafka import Producer
 from capture.in_flight import ProgressBook
 from capture.publish.control import ControlReader
 from capture.publish.publisher import Topics
-from schemas.control import AppliedProgress
+from schemas.control import AppliedProgress, ServerIdentity, SlotCheckpoint
 from schemas.lsn import Lsn
 from tests.plugins.capture import capture_settings
 from tests.plugins.services import Services
@@ -72,5 +72,35 @@ def test_a_silent_consumer_is_replaced_where_it_was(services: Services, unique_n
         reader.poll(book)
         # The new consumer started after the last message read: nothing read again.
         assert book.told == [("cdc.public.t", 0, 7), ("cdc.public.t", 0, 9)]
+    finally:
+        reader.close()
+
+
+def test_load_returns_the_checkpoints_server_and_the_newest_applied_positions(
+    services: Services, unique_name: str
+) -> None:
+    settings = capture_settings(services, unique_name, [])
+    topic = settings.kafka.control_topic
+    reader = ControlReader(settings.kafka, Topics(settings.kafka))
+    try:
+        producer = Producer({"bootstrap.servers": services.kafka_bootstrap_servers})
+        older = SlotCheckpoint(unique_name, Lsn(0x10))  # as a version before the server
+        newer = SlotCheckpoint(unique_name, Lsn(0x20), ServerIdentity(7_301_234_567, 2))
+        other_slot = SlotCheckpoint("another_slot", Lsn(0x99), ServerIdentity(1, 1))
+        for message in (
+            older,
+            newer,
+            other_slot,
+            AppliedProgress("cdc.public.t", 0, 5, Lsn(0x18), 1, "public.t", Lsn(0x18), 1),
+            AppliedProgress("cdc.public.t", 1, 3, Lsn(0x30), 0, "public.t", Lsn(0x30), 1),
+            AppliedProgress("other.public.t", 0, 3, Lsn(0x90), 0, "public.t", Lsn(0x90), 1),
+        ):
+            producer.produce(topic, message.value(), message.key())
+        assert producer.flush(30) == 0
+
+        state = reader.load(unique_name)
+        assert state.checkpoint == Lsn(0x20)
+        assert state.server == ServerIdentity(7_301_234_567, 2)
+        assert state.newest_position("cdc") == Lsn(0x30)
     finally:
         reader.close()

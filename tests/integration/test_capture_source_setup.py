@@ -1,4 +1,5 @@
-"""Source setup against the real PostgreSQL: tables, replica identity, publication, slot."""
+"""Source setup against the real PostgreSQL: tables, replica identity, publication, slot,
+the server's identity and the standby slots it would wait for."""
 
 from __future__ import annotations
 
@@ -8,14 +9,26 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from capture.errors import ConfigError
+from capture.metrics import CaptureMetrics
+from capture.source.server_identity import read_source_server
 from capture.source.setup import (
     TableRef,
+    adopt_slot,
     check_server,
     check_tables,
     ensure_publication,
     ensure_slot,
     resolve_tables,
 )
+from capture.source.standby_slots import (
+    StandbySlotState,
+    assess,
+    check_standby_slots,
+    read_standby_slots,
+    slot_states,
+)
+from schemas.control import ServerIdentity
+from schemas.lsn import Lsn
 from tests.plugins.services import Services
 
 Connection = psycopg.Connection[tuple[object, ...]]
@@ -119,3 +132,76 @@ def test_a_role_that_may_not_extend_the_publication_is_told_what_the_dba_runs(
             ensure_publication(conn, unique_name, [orders])  # nothing to add: no DDL
     finally:
         pg.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+def test_the_server_identifies_itself_as_its_control_file_says(
+    pg: Connection, services: Services
+) -> None:
+    server = read_source_server(services.postgres_dsn, None, recorded=None)
+    row = pg.execute(
+        "SELECT s.system_identifier, c.timeline_id "
+        "FROM pg_control_system() s, pg_control_checkpoint() c"
+    ).fetchone()
+    assert row is not None
+    # pg_control_system() shows the unsigned identifier as a signed bigint.
+    assert server.identity == ServerIdentity(int(str(row[0])) % 2**64, int(str(row[1])))
+    assert server.history == (), "no history is read when no timeline was recorded"
+    if server.identity.timeline > 1:  # a server that was promoted or recovered once
+        earlier = ServerIdentity(server.identity.system_identifier, server.identity.timeline - 1)
+        recovered = read_source_server(services.postgres_dsn, None, recorded=earlier)
+        assert [s.timeline for s in recovered.history][-1] == earlier.timeline
+
+
+def test_a_checkpoint_of_another_cluster_is_refused_before_a_slot_is_made(
+    pg: Connection, services: Services, unique_name: str
+) -> None:
+    server = read_source_server(services.postgres_dsn, None, recorded=None)
+    other = ServerIdentity(server.identity.system_identifier ^ 1, server.identity.timeline)
+    with pytest.raises(ConfigError) as refused:
+        adopt_slot(
+            pg,
+            unique_name,
+            server=server,
+            recorded=other,
+            position=Lsn(0x100),
+            checkpoint=Lsn(0x100),
+            applied_topics=[],
+            warn_retained_bytes=0,
+            metrics=CaptureMetrics(),
+        )
+    assert f"system identifier {other.system_identifier}" in str(refused.value)
+    assert f"system identifier {server.identity.system_identifier}" in str(refused.value)
+    made = pg.execute(
+        "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", [unique_name]
+    ).fetchone()
+    assert made is None, "no slot may be left on a server capture refused"
+
+
+def test_slots_named_for_standbys_are_told_apart_in_the_real_catalog(
+    pg: Connection, unique_name: str
+) -> None:
+    physical, logical, missing = f"{unique_name}_p", f"{unique_name}_l", f"{unique_name}_m"
+    # Not reserved: a physical slot that holds back no WAL of the shared server.
+    pg.execute("SELECT pg_create_physical_replication_slot(%s)", [physical])
+    try:
+        pg.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", [logical])
+        states = slot_states(pg, [physical, logical, missing])
+        assert [(s.name, s.state) for s in states] == [
+            (physical, StandbySlotState.INACTIVE),
+            (logical, StandbySlotState.LOGICAL),
+            (missing, StandbySlotState.MISSING),
+        ]
+        with pytest.raises(ConfigError, match="ALTER SYSTEM RESET synchronized_standby_slots") as e:
+            assess(states, slot=unique_name)
+        assert f'"{missing}" does not exist' in str(e.value)
+        assert f'"{logical}" is a logical slot' in str(e.value)
+    finally:
+        _drop_slot(pg, physical)
+        _drop_slot(pg, logical)
+
+
+def test_a_server_that_waits_for_no_standby_passes(pg: Connection, unique_name: str) -> None:
+    # The run's servers set no synchronized_standby_slots (tests that need one start a
+    # server of their own): on 15 the setting does not exist, on 18 it is empty.
+    assert read_standby_slots(pg) == []
+    check_standby_slots(pg, unique_name)

@@ -36,6 +36,23 @@ def test_a_missing_slot_names_a_failover_without_a_synchronized_copy() -> None:
         _check(None, ControlState(Lsn(100), APPLIED))
 
 
+def test_a_missing_slot_on_a_promoted_standby_says_why_it_is_missing() -> None:
+    # Before PostgreSQL 17 a standby keeps no logical slot: a failover always ends here.
+    state = ControlState(Lsn(100), APPLIED)
+    with pytest.raises(ConfigError) as refused:
+        check_slot_history(
+            None,
+            "s",
+            checkpoint=state.checkpoint,
+            applied_topics=state.applied_topics("cdc"),
+            failed_over=True,
+        )
+    message = str(refused.value)
+    assert "this server is a promoted standby" in message
+    assert "before PostgreSQL 17 a standby keeps no logical slots" in message
+    assert "Resync" in message
+
+
 def test_missing_slot_is_fine_when_only_other_pipelines_applied() -> None:
     _check(None, ControlState(None, {("other.public.x", 0): 5}))
 

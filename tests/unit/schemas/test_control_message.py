@@ -10,6 +10,7 @@ from schemas.control import (
     AppliedProgress,
     ApplyTableStatus,
     ControlMessageError,
+    ServerIdentity,
     SlotCheckpoint,
     SnapshotResume,
     TableState,
@@ -76,6 +77,45 @@ def test_slot_checkpoint_round_trips_and_is_told_apart() -> None:
 def test_malformed_slot_checkpoint_raises() -> None:
     with pytest.raises(ControlMessageError, match="slot checkpoint"):
         decode_control(b"slot:x", b'{"confirmed_lsn": "nope"}')
+
+
+def test_a_slot_checkpoint_records_its_server_with_the_identifier_as_a_string() -> None:
+    # The largest system identifier: a JSON number this size is rounded by readers
+    # whose numbers are doubles, so it travels as a decimal string.
+    server = ServerIdentity(2**64 - 1, 3)
+    checkpoint = SlotCheckpoint("cdc_slot", Lsn(0x1_0000_0010), server)
+    assert b'"system_identifier": "18446744073709551615"' in checkpoint.value()
+    assert b'"timeline": 3' in checkpoint.value()
+    assert decode_control(checkpoint.key(), checkpoint.value()) == checkpoint
+
+
+def test_a_slot_checkpoint_of_an_older_writer_has_no_server() -> None:
+    older = SlotCheckpoint("cdc_slot", Lsn(16))
+    assert older.value() == b'{"confirmed_lsn": "0/10"}', "the old form, unchanged"
+    decoded = decode_control(b"slot:cdc_slot", b'{"confirmed_lsn": "0/10"}')
+    assert decoded == SlotCheckpoint("cdc_slot", Lsn(16), None)
+    newer = b'{"confirmed_lsn": "0/10", "system_identifier": "7", "timeline": 1, "x": 2}'
+    assert decode_control(b"slot:s", newer) == SlotCheckpoint("s", Lsn(16), ServerIdentity(7, 1))
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        '"system_identifier": "7"',
+        '"timeline": 1',
+        '"system_identifier": 7, "timeline": 1',
+        '"system_identifier": "-7", "timeline": 1',
+        '"system_identifier": "7e3", "timeline": 1',
+        '"system_identifier": "18446744073709551616", "timeline": 1',
+        '"system_identifier": "7", "timeline": "1"',
+        '"system_identifier": "7", "timeline": true',
+        '"system_identifier": "7", "timeline": 0',
+    ],
+)
+def test_a_slot_checkpoint_server_that_is_not_the_format_is_rejected(fields: str) -> None:
+    value = ('{"confirmed_lsn": "0/10", ' + fields + "}").encode()
+    with pytest.raises(ControlMessageError, match="slot checkpoint"):
+        decode_control(b"slot:s", value)
 
 
 SNAPSHOTTING = TableStatus(
