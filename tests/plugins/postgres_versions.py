@@ -46,13 +46,15 @@ VERSIONED_MODULES = frozenset(
         "tests/integration/test_type_roundtrip.py",
         "tests/integration/test_capture_source_setup.py",
         "tests/integration/test_capture_snapshot.py",
+        "tests/integration/test_capture_publication_filters.py",
         "tests/integration/test_capture_replication_burst.py",
         "tests/integration/test_postgres_versions.py",
     }
 )
 """The modules that run once per version in :data:`VERSIONS`: what capture relies on,
 with no Spark: the decoder against a real stream, every type's round trip, slots and
-publications, snapshots (with Kafka), schema changes, the per-version differences."""
+publications, snapshots (with Kafka), schema changes, publication row filters and
+column lists, the per-version differences."""
 
 _TEST_ROOT = TEST_STACK_ROOT.parent
 
