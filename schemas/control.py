@@ -50,7 +50,12 @@ transition and by ``python -m capture resync`` (which sets ``pending``):
   ``snapshot`` whose chunks are partly published also has ``"resume": {"chunk": k,
   "block": b}``: every chunk before chunk ``k``, i.e. every heap block before ``b``, is
   in Kafka, so a capture that restarts reads from block ``b`` on instead of from scratch
-  (docs/capture.md, "Resuming a snapshot"). Absent, or null, otherwise.
+  (docs/capture.md, "Resuming a snapshot"). Absent, or null, otherwise. A table whose
+  rows were taken under a known publication entry also has ``"publication":
+  {"row_filter": str or null, "columns": [str, ...] or null}``: the row filter (as
+  ``pg_get_expr`` prints it) and column list the publication had for the table when its
+  snapshot was taken (both null: every row and column). Absent when not known yet
+  (docs/capture.md, "Row filters and column lists").
 
 A fourth kind holds apply's view of each table: whether it is errored and how many of
 its records wait in the dead-letter table (docs/apply.md, errored tables). apply writes
@@ -185,6 +190,31 @@ class SnapshotResume:
 
 
 @dataclass(frozen=True, slots=True)
+class PublicationFilter:
+    """What a publication lets through of one table (PostgreSQL 15+): its row filter, the
+    ``WHERE`` expression as the server prints it, and its column list, in column order.
+    None for either means every row, or every column."""
+
+    row_filter: str | None = None
+    columns: tuple[str, ...] | None = None
+
+    def describe(self) -> str:
+        """For messages: ``WHERE (tenant = 7), columns (id, tenant)``."""
+        parts = []
+        if self.row_filter is not None:
+            parts.append(f"WHERE {self.row_filter}")
+        if self.columns is not None:
+            parts.append(f"columns ({', '.join(self.columns)})")
+        return ", ".join(parts) or "every row and column"
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "row_filter": self.row_filter,
+            "columns": None if self.columns is None else list(self.columns),
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class TableStatus:
     slot: str
     table: str
@@ -195,6 +225,9 @@ class TableStatus:
     """Microseconds since 1970-01-01 UTC."""
     resume: SnapshotResume | None = None
     """Set only in ``snapshot``, once its first chunk is in Kafka."""
+    publication: PublicationFilter | None = None
+    """The publication's row filter and column list the table's rows were taken under;
+    None when not known yet."""
 
     def key(self) -> bytes:
         return f"{TABLE_KEY_PREFIX}{self.slot}:{self.table}".encode()
@@ -213,6 +246,7 @@ class TableStatus:
                     if self.resume is None
                     else {"resume": {"chunk": self.resume.chunk, "block": self.resume.block}}
                 ),
+                **({} if self.publication is None else {"publication": self.publication.as_json()}),
             },
             separators=(",", ":"),
         ).encode()
@@ -347,6 +381,7 @@ def _decode_table_status(key: bytes, value: bytes) -> TableStatus:
             message=None if message is None else str(message),
             updated_at=int(fields["updated_at"]),
             resume=_resume(fields.get("resume")),
+            publication=_publication(fields.get("publication")),
         )
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
         raise ControlMessageError(
@@ -364,6 +399,21 @@ def _resume(field: object) -> SnapshotResume | None:
     if type(chunk) is not int or type(block) is not int:
         raise TypeError(f"resume's chunk and block are not integers: {field}")
     return SnapshotResume(chunk, block)
+
+
+def _publication(field: object) -> PublicationFilter | None:
+    if field is None:
+        return None
+    if not isinstance(field, dict):
+        raise TypeError(f"publication is {type(field).__name__}, not an object")
+    row_filter, columns = field["row_filter"], field["columns"]
+    if row_filter is not None and not isinstance(row_filter, str):
+        raise TypeError("publication's row_filter must be a string or null")
+    if columns is not None and (
+        not isinstance(columns, list) or not all(isinstance(c, str) for c in columns)
+    ):
+        raise TypeError("publication's columns must be a list of strings or null")
+    return PublicationFilter(row_filter, None if columns is None else tuple(columns))
 
 
 def _decode_apply_status(key: bytes, value: bytes) -> ApplyTableStatus:

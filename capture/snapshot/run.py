@@ -10,15 +10,18 @@ A run snapshots a set of tables at one consistent point:
    pg_duckpipe snapshots a table added later, so it works the same for the first start
    and for a table added while the main slot streams.
 2. The run's thread imports it in a ``REPEATABLE READ READ ONLY`` transaction
-   (``SET TRANSACTION SNAPSHOT``) and plans each table there: its columns as a pgoutput
-   Relation would list them (so the writer schema matches the stream's), its codec,
-   and its chunks (:mod:`capture.snapshot.chunks`: ``ctid`` block ranges).
+   (``SET TRANSACTION SNAPSHOT``) and plans each table there: the publication's row
+   filter and column list for it, as of ``C`` (:mod:`capture.source.publication`), its
+   columns as a pgoutput Relation would list them (only the published ones, so the
+   writer schema matches the stream's), its codec, and its chunks
+   (:mod:`capture.snapshot.chunks`: ``ctid`` block ranges).
 3. With more than one worker and more than one chunk, worker processes
    (:mod:`capture.snapshot.worker`) each import the same snapshot; the replication
    connection stays open until every one has (an exported snapshot lives only as long
    as the transaction that exported it), then closes, and the temporary slot with it.
 4. The chunks of every table form one queue, one table's chunk after another's in turn;
-   each chunk is a ``COPY (SELECT ... WHERE ctid ...) TO STDOUT`` in text form, parsed
+   each chunk is a ``COPY (SELECT ... WHERE ctid ... AND (<row filter>)) TO STDOUT`` in
+   text form (the server filters the stream, never a ``COPY``), parsed
    by the stream's own parsers (:mod:`capture.snapshot.copy_text`). At most one chunk per
    worker is in flight; each table's records are published in chunk order
    (:class:`~capture.snapshot.chunks.ChunkSequencer`), so records of a later chunk that
@@ -55,7 +58,7 @@ import queue
 import threading
 import time
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psycopg
@@ -92,9 +95,10 @@ from capture.snapshot.worker import (
     read_chunk,
     unexpected_message,
 )
+from capture.source.publication import column_list_problem, read_filter
 from capture.source.setup import key_by_primary_key
 from schemas.change_record import Change, RecordFraming, TableSchemas
-from schemas.control import SnapshotResume
+from schemas.control import PublicationFilter, SnapshotResume
 from schemas.errors import ChangeEncodingError
 from schemas.headers import Headers, change_headers, record_headers
 from schemas.lsn import Lsn, format_lsn, parse_lsn
@@ -123,10 +127,12 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True, slots=True)
 class SnapshotTaken:
     """The run's consistent point is known: held changes at or below ``snapshot_lsn``
-    are in the snapshot."""
+    are in the snapshot. ``publications``: the row filter and column list each planned
+    table's rows are copied under (:mod:`capture.source.publication`)."""
 
     tables: tuple[str, ...]
     snapshot_lsn: Lsn
+    publications: Mapping[str, PublicationFilter] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,9 +205,13 @@ SnapshotItem = (
 )
 
 
-def relation_from_catalog(conn: Connection, table: str) -> Relation:
+def relation_from_catalog(
+    conn: Connection, table: str, published: PublicationFilter | None = None
+) -> Relation:
     """``table`` as a pgoutput Relation message would describe it: the same columns in
-    the same order (no dropped or generated ones), keyed as the stream keys it: the
+    the same order (no dropped or generated ones; only those of the publication's column
+    list, ``published.columns``, when it has one, which may name a stored generated
+    column from PostgreSQL 18 on: pgoutput sends it then), keyed as the stream keys it: the
     replica identity index's columns, and under ``REPLICA IDENTITY FULL`` the primary key
     (every column without one; :func:`capture.source.setup.key_by_primary_key`)."""
     schema, _, name = table.partition(".")
@@ -213,6 +223,7 @@ def relation_from_catalog(conn: Connection, table: str) -> Relation:
     if row is None:
         raise TableError(table, "was dropped before its snapshot")
     oid, identity = int(row[0]), ReplicaIdentity(str(row[1]))
+    listed = None if published is None else published.columns
     columns = conn.execute(
         "SELECT a.attname, a.atttypid, a.atttypmod, "
         "  %s OR a.attnum = ANY(COALESCE(("
@@ -220,9 +231,12 @@ def relation_from_catalog(conn: Connection, table: str) -> Relation:
         "    CASE %s WHEN 'd' THEN i.indisprimary WHEN 'i' THEN i.indisreplident "
         "    ELSE false END), '{}')) "
         "FROM pg_attribute a WHERE a.attrelid = %s AND a.attnum > 0 "
-        "AND NOT a.attisdropped AND a.attgenerated = '' ORDER BY a.attnum",
-        [identity is ReplicaIdentity.FULL, identity.value, oid],
+        "AND NOT a.attisdropped AND (a.attgenerated = '' OR a.attname = ANY(%s)) "
+        "ORDER BY a.attnum",
+        [identity is ReplicaIdentity.FULL, identity.value, oid, list(listed or ())],
     ).fetchall()
+    if listed is not None:
+        columns = [c for c in columns if str(c[0]) in listed]
     # Then the stream's own rule for REPLICA IDENTITY FULL (the primary key, if any).
     return key_by_primary_key(
         conn,
@@ -253,6 +267,8 @@ class _Table:
     progress: _Progress
     point: SnapshotPoint
     """Where its records sit (:attr:`TableJob.point`)."""
+    published: PublicationFilter
+    """The row filter and column list its rows are copied under."""
     rows: int = 0
 
 
@@ -317,12 +333,16 @@ class SnapshotRun:
         chunk_rows: int = 100_000,
         resume: Mapping[str, tuple[Lsn, SnapshotResume]] | None = None,
         compiled_rows: bool = True,
+        publication: str | None = None,
     ) -> None:
         """``resume``: tables whose snapshot was cut short after some of its chunks were
         published, with their position and where to go on (``truncate`` must not name
         them): their remaining chunks are read at this run's point and published at
         theirs (docs/capture.md, "Resuming a snapshot"). ``compiled_rows``: as
-        :attr:`capture.stream.change_stream.ChangeStream.compiled_rows`."""
+        :attr:`capture.stream.change_stream.ChangeStream.compiled_rows`.
+        ``publication``: the stream's publication, whose row filter and column list of
+        each table the copy follows (:mod:`capture.source.publication`); None copies
+        every row and column."""
         self.tables = tuple(tables)
         self._resume = dict(resume or {})
         self._framer = framer
@@ -337,6 +357,7 @@ class SnapshotRun:
         self._describe = describe
         self._prefix = topic_prefix
         self._compiled_rows = compiled_rows
+        self._publication = publication
         self._workers = default_workers() if workers is None else workers
         if self._workers < 1:
             raise ValueError("a snapshot needs at least one worker")
@@ -398,7 +419,13 @@ class SnapshotRun:
                         self._pool.wait_ready(self._cancel.is_set)
                 # Taken once the rows can flow: the loop marks the tables as in their
                 # snapshot now, and their first records follow at once.
-                self._put(SnapshotTaken(self.tables, snapshot_lsn))
+                self._put(
+                    SnapshotTaken(
+                        self.tables,
+                        snapshot_lsn,
+                        {name: table.published for name, table in tables.items()},
+                    )
+                )
                 for failure in failures:
                     self._put(failure)
                 if self._pool is None:
@@ -474,7 +501,15 @@ class SnapshotRun:
     def _plan_table(
         self, conn: Connection, name: str, point: SnapshotPoint, *, tid_range_scans: bool
     ) -> _Table:
-        relation = relation_from_catalog(conn, name)
+        published = PublicationFilter()
+        if self._publication is not None:
+            # Read in the snapshot: the entry as of its consistent point, the one
+            # pgoutput applies to the changes that follow it.
+            published = read_filter(conn, self._publication, name)
+            problem = column_list_problem(conn, self._publication, name)
+            if problem is not None:
+                raise problem
+        relation = relation_from_catalog(conn, name, published)
         framings: list[RecordFraming] = []
 
         def framer(schemas: TableSchemas, topic: str) -> RecordFraming:
@@ -515,7 +550,13 @@ class SnapshotRun:
             name=name,
             codec=codec,
             job=TableJob(
-                relation, self._prefix, framings[-1], fingerprint, point, self._compiled_rows
+                relation,
+                self._prefix,
+                framings[-1],
+                fingerprint,
+                point,
+                self._compiled_rows,
+                published.row_filter,
             ),
             schemas=tuple(
                 SchemaRecord(m.key, m.value) for m in table_schema_messages(codec.schemas)
@@ -524,6 +565,7 @@ class SnapshotRun:
             chunks=chunks,
             progress=_Progress(name, estimate, self._metrics, self._progress_interval_s),
             point=point,
+            published=published,
         )
 
     # -- copying ---------------------------------------------------------------------------
@@ -548,7 +590,13 @@ class SnapshotRun:
 
             try:
                 read_chunk(
-                    conn, table.codec, chunk, table.point, emit=emit, cancelled=self._cancel.is_set
+                    conn,
+                    table.codec,
+                    chunk,
+                    table.point,
+                    emit=emit,
+                    cancelled=self._cancel.is_set,
+                    row_filter=table.job.row_filter,
                 )
             except TableError as exc:
                 failed.add(table.name)

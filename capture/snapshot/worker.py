@@ -100,6 +100,9 @@ class TableJob:
     position its first chunks were published at."""
     compiled_rows: bool = True
     """Encode rows with the compiled encoder where it applies (the capture setting)."""
+    row_filter: str | None = None
+    """The publication's row filter for the table (:mod:`capture.source.publication`):
+    only the rows it lets through are copied."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,13 +174,23 @@ def import_snapshot(conn: Connection, snapshot_name: str) -> None:
     conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot_name)))
 
 
-def chunk_query(relation: Relation, chunk: Chunk) -> sql.Composed:
-    """The COPY of ``chunk``'s rows, columns in the relation's order."""
+def chunk_query(relation: Relation, chunk: Chunk, row_filter: str | None = None) -> sql.Composed:
+    """The COPY of ``chunk``'s rows, columns in the relation's order (the published
+    ones: a relation built for a snapshot has only those), and only the rows
+    ``row_filter`` lets through.
+
+    ``row_filter`` is an expression the server printed (``pg_get_expr`` of the
+    publication's filter, read in the same database), so it goes in as SQL text, in
+    parentheses: it names the table's columns unqualified, and an operator or function
+    the search path would not find is printed schema-qualified. A row for which it is
+    NULL is left out, as pgoutput leaves its changes out."""
     select = sql.SQL("SELECT {} FROM {}").format(
         sql.SQL(", ").join(sql.Identifier(c.name) for c in relation.columns),
         sql.Identifier(relation.namespace, relation.name),
     )
     conditions: list[sql.Composable] = []
+    if row_filter is not None:
+        conditions.append(sql.SQL("({})").format(sql.SQL(row_filter)))
     if not chunk.whole_table:
         if chunk.first_block > 0:
             conditions.append(
@@ -200,11 +213,13 @@ def read_chunk(
     *,
     emit: Emit,
     cancelled: Callable[[], bool] = lambda: False,
+    row_filter: str | None = None,
 ) -> int:
     """Read ``chunk`` in ``conn``'s transaction, handing its records to ``emit`` in
-    batches; the rows read. A row the contract cannot carry raises :class:`TableError`
-    once the COPY is read to its end (leaving it early would abort the transaction the
-    other chunks are read in)."""
+    batches; the rows read (those ``row_filter`` lets through, :func:`chunk_query`). A
+    row the contract cannot carry raises :class:`TableError` once the COPY is read to
+    its end (leaving it early would abort the transaction the other chunks are read
+    in)."""
     table = codec.table
     encoder = codec.encoder
     parser = CopyRows(len(codec.relation.columns))
@@ -271,7 +286,7 @@ def read_chunk(
             return exc
         return None
 
-    with conn.cursor().copy(chunk_query(codec.relation, chunk)) as copy:
+    with conn.cursor().copy(chunk_query(codec.relation, chunk, row_filter)) as copy:
         for data in copy:
             if cancelled():
                 raise SnapshotCancelledError
@@ -363,7 +378,9 @@ def _serve(
             codec = codecs.get(chunk.table)
             if codec is None:
                 codec = codecs[chunk.table] = _codec(conn, task.job, describe)
-            rows = read_chunk(conn, codec, chunk, task.job.point, emit=emit)
+            rows = read_chunk(
+                conn, codec, chunk, task.job.point, emit=emit, row_filter=task.job.row_filter
+            )
         except ChangeEncodingError as exc:
             pipe.send(ChunkFailed(chunk, str(exc)))
         except TableError as exc:

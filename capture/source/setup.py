@@ -33,6 +33,7 @@ from capture.pgoutput import Relation, ReplicaIdentity
 from capture.rows.typemap import SESSION_SETTINGS, libpq_options
 from capture.settings import PostgresSettings
 from capture.source.credentials import connection_error
+from capture.source.publication import column_list_problem
 from capture.source.server_identity import SourceServer, check_same_server
 from capture.source.standby_slots import check_standby_slots
 from capture.source.wal_safety import check, read_slot_wal
@@ -99,11 +100,18 @@ def connect_catalog(dsn: str, password: str | None) -> Connection:
 
 
 def capturable_tables(conn: Connection, postgres: PostgresSettings) -> CapturedTables:
-    """The configured tables, each checked; the capturable ones are added to the
-    publication. A table that cannot be captured is logged with its fix and left out;
-    none left is a :class:`~capture.errors.ConfigError`."""
+    """The configured tables, each checked (also against a column list the publication
+    already has for it, :mod:`capture.source.publication`); the capturable ones are added
+    to the publication. A table that cannot be captured is logged with its fix and left
+    out; none left is a :class:`~capture.errors.ConfigError`."""
     tables = resolve_tables(conn, postgres.tables, postgres.schemas)
     problems = check_tables(conn, tables)
+    for table in tables:
+        if table in problems:
+            continue
+        problem = column_list_problem(conn, postgres.publication, table.qualified)
+        if problem is not None:
+            problems[table] = problem
     for table, problem in problems.items():
         log.error("table not captured: %s", problem, extra={"table": table.qualified})
     capturable = [t for t in tables if t not in problems]
@@ -296,7 +304,10 @@ def ensure_publication(conn: Connection, name: str, tables: Sequence[TableRef]) 
     """Create the publication for ``tables``, or add the ones an existing one lacks.
 
     Tables are never removed from an existing publication: it may be shared, and
-    dropping a table from capture is an operator's decision.
+    dropping a table from capture is an operator's decision. A table it already lists
+    keeps its entry as it is, row filter and column list included: those are the
+    operator's, and capture copies and streams what they let through
+    (:mod:`capture.source.publication`). Tables capture adds get neither.
     """
     exists = conn.execute(
         "SELECT puballtables FROM pg_publication WHERE pubname = %s", [name]

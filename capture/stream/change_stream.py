@@ -89,6 +89,16 @@ class RelationChanged:
 
 
 @dataclass(frozen=True, slots=True)
+class RelationReceived:
+    """A Relation of a table arrived, changed or not (with
+    :attr:`ChangeStream.report_relations`): pgoutput sends one again after the table's
+    publication entry changed, which the message itself does not show
+    (:func:`capture.stream.schema_change.publication_change_reason`)."""
+
+    table: str
+
+
+@dataclass(frozen=True, slots=True)
 class ChangeFailed:
     """A change could not be turned into a record (with
     :attr:`ChangeStream.defer_errors`). The caller decides: a snapshot may turn out to
@@ -110,6 +120,7 @@ Output = (
     | TransactionCommitted
     | ChangeFailed
     | RelationChanged
+    | RelationReceived
 )
 
 
@@ -173,6 +184,9 @@ class ChangeStream:
     compiled_rows: bool = True
     """Encode all-text rows with the compiled encoder where it applies
     (:mod:`capture.rows.native`); off only to measure or test the Python path."""
+    report_relations: bool = False
+    """Hand out every Relation as :class:`RelationReceived` (after any
+    :class:`RelationChanged` it causes)."""
     version: int = 0
     """Bumped whenever a table's codec, its errored mark or its schema's publication
     changes: what the compiled stream's arming depends on
@@ -326,7 +340,12 @@ class ChangeStream:
         )
 
     def _relation(self, relation: Relation, out: list[Output]) -> None:
-        relation = self.rekey(relation)
+        self._codec_for(self.rekey(relation), out)
+        if self.report_relations:
+            out.append(RelationReceived(f"{relation.namespace}.{relation.name}"))
+
+    def _codec_for(self, relation: Relation, out: list[Output]) -> None:
+        """The table's codec for ``relation``, rebuilt when it differs from the cached one."""
         cached = self.codecs.get(relation.oid)
         if cached is not None and cached.relation == relation:
             return

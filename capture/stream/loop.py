@@ -43,6 +43,7 @@ from capture.rows.describe import describe_columns
 from capture.rows.typemap import SESSION_SETTINGS
 from capture.settings import CaptureSettings
 from capture.snapshot.run import SnapshotRun
+from capture.source.publication import read_filter
 from capture.source.setup import (
     check_tables,
     ensure_publication,
@@ -55,6 +56,7 @@ from capture.stream.change_stream import (
     ChangeFailed,
     ChangeStream,
     RelationChanged,
+    RelationReceived,
     TransactionCommitted,
     TransactionStarted,
 )
@@ -65,7 +67,13 @@ from capture.stream.schema_change import resync_reason_after
 from capture.stream.table_flow import TableFlow
 from capture.stream.table_states import TableStates
 from runtime.telemetry import Health
-from schemas.control import ServerIdentity, SnapshotResume, TableState, TableStatus
+from schemas.control import (
+    PublicationFilter,
+    ServerIdentity,
+    SnapshotResume,
+    TableState,
+    TableStatus,
+)
 from schemas.lsn import Lsn, format_lsn
 
 log = logging.getLogger(__name__)
@@ -143,6 +151,7 @@ class ReplicationLoop:
             decoded=metrics.decoded,
             framer=framer,
             compiled_rows=settings.compiled_rows,
+            report_relations=True,
         )
         self._flow = TableFlow(
             states,
@@ -152,6 +161,10 @@ class ReplicationLoop:
             start_run=self._start_run,
             spool_dir=settings.spool_dir,
         )
+        # A row filter or column list changed while capture was stopped: found now, not
+        # only at the table's next Relation (a table nobody writes to sends none).
+        for table in self._flow.to_compare():
+            self._flow.publication_seen(table, self._published(table), start)
         self._stream = ReplicationStream.start(
             dsn,
             password=password,
@@ -317,10 +330,20 @@ class ReplicationLoop:
                 reason = resync_reason_after(self._catalog, out.previous, out.current)
                 if reason is not None:
                     flow.resync(out.table, reason, self._commit_lsn)
+            elif isinstance(out, RelationReceived):
+                flow.publication_seen(out.table, self._published(out.table), self._commit_lsn)
             elif isinstance(out, TransactionCommitted):
                 book.commit(out.end_lsn)
                 self._position.received_lsn = out.end_lsn
                 self._stop_when_reached(out.end_lsn)
+
+    def _published(self, table: str) -> PublicationFilter:
+        """The publication's row filter and column list for ``table``, as the catalog has
+        them now (:mod:`capture.source.publication`)."""
+        try:
+            return read_filter(self._catalog, self._settings.postgres.publication, table)
+        except psycopg.OperationalError as exc:
+            raise TransientError(f"cannot read publication of {table}: {exc}") from exc
 
     def _keepalive(self, frame: PrimaryKeepalive) -> None:
         position = self._position
@@ -422,6 +445,7 @@ class ReplicationLoop:
             chunk_rows=settings.snapshot_chunk_rows,
             resume=resume,
             compiled_rows=settings.compiled_rows,
+            publication=settings.postgres.publication,
         )
         run.start()
         return run

@@ -18,11 +18,23 @@ carried, and the table is resynced online (:meth:`capture.stream.table_flow.Tabl
 A column added without a default needs nothing: old rows are null at the source and in
 the lake alike.
 
+A change of the publication's row filter or column list for a table (PostgreSQL 15+,
+:mod:`capture.source.publication`) leaves the lake behind the same way: rows that match
+a new filter and no change since never arrive, rows that stopped matching stay, a column
+newly listed is null in every row written before, one left out keeps its old values.
+pgoutput sends the table's Relation again before its next change (the publication
+change invalidates the table's entry), so at every Relation capture reads the table's
+entry and compares it with the one its rows were taken under, kept in the table's
+status (:func:`publication_change_reason`, pure); any difference resyncs the table
+online, and the new snapshot copies under the new entry. A table whose entry changed
+while capture was stopped is found at the start (and at its first Relation).
+
 Invariants:
 
-- Only a Relation that *adds* columns triggers the catalog read, so a Relation sent
-  again unchanged (a new session, ``VACUUM FULL``, ``CLUSTER``) costs nothing and never
-  resyncs: a rewrite that keeps every value must not cause endless resyncs.
+- Only a Relation that *adds* columns triggers the catalog read of its columns, so a
+  Relation sent again unchanged (a new session, ``VACUUM FULL``, ``CLUSTER``) costs one
+  read of the table's publication entry and never resyncs unless that entry changed: a
+  rewrite that keeps every value must not cause endless resyncs.
 - The catalog is read now, not as of the DDL: a column the catalog no longer has (it
   was dropped again, or renamed) cannot be checked and is resynced, the safe side.
 - A rewrite that changes no column the Relation shows (``ALTER COLUMN c TYPE int USING c +
@@ -41,6 +53,7 @@ import psycopg
 
 from capture.errors import TransientError
 from capture.pgoutput import Relation
+from schemas.control import PublicationFilter
 
 Connection = psycopg.Connection[tuple[Any, ...]]
 
@@ -114,3 +127,23 @@ def resync_reason_after(conn: Connection, previous: Relation, current: Relation)
     if not added:
         return None
     return resync_reason(previous, current, read_added_columns(conn, current, added))
+
+
+def publication_change_reason(
+    recorded: PublicationFilter | None, current: PublicationFilter
+) -> str | None:
+    """Why the table must be resynced when the publication now lets ``current`` through
+    and its rows were taken under ``recorded`` (None: not known, nothing to compare),
+    or None."""
+    if recorded is None or recorded == current:
+        return None
+    changed = []
+    if recorded.row_filter != current.row_filter:
+        changed.append("row filter")
+    if recorded.columns != current.columns:
+        changed.append("column list")
+    return (
+        f"the publication's {' and '.join(changed)} changed ({recorded.describe()} -> "
+        f"{current.describe()}): rows and columns already published follow the old one, "
+        "so the table is snapshotted again"
+    )

@@ -39,8 +39,9 @@ from capture.snapshot.run import (
     TableFailed,
 )
 from capture.stream.change_stream import ChangeFailed, ChangeStream
+from capture.stream.schema_change import publication_change_reason
 from capture.stream.table_states import Route, TableStates
-from schemas.control import SnapshotResume, TableState, TableStatus
+from schemas.control import PublicationFilter, SnapshotResume, TableState, TableStatus
 from schemas.lsn import Lsn
 
 log = logging.getLogger(__name__)
@@ -75,6 +76,9 @@ class TableFlow:
         self._run: SnapshotRun | None = None
         self._recheck: dict[str, tuple[Lsn, str]] = {}
         """Resyncs asked for while a run held the table pending: (commit LSN, reason)."""
+        self._published_recheck: dict[str, tuple[Lsn, PublicationFilter]] = {}
+        """Publication entries read while a run held the table pending: (commit LSN,
+        entry), compared with the run's once its consistent point is known."""
         for table in states.in_state(TableState.PENDING):
             self._hold(table)
         for table, message in states.errors().items():
@@ -141,8 +145,53 @@ class TableFlow:
         self._publish_status(self._states.resync(table, reason))
         self._hold(table)
 
+    def publication_seen(self, table: str, published: PublicationFilter, commit_lsn: Lsn) -> None:
+        """The publication lets ``published`` through of ``table`` now (read at a Relation
+        of the open transaction, committing at ``commit_lsn``, or at the start). A table
+        whose rows were taken under another row filter or column list is resynced
+        (:func:`~capture.stream.schema_change.publication_change_reason`); a pending table
+        whose snapshot was to resume under the old one starts it again from scratch; a
+        streaming table whose entry was not known yet records this one (one snapshotted
+        by an earlier version, which copied every row and column, is resynced if the
+        entry has a filter or a list)."""
+        states = self._states
+        if table not in states or states.state(table) is TableState.ERRORED:
+            return
+        state, recorded = states.state(table), states.published(table)
+        if state is TableState.PENDING and self._run is not None and table in self._run.tables:
+            # The run read the entry at a consistent point not known yet: decided then.
+            self._published_recheck[table] = (commit_lsn, published)
+            return
+        resumes = state is TableState.PENDING and states.resume_point(table) is not None
+        if recorded is None:
+            if state is not TableState.STREAMING and not resumes:
+                return  # its coming snapshot records the entry it copies under
+            if states.snapshot_lsn(table) is None or published == PublicationFilter():
+                if state is TableState.STREAMING:
+                    self._publish_status(states.published_seen(table, published))
+                return
+            # Snapshotted (in part) by a version that copied every row and column.
+            recorded = PublicationFilter()
+        reason = publication_change_reason(recorded, published)
+        if reason is None:
+            return
+        if state is TableState.PENDING:
+            if resumes:
+                log.warning("table %s is snapshotted again from scratch: %s", table, reason)
+                self._publish_status(states.restart_snapshot(table, reason))
+            return  # not snapshotted yet: its snapshot will read the new entry
+        self.resync(table, reason, commit_lsn)
+
     def known(self, table: str) -> bool:
         return table in self._states
+
+    def to_compare(self) -> list[str]:
+        """The tables whose publication entry matters before their next snapshot: the
+        streaming ones, and the pending ones whose snapshot resumes (:meth:`publication_seen`)."""
+        states = self._states
+        pending = states.in_state(TableState.PENDING)
+        resumed = [t for t in pending if states.resume_point(t) is not None]
+        return states.in_state(TableState.STREAMING) + resumed
 
     def errored(self, table: str, message: str) -> None:
         """A table found unfit for capture (e.g. no replica identity)."""
@@ -223,11 +272,18 @@ class TableFlow:
         elif isinstance(item, SnapshotTaken):
             for table in item.tables:
                 if states.state(table) is TableState.PENDING:
-                    self._publish_status(states.snapshot_started(table, item.snapshot_lsn))
+                    self._publish_status(
+                        states.snapshot_started(
+                            table, item.snapshot_lsn, item.publications.get(table)
+                        )
+                    )
             for table in item.tables:
                 recheck = self._recheck.pop(table, None)
                 if recheck is not None and states.state(table) is TableState.SNAPSHOT:
                     self.resync(table, recheck[1], recheck[0])
+                seen = self._published_recheck.pop(table, None)
+                if seen is not None and states.state(table) is TableState.SNAPSHOT:
+                    self.publication_seen(table, seen[1], seen[0])
             # Durable before the first snapshot record: a table with no status never had
             # one produced, which is what lets its first snapshot skip the TRUNCATE.
             self._publisher.flush()
@@ -253,6 +309,7 @@ class TableFlow:
         else:
             self._run = None
             self._recheck.clear()
+            self._published_recheck.clear()
 
     def _catch_up(self, table: str) -> None:
         spool = self._held[table]

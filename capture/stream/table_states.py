@@ -52,7 +52,7 @@ import enum
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 
-from schemas.control import SnapshotResume, TableState, TableStatus
+from schemas.control import PublicationFilter, SnapshotResume, TableState, TableStatus
 from schemas.lsn import Lsn
 
 
@@ -77,6 +77,9 @@ class _Table:
     resume: SnapshotResume | None = None
     """Pending or in ``snapshot``: where its snapshot goes on (``snapshot_lsn`` is then
     the position its rows keep)."""
+    published: PublicationFilter | None = None
+    """The publication's row filter and column list its rows were taken under (from its
+    snapshot on); None when not known."""
 
 
 class TableStates:
@@ -106,7 +109,9 @@ class TableStates:
             if status.state in (TableState.STREAMING, TableState.CATCH_UP):
                 # The snapshot is in Kafka; held-back changes were never confirmed, so the
                 # slot streams them again.
-                self._tables[table] = _Table(TableState.STREAMING, status.snapshot_lsn)
+                self._tables[table] = _Table(
+                    TableState.STREAMING, status.snapshot_lsn, published=status.publication
+                )
             elif status.state is TableState.ERRORED:
                 self._tables[table] = _Table(TableState.ERRORED, None, status.message)
             elif (
@@ -116,7 +121,11 @@ class TableStates:
             ):
                 # Chunks of it are in Kafka: the next run reads the rest.
                 self._tables[table] = _Table(
-                    TableState.PENDING, status.snapshot_lsn, status.message, resume=status.resume
+                    TableState.PENDING,
+                    status.snapshot_lsn,
+                    status.message,
+                    resume=status.resume,
+                    published=status.publication,
                 )
             else:
                 # A snapshot cut short before its first chunk is taken again from scratch.
@@ -148,12 +157,24 @@ class TableStates:
 
     # -- transitions ---------------------------------------------------------------------
 
-    def snapshot_started(self, table: str, snapshot_lsn: Lsn) -> TableStatus:
-        """The run's position is ``snapshot_lsn``; a resumed table keeps its own."""
+    def snapshot_started(
+        self, table: str, snapshot_lsn: Lsn, published: PublicationFilter | None = None
+    ) -> TableStatus:
+        """The run's position is ``snapshot_lsn``, and ``published`` the row filter and
+        column list it copies the table under; a resumed table keeps its position, and
+        the entry its first chunks were read under if it had one (a different one is
+        found at start, :meth:`restart_snapshot`)."""
         current = self._expect(table, TableState.PENDING)
         if current.resume is not None:
-            return self._set(table, replace(current, state=TableState.SNAPSHOT))
-        return self._set(table, _Table(TableState.SNAPSHOT, snapshot_lsn, current.message))
+            return self._set(
+                table,
+                replace(
+                    current, state=TableState.SNAPSHOT, published=current.published or published
+                ),
+            )
+        return self._set(
+            table, _Table(TableState.SNAPSHOT, snapshot_lsn, current.message, published=published)
+        )
 
     def chunk_published(self, table: str, resume: SnapshotResume) -> TableStatus:
         """Every chunk before ``resume.chunk`` is in Kafka."""
@@ -162,12 +183,28 @@ class TableStates:
 
     def snapshot_done(self, table: str) -> TableStatus:
         current = self._expect(table, TableState.SNAPSHOT)
-        return self._set(table, _Table(TableState.CATCH_UP, current.snapshot_lsn, current.message))
+        return self._set(
+            table,
+            _Table(
+                TableState.CATCH_UP,
+                current.snapshot_lsn,
+                current.message,
+                published=current.published,
+            ),
+        )
 
     def caught_up(self, table: str) -> TableStatus:
         current = self._expect(table, TableState.CATCH_UP)
         # The message stays: why the table was last snapshotted (a resync's reason).
-        return self._set(table, _Table(TableState.STREAMING, current.snapshot_lsn, current.message))
+        return self._set(
+            table,
+            _Table(
+                TableState.STREAMING,
+                current.snapshot_lsn,
+                current.message,
+                published=current.published,
+            ),
+        )
 
     def resync(self, table: str, reason: str) -> TableStatus:
         """Snapshot the table again while running (``reason`` becomes the status message,
@@ -182,6 +219,19 @@ class TableStates:
 
     def errored(self, table: str, message: str) -> TableStatus:
         return self._set(table, _Table(TableState.ERRORED, None, message))
+
+    def published_seen(self, table: str, published: PublicationFilter) -> TableStatus:
+        """A streaming table whose publication entry was not known (it never had a
+        snapshot under this version): ``published`` is the one its rows follow from now."""
+        current = self._expect(table, TableState.STREAMING)
+        return self._set(table, replace(current, published=published))
+
+    def restart_snapshot(self, table: str, reason: str) -> TableStatus:
+        """A pending table whose snapshot was to resume is taken again from scratch,
+        starting with a TRUNCATE: its first chunks were read under a publication entry
+        that no longer holds."""
+        self._expect(table, TableState.PENDING)
+        return self._set(table, _Table(TableState.PENDING, None, reason))
 
     # -- questions -----------------------------------------------------------------------
 
@@ -212,6 +262,10 @@ class TableStates:
         first chunk was). A resumed snapshot goes on after its TRUNCATE, if it had one."""
         current = self._tables[table]
         return not current.fresh and current.resume is None
+
+    def published(self, table: str) -> PublicationFilter | None:
+        """The row filter and column list the table's rows were taken under, if known."""
+        return self._tables[table].published
 
     def resume_point(self, table: str) -> tuple[Lsn, SnapshotResume] | None:
         """A pending table's snapshot position and where its snapshot goes on, if it
@@ -253,4 +307,5 @@ class TableStates:
             message=value.message,
             updated_at=self._clock(),
             resume=value.resume if value.state is TableState.SNAPSHOT else None,
+            publication=value.published,
         )

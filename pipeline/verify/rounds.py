@@ -168,7 +168,7 @@ def _verify_round(
     with source_side.verify_point(postgres.dsn, password) as point:
         if describe is not None:
             for run in pending:
-                _describe(point.connection, run, describe[run.ref])
+                _describe(point.connection, run, describe[run.ref], postgres.publication)
         source_side.wait_for_slot(postgres.dsn, password, postgres.slot, point.lsn, timeout_s)
         # Read after the wait: a table parked before the verify point is errored now.
         errored = lake_side.errored(spark, dead_letter_path(root))
@@ -188,10 +188,12 @@ def _verify_round(
             run.report.elapsed_s += time.monotonic() - started
 
 
-def _describe(conn: Connection, run: _TableRun, published: Sequence[str] | None) -> None:
+def _describe(
+    conn: Connection, run: _TableRun, published: Sequence[str] | None, publication: str
+) -> None:
     try:
         with conn.transaction():
-            shape = source_side.describe_table(conn, run.ref, published)
+            shape = source_side.describe_table(conn, run.ref, published, publication)
     except _TableFailure as exc:
         run.report.error = str(exc)
         run.done = True

@@ -38,6 +38,7 @@ from capture.rows.describe import describe_columns
 from capture.rows.type_catalog import load_types
 from capture.rows.typemap import SESSION_SETTINGS, libpq_options
 from capture.snapshot.run import relation_from_catalog
+from capture.source.publication import read_filter
 from capture.source.setup import TableRef
 from pipeline.verify.canonical import (
     SOURCE_ALIAS,
@@ -73,6 +74,9 @@ class TableShape:
     """No primary key or replica identity index: rows are compared as a multiset."""
     notes: tuple[str, ...] = ()
     """Columns left out of the comparison, and why."""
+    row_filter: str | None = None
+    """The publication's row filter for the table (PostgreSQL 15+): only the rows it
+    lets through reach the lake, so only those are compared."""
 
     @property
     def key_columns(self) -> tuple[CanonColumn, ...]:
@@ -223,11 +227,21 @@ def _output_functions(conn: Connection, oids: Sequence[int]) -> dict[int, tuple[
 
 
 def describe_table(
-    conn: Connection, table: TableRef, published: Sequence[str] | None
+    conn: Connection,
+    table: TableRef,
+    published: Sequence[str] | None,
+    publication: str | None = None,
 ) -> TableShape:
     """The table's columns as capture publishes them (its own catalog reading and type
-    mapping), each with the output function of its scalar type."""
+    mapping), each with the output function of its scalar type, and the row filter
+    ``publication`` has for it (read in the verify point's snapshot, as capture's own
+    snapshot reads it)."""
     try:
+        row_filter = (
+            None
+            if publication is None
+            else read_filter(conn, publication, table.qualified).row_filter
+        )
         relation = relation_from_catalog(conn, table.qualified)
         mappings = describe_columns(conn, relation)
         types = load_types(conn, [c.type_oid for c in relation.columns])
@@ -275,17 +289,27 @@ def describe_table(
     )
     if keyless:
         key = tuple(c.name for c in columns)
-    return TableShape(table, tuple(columns), key, keyless, tuple(notes))
+    return TableShape(table, tuple(columns), key, keyless, tuple(notes), row_filter)
 
 
 def _hashed(shape: TableShape) -> sql.Composable:
-    """``k`` (key text), ``h`` (row md5) per row of the table."""
-    return sql.SQL("SELECT {key} AS k, {row} AS h FROM {table} AS {alias}").format(
+    """``k`` (key text), ``h`` (row md5) per published row of the table."""
+    return sql.SQL("SELECT {key} AS k, {row} AS h FROM {published}").format(
         key=source_row(shape.key_columns),
         row=source_md5(source_row(shape.columns)),
-        table=shape.table.identifier,
-        alias=sql.Identifier(SOURCE_ALIAS),
+        published=_published_rows(shape),
     )
+
+
+def _published_rows(shape: TableShape) -> sql.Composable:
+    """The table under its alias, with the publication's row filter when it has one. The
+    filter is the server's own text (``pg_get_expr``, printed under this session's
+    ``search_path``), so it goes in as SQL, as in capture's snapshot
+    (:func:`capture.snapshot.worker.chunk_query`)."""
+    table = sql.SQL("{} AS {}").format(shape.table.identifier, sql.Identifier(SOURCE_ALIAS))
+    if shape.row_filter is None:
+        return table
+    return sql.SQL("{} WHERE ({})").format(table, sql.SQL(shape.row_filter))
 
 
 def estimated_rows(conn: Connection, table: TableRef) -> int:
@@ -331,7 +355,7 @@ def rows_of_keys(conn: Connection, shape: TableShape, keys: Sequence[str]) -> di
 
 def row_count(conn: Connection, shape: TableShape, sample: int) -> tuple[int, list[str]]:
     """Rows of the table, and up to ``sample`` of their keys (smallest first)."""
-    count_query = sql.SQL("SELECT count(*) FROM {}").format(shape.table.identifier)
+    count_query = sql.SQL("SELECT count(*) FROM {}").format(_published_rows(shape))
     count = int(_fetch(conn, count_query, [], shape)[0][0])
     keys_query = sql.SQL("SELECT k FROM ({hashed}) r ORDER BY k LIMIT %s").format(
         hashed=_hashed(shape)

@@ -10,6 +10,7 @@ from psycopg.conninfo import make_conninfo
 
 from capture.errors import ConfigError
 from capture.metrics import CaptureMetrics
+from capture.source.publication import column_list_problem, read_filter
 from capture.source.server_identity import read_source_server
 from capture.source.setup import (
     TableRef,
@@ -27,7 +28,7 @@ from capture.source.standby_slots import (
     read_standby_slots,
     slot_states,
 )
-from schemas.control import ServerIdentity
+from schemas.control import PublicationFilter, ServerIdentity
 from schemas.lsn import Lsn
 from tests.plugins.services import Services
 
@@ -94,6 +95,47 @@ def test_publication_is_created_then_adopted_and_extended(
         [unique_name],
     ).fetchall()
     assert [r[0] for r in published] == ["full_identity", "orders"]
+
+
+def test_an_adopted_publication_keeps_its_row_filters_and_column_lists(
+    pg: Connection, schema: str, unique_name: str
+) -> None:
+    s = sql.Identifier(schema)
+    pg.execute(sql.SQL("CREATE TABLE {}.listed (id int PRIMARY KEY, a text, pii text)").format(s))
+    pg.execute(
+        sql.SQL(
+            "CREATE PUBLICATION {} FOR TABLE {}.orders (note) WHERE (id > 10), "
+            "{}.full_identity (a), {}.listed (id, a) WHERE (id % 2 = 0)"
+        ).format(sql.Identifier(unique_name), s, s, s)
+    )
+    orders, full, listed = (TableRef(schema, t) for t in ("orders", "full_identity", "listed"))
+    keyless_full = TableRef(schema, "keyless")
+    pg.execute(sql.SQL("ALTER TABLE {}.keyless REPLICA IDENTITY FULL").format(s))
+
+    ensure_publication(pg, unique_name, [orders, full, listed, keyless_full])
+
+    assert read_filter(pg, unique_name, orders.qualified) == PublicationFilter(
+        "(id > 10)", ("note",)
+    )
+    assert read_filter(pg, unique_name, listed.qualified) == PublicationFilter(
+        "((id % 2) = 0)", ("id", "a")
+    )
+    assert read_filter(pg, unique_name, keyless_full.qualified) == PublicationFilter()
+    # The key must be listed, and under REPLICA IDENTITY FULL no list is allowed.
+    without_key = column_list_problem(pg, unique_name, orders.qualified)
+    assert without_key is not None
+    assert "without its replica identity column id:" in str(without_key)
+    under_full = column_list_problem(pg, unique_name, full.qualified)
+    assert under_full is not None
+    assert "REPLICA IDENTITY FULL" in str(under_full)
+    assert column_list_problem(pg, unique_name, listed.qualified) is None
+    assert column_list_problem(pg, unique_name, keyless_full.qualified) is None
+    # What PostgreSQL itself says of them.
+    with pytest.raises(psycopg.errors.InvalidColumnReference):
+        pg.execute(sql.SQL("UPDATE {}.orders SET note = 'x'").format(s))
+    with pytest.raises(psycopg.errors.InvalidColumnReference):
+        pg.execute(sql.SQL("UPDATE {}.full_identity SET b = 'x'").format(s))
+    pg.execute(sql.SQL("UPDATE {}.listed SET pii = 'x'").format(s))
 
 
 def test_slot_is_created_then_adopted(pg: Connection, unique_name: str) -> None:

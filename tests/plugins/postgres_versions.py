@@ -46,6 +46,7 @@ VERSIONED_MODULES = frozenset(
         "tests/integration/test_type_roundtrip.py",
         "tests/integration/test_capture_source_setup.py",
         "tests/integration/test_capture_snapshot.py",
+        "tests/integration/test_capture_publication_filters.py",
         "tests/integration/test_capture_replication_burst.py",
         "tests/integration/test_postgres_versions.py",
         "tests/integration/test_capture_streamed_transactions.py",
@@ -53,8 +54,8 @@ VERSIONED_MODULES = frozenset(
 )
 """The modules that run once per version in :data:`VERSIONS`: what capture relies on,
 with no Spark: the decoder against a real stream (streamed transactions too), every
-type's round trip, slots and publications, snapshots (with Kafka), schema changes, the
-per-version differences."""
+type's round trip, slots and publications, snapshots (with Kafka), schema changes,
+publication row filters and column lists, the per-version differences."""
 
 _TEST_ROOT = TEST_STACK_ROOT.parent
 
