@@ -202,6 +202,7 @@ class ApplyJob:
             upkeep=TableUpkeep(self._settings.upkeep, self.metrics),
             known=self._known if streaming else None,
             folds=self._folds if streaming else None,
+            driver_append_records=self._settings.lake.driver_append_records,
         )
 
     def close(self) -> None:

@@ -97,6 +97,16 @@ class LakeSettings(BaseModel):
             "per table per fold"
         ),
     )
+    driver_append_records: int = Field(
+        20_000,
+        ge=0,
+        description=(
+            "with change_log, on a local lake: a micro-batch of at most this many records "
+            "is collected to the driver and each table's changes are appended to its log "
+            "with delta-rs, no Spark job (docs/lake-change-log.md, the append from the "
+            "driver); larger batches, and 0, append on the JVM"
+        ),
+    )
 
 
 class TriggerSettings(BaseModel):

@@ -19,7 +19,11 @@ order ``--phases`` gives, apply restarted between them:
 - ``FAIR``: FAIR scheduling and one pool per table (the default,
   :mod:`apply.table_pool`), one streaming query for every table;
 - ``LANE``: as ``FAIR``, with ``big`` in a lane of its own (``APPLY_LANES``), so the
-  small tables are applied by a query of their own.
+  small tables are applied by a query of their own;
+- ``LOG``: as ``FAIR``, with the change log on (``APPLY_LAKE__CHANGE_LOG``,
+  :mod:`apply.change_log`): batches append, a timer folds each log into its table. The
+  phase reports the tables themselves (after their folds) and, apart, the freshest
+  view (table or log, whichever shows the record first).
 
 A restart that changes the lanes re-reads the topics once into new checkpoints; before
 each later phase one change is written to every table and the phase starts only once
@@ -43,10 +47,12 @@ import threading
 import time
 from dataclasses import dataclass
 
+from apply.change_log import CHANGE_LOG_DIR
 from bench.freshness import (
     ArrivalWatcher,
     apply_visibility,
     percentile,
+    view_latencies_ms,
     visible_latencies_ms,
 )
 from bench.pipeline_run import (
@@ -71,6 +77,9 @@ class Phase:
     big_ms: list[float]
     changes: int
     load: float
+    small_view_ms: list[float] | None = None
+    """``LOG`` only: the freshest view (table or change log)."""
+    big_view_ms: list[float] | None = None
 
 
 def _tables(small: int) -> list[str]:
@@ -146,16 +155,36 @@ def _phase(run: PipelineRun, args: argparse.Namespace, mode: str) -> Phase:
     load = load_average()[0]
     run.wait_caught_up(1800)
     arrivals = watcher.stop()
-    visibility = apply_visibility(run.lake, tables)
-    latencies = visible_latencies_ms(arrivals, visibility)
     records = list(arrivals.commit_us)
     big_topic = topics[0]
-    big = [ms for r, ms in zip(records, latencies, strict=True) if r[0] == big_topic]
-    small = [ms for r, ms in zip(records, latencies, strict=True) if r[0] != big_topic]
-    return Phase(mode, small, big, len(records), load)
+
+    def split(latencies: list[float]) -> tuple[list[float], list[float]]:
+        pairs = list(zip(records, latencies, strict=True))
+        return (
+            [ms for r, ms in pairs if r[0] != big_topic],
+            [ms for r, ms in pairs if r[0] == big_topic],
+        )
+
+    if mode != "LOG":
+        small, big = split(visible_latencies_ms(arrivals, apply_visibility(run.lake, tables)))
+        return Phase(mode, small, big, len(records), load)
+    # Caught up means logged; the tables themselves follow with their folds.
+    deadline = time.monotonic() + 300
+    while True:
+        table_visibility = apply_visibility(run.lake, tables)
+        try:
+            small, big = split(visible_latencies_ms(arrivals, table_visibility))
+            break
+        except SystemExit:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(2)
+    log_visibility = apply_visibility(run.lake / CHANGE_LOG_DIR, tables)
+    small_view, big_view = split(view_latencies_ms(arrivals, table_visibility, log_visibility))
+    return Phase(mode, small, big, len(records), load, small_view, big_view)
 
 
-MODES = ("FIFO", "FAIR", "LANE")
+MODES = ("FIFO", "FAIR", "LANE", "LOG")
 
 
 def _configure(run: PipelineRun, mode: str) -> None:
@@ -168,6 +197,10 @@ def _configure(run: PipelineRun, mode: str) -> None:
         run.env_overrides["APPLY_LANES"] = json.dumps({"big": ["public.big"]})
     else:
         run.env_overrides.pop("APPLY_LANES", None)
+    if mode == "LOG":
+        run.env_overrides["APPLY_LAKE__CHANGE_LOG"] = "true"
+    else:
+        run.env_overrides.pop("APPLY_LAKE__CHANGE_LOG", None)
 
 
 def _phases(text: str) -> list[str]:
@@ -212,8 +245,8 @@ def main(argv: list[str] | None = None) -> int:
         type=_phases,
         default=["FIFO", "FAIR"],
         help=(
-            "the phases in order, comma-separated, of FIFO, FAIR, LANE (later phases run "
-            "on a table the earlier ones have updated: run both orders)"
+            "the phases in order, comma-separated, of FIFO, FAIR, LANE, LOG (later phases "
+            "run on a table the earlier ones have updated: run both orders)"
         ),
     )
     add_run_arguments(parser)
@@ -262,6 +295,12 @@ def main(argv: list[str] | None = None) -> int:
             f"| {phase.mode} | {phase.changes:,} | {spread(phase.small_ms)} | "
             f"{spread(phase.big_ms)} | {phase.load:.1f} |"
         )
+        if phase.small_view_ms is not None and phase.big_view_ms is not None:
+            lines.append(
+                f"| {phase.mode}, freshest view | {phase.changes:,} | "
+                f"{spread(phase.small_view_ms)} | {spread(phase.big_view_ms)} | "
+                f"{phase.load:.1f} |"
+            )
     last = phases[-1]
     lines.append("")
     for phase in phases[:-1]:

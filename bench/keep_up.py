@@ -25,7 +25,9 @@ so they share its cores with PostgreSQL and Kafka, as in a small deployment. Als
 printed: CPU seconds and peak RSS of each service's process tree during the catch-up
 (apply is a Python driver and its JVM), and the batches apply committed for it (from
 its log). ``--max-offsets`` sets apply's ``maxOffsetsPerTrigger`` (default: none, every
-batch takes what has arrived).
+batch takes what has arrived). ``--change-log`` runs apply with its change log
+(:mod:`apply.change_log`): the slot follows what is logged, which is the contract's
+"applied"; the folds into the tables follow on their timer.
 """
 
 from __future__ import annotations
@@ -164,6 +166,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--max-offsets", type=int, help="apply's maxOffsetsPerTrigger (default: none)"
     )
+    parser.add_argument(
+        "--change-log",
+        action="store_true",
+        help="apply with APPLY_LAKE__CHANGE_LOG=true: caught up means logged (the "
+        "contract's applied), the folds into the tables follow",
+    )
     add_run_arguments(parser)
     parser.set_defaults(scale=10)
     arguments = parser.parse_args(argv)
@@ -173,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     with pipeline_run(scale=arguments.scale, trigger=arguments.trigger, keep=arguments.keep) as run:
         if arguments.max_offsets is not None:
             run.env_overrides["APPLY_KAFKA__MAX_OFFSETS_PER_TRIGGER"] = str(arguments.max_offsets)
+        if arguments.change_log:
+            run.env_overrides["APPLY_LAKE__CHANGE_LOG"] = "true"
         run.start_pipeline()
         say("waiting for the initial snapshot to be applied")
         deadline = time.monotonic() + 900

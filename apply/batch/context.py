@@ -43,6 +43,10 @@ class ApplyContext:
     folds: Folds | None = None
     """With the change log (:mod:`apply.change_log`): batches append to each table's
     log, and these folds merge it into the table; None: batches MERGE into the table."""
+    driver_append_records: int = 0
+    """With the change log: a batch of at most this many records is collected to the
+    driver and appended from there with no Spark job (:mod:`apply.driver_append`);
+    0: never."""
 
     def wrote(self, state: AppliedState) -> bool:
         """Whether ``state`` was committed by this query (so its batch ids compare with

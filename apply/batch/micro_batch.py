@@ -1,13 +1,18 @@
 """The body of ``foreachBatch``: survey the batch once, run every table's part at the same
 time (:mod:`apply.table_pool`), park the errored ones in one commit, and return the
-results the job publishes (:mod:`apply.progress`)."""
+results the job publishes (:mod:`apply.progress`).
+
+With the change log on, a batch small enough (``ApplyContext.driver_append_records``)
+is also collected to the driver once, right after the survey, so that each table's
+append can run there with no Spark job of its own (:mod:`apply.driver_append`)."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as sf
 
 from apply.batch.context import ApplyContext
 from apply.batch.park import Park, park_tables, parsable_schemas
@@ -15,6 +20,7 @@ from apply.batch.read import lake_state, missing_schemas
 from apply.batch.table import apply_table, released
 from apply.dead_letter import ErroredTable, errored_tables
 from apply.decode import RECORD_COLUMNS, TopicSurvey, persisted, survey
+from apply.driver_append import CollectedRecord, local_lake
 from apply.errors import MissingSchemaError, TableError, UnknownSchemaError
 from apply.progress import BatchResult, TableResult
 from apply.table_pool import SchedulerPools, run_per_table, table_session
@@ -38,6 +44,7 @@ def _table_task(
     context: ApplyContext,
     errored: Mapping[str, ErroredTable],
     topic_survey: TopicSurvey,
+    collected: Sequence[CollectedRecord] | None,
 ) -> TableResult | Park | None:
     """One table's part of the batch, in a session of its own (:mod:`apply.table_pool`)."""
     session = table_session(spark)
@@ -70,7 +77,7 @@ def _table_task(
             raise MissingSchemaError(
                 table, topic_survey.topic, context.schema_topic, fingerprints, registry_ids
             )
-        return apply_table(session, batch, batch_id, topic_survey, context)
+        return apply_table(session, batch, batch_id, topic_survey, context, collected=collected)
     except TableError as exc:
         log.error(  # noqa: TRY400 - the message says what to do; the trace adds nothing
             "batch %d: table %s is errored and parked: %s", batch_id, table, exc
@@ -83,6 +90,25 @@ def _table_task(
             state=lake_state(session, topic_survey, context),
             schemas=parsable_schemas(topic_survey, context),
         )
+
+
+def _collected(
+    records: DataFrame, surveys: Mapping[str, TopicSurvey], context: ApplyContext
+) -> dict[str, list[CollectedRecord]] | None:
+    """The batch's records in the driver, by topic (one Spark job), when the change log
+    is on, the lake is local and the batch holds at most
+    ``context.driver_append_records`` values; else None."""
+    if context.folds is None or not local_lake(context.lake_root):
+        return None
+    values = sum(s.records - s.tombstones for s in surveys.values())
+    if values == 0 or values > context.driver_append_records:
+        return None
+    found: dict[str, list[CollectedRecord]] = {}
+    for row in records.where(sf.col("value").isNotNull()).collect():
+        found.setdefault(row["topic"], []).append(
+            CollectedRecord(int(row["partition"]), int(row["offset"]), bytes(row["value"]))
+        )
+    return found
 
 
 def apply_batch(
@@ -114,6 +140,7 @@ def apply_batch(
                 if missing:
                     raise UnknownSchemaError(topic, [format_fingerprint(f) for f in missing])
         errored = errored_tables(spark, context.dead_letter)
+        collected = _collected(records, surveys, context)
         topics = [surveys[topic] for topic in sorted(surveys)]
         futures = run_per_table(
             topics,
@@ -124,6 +151,7 @@ def apply_batch(
                 context=context,
                 errored=errored,
                 topic_survey=topic_survey,
+                collected=None if collected is None else collected.get(topic_survey.topic, []),
             ),
             context.parallelism,
             pools=SchedulerPools(spark.sparkContext, _table_name),

@@ -5,7 +5,7 @@
   (:mod:`apply.delta_schema`, :mod:`apply.superseded`);
 - :func:`measure_batch`: per partition, the newest position, replays, truncates and
   unchanged TOAST columns of the decoded records (:func:`apply.merge.measure`), and a
-  record that does not decode raises;
+  record that does not decode raises (:func:`check_decoded`);
 - :func:`partition_batches`: what each partition advances the applied state by
   (:mod:`apply.positions`).
 """
@@ -75,6 +75,12 @@ def measure_batch(
         if decoded is not None
         else BatchMeasure(partitions={}, unchanged_columns=frozenset())
     )
+    check_decoded(measured, topic_survey, table)
+    return measured
+
+
+def check_decoded(measured: BatchMeasure, topic_survey: TopicSurvey, table: str) -> None:
+    """Raise for the first record, in partition order, that did not decode."""
     for partition, seen_decoded in sorted(measured.partitions.items()):
         if seen_decoded.first_malformed is not None:
             raise BadRecordError(
@@ -84,7 +90,6 @@ def measure_batch(
                 seen_decoded.first_malformed,
                 "does not decode with the writer schema its header names",
             )
-    return measured
 
 
 def partition_batches(

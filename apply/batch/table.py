@@ -5,6 +5,7 @@ parked records a TRUNCATE supersedes."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from contextlib import nullcontext
 
 from pyspark.sql import DataFrame, SparkSession
@@ -12,11 +13,18 @@ from pyspark.sql import DataFrame, SparkSession
 from apply.batch.context import ApplyContext
 from apply.batch.plan import format_position, measure_batch, plan_batch
 from apply.batch.read import check_framing, covered_result, lake_state, missing_schemas
-from apply.batch.write import after_commit, append_batch, fold_then_merge, merge_batch
+from apply.batch.write import (
+    after_commit,
+    append_batch,
+    append_from_driver,
+    fold_then_merge,
+    merge_batch,
+)
 from apply.change_log import LOG_UPKEEP, change_log_path, newer_state
 from apply.dead_letter import ErroredTable, release_superseded
 from apply.decode import TopicSurvey, decode_topic, persisted
 from apply.delta_schema import ExistingTable, ValueSchema, parse_value_schema, read_existing_table
+from apply.driver_append import CollectedRecord
 from apply.errors import TableError
 from apply.fold import Folds
 from apply.history import TableHistory, read_history
@@ -33,8 +41,12 @@ def apply_table(
     batch_id: int,
     topic_survey: TopicSurvey,
     context: ApplyContext,
+    *,
+    collected: Sequence[CollectedRecord] | None = None,
 ) -> TableResult | None:
     """Apply one topic's records of the batch to its Delta table (module docstring).
+    ``collected``: the topic's records, when the batch was small enough to be collected
+    to the driver (:mod:`apply.batch.micro_batch`).
 
     Returns None only for a batch holding nothing but tombstones of a table that has no
     Delta table yet: there is nothing to record them in.
@@ -50,7 +62,14 @@ def apply_table(
     ]
     if context.folds is not None:
         return _apply_table_logged(
-            spark, batch, batch_id, topic_survey, context, schemas=schemas, folds=context.folds
+            spark,
+            batch,
+            batch_id,
+            topic_survey,
+            context,
+            schemas=schemas,
+            folds=context.folds,
+            collected=collected,
         )
     known = context.known.current(spark, path) if context.known is not None else None
     existing: ExistingTable | None = None
@@ -111,12 +130,15 @@ def _apply_table_logged(
     *,
     schemas: list[ValueSchema],
     folds: Folds,
+    collected: Sequence[CollectedRecord] | None,
 ) -> TableResult | None:
     """:func:`apply_table` with the change log on: the batch's changes are appended to
     the table's log when the log can take them, while the table may be being folded
     (an append and a fold's trim never conflict, :func:`apply.change_log.create_log`);
     else, holding the table's fold lock, the log is folded and emptied and the batch is
-    merged into the table (:mod:`apply.change_log`, What goes to the log)."""
+    merged into the table (:mod:`apply.change_log`, What goes to the log). A small
+    batch the driver holds is appended from there when it can be
+    (:func:`apply.batch.write.append_from_driver`), else on the JVM."""
     topic = topic_survey.topic
     table = table_of_topic(topic)
     name = str(table)
@@ -155,6 +177,29 @@ def _apply_table_logged(
     if existing is None and not schemas:
         log.warning("tombstones for a table not created yet, nothing to record: %s", name)
         return None
+    if collected is not None and known is not None:
+        driven = append_from_driver(
+            spark,
+            batch_id=batch_id,
+            topic_survey=topic_survey,
+            context=context,
+            previous=state,
+            log_history=known.history,
+            existing=known.existing,
+            schemas=schemas,
+            records=collected,
+        )
+        if driven is not None:
+            folds.appended(table)
+            after_commit(
+                spark,
+                context,
+                driven,
+                path=log_path,
+                existing=known.existing,
+                version_before=known.history.version,
+            )
+            return driven
     plan = plan_batch(batch, topic, table=table, existing=existing, schemas=schemas, previous=state)
     decoded = (
         decode_topic(batch, topic, schemas, plan.columns.columns, plan.superseded)

@@ -4,6 +4,8 @@
   replaced), the path without the change log and of batches the log cannot take;
 - :func:`append_batch`: with the change log, the latest change per key appended to the
   table's log (:mod:`apply.change_log`);
+- :func:`append_from_driver`: the same append for a small batch collected to the
+  driver, decoded there and written with delta-rs, no Spark job (:mod:`apply.driver_append`);
 - :func:`fold_then_merge`: a batch the log cannot take (a TRUNCATE, a replacement), under
   the table's fold lock: the log is folded and emptied first;
 - :func:`after_commit`: what the job keeps of the commit for the next batch
@@ -16,13 +18,13 @@ back from the commit that holds it (:func:`replayed_state`).
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from pyspark.sql import DataFrame, SparkSession
 
 from apply.batch.context import ApplyContext
-from apply.batch.plan import format_position, measure_batch, partition_batches
+from apply.batch.plan import check_decoded, format_position, measure_batch, partition_batches
 from apply.batch.read import batch_ids_restarted
 from apply.change_log import (
     Append,
@@ -36,14 +38,36 @@ from apply.decode import TopicSurvey
 from apply.delta_schema import (
     ColumnPlan,
     ExistingTable,
+    ValueSchema,
     ensure_table,
+    plan_columns,
     prepare_replacement,
     support_timestamp_ntz,
 )
+from apply.driver_append import (
+    CollectedRecord,
+    DriverAppendUnavailableError,
+    append_to_log,
+    decode_records,
+    latest_changes,
+    local_lake,
+    log_table,
+    measure_changes,
+    open_log,
+)
+from apply.errors import SchemaChangeError
 from apply.fold import Folds, fold_table
 from apply.history import TableHistory, newest_version, read_history, recover_state
 from apply.known_tables import KnownTable
-from apply.merge import BatchMeasure, empty_source, merge_into, merge_source, replace_table
+from apply.merge import (
+    BatchMeasure,
+    MergeOutcome,
+    empty_source,
+    merge_into,
+    merge_source,
+    own_outcome,
+    replace_table,
+)
 from apply.positions import AppliedState, advance, encode_state
 from apply.progress import TableResult
 from apply.superseded import TablePlan
@@ -310,11 +334,35 @@ def append_batch(
     )
     if not outcome.committed:
         state = replayed_state(spark, log_path, name, batch_id)
+    return _logged_result(
+        topic_survey,
+        batch_id=batch_id,
+        log_path=log_path,
+        outcome=outcome,
+        measured=measured,
+        source_rows=_metric(outcome.metrics, "numOutputRows"),
+        plan=plan,
+        state=state,
+    )
+
+
+def _logged_result(
+    topic_survey: TopicSurvey,
+    *,
+    batch_id: int,
+    log_path: str,
+    outcome: MergeOutcome,
+    measured: BatchMeasure,
+    source_rows: int,
+    plan: ColumnPlan,
+    state: AppliedState,
+) -> TableResult:
+    """What a batch appended to a table's log reports, from either append."""
+    topic = topic_survey.topic
     replays = sum(m.replays for m in measured.partitions.values())
-    source_rows = _metric(outcome.metrics, "numOutputRows")
     changes = topic_survey.records - topic_survey.tombstones - replays
     result = TableResult(
-        table=name,
+        table=state.table,
         topic=topic,
         path=log_path,
         batch_id=batch_id,
@@ -338,7 +386,7 @@ def append_batch(
     log.info(
         "batch %d to %s: change log version %d %s, %d records, %d replays, %d rows logged",
         batch_id,
-        name,
+        state.table,
         result.version,
         "committed" if result.committed else "skipped as already committed",
         result.records,
@@ -346,6 +394,91 @@ def append_batch(
         source_rows,
     )
     return result
+
+
+def append_from_driver(
+    spark: SparkSession,
+    *,
+    batch_id: int,
+    topic_survey: TopicSurvey,
+    context: ApplyContext,
+    previous: AppliedState | None,
+    log_history: TableHistory,
+    existing: ExistingTable,
+    schemas: Sequence[ValueSchema],
+    records: Sequence[CollectedRecord],
+) -> TableResult | None:
+    """:func:`append_batch` for a small batch collected to the driver, with no Spark
+    job (:mod:`apply.driver_append`); None when the batch is one that path does not
+    take (its module docstring), and then nothing is written."""
+    topic = topic_survey.topic
+    table = table_of_topic(topic)
+    name = str(table)
+    if len(schemas) != 1 or not local_lake(context.lake_root):
+        return None
+    if previous is not None and context.wrote(previous) and batch_id <= previous.batch_id:
+        return None  # a replayed batch: the JVM append's transaction check decides
+    try:
+        plan = plan_columns(table, existing, schemas)
+    except SchemaChangeError:
+        return None  # a TRUNCATE in the batch may still let the table take it
+    if plan.create or plan.added:
+        return None
+    decoded = decode_records(records, schemas[0], plan.columns)
+    measured = measure_changes(decoded, previous, topic)
+    check_decoded(measured, topic_survey, name)
+    if measured.truncate is not None or measured.unchanged_columns:
+        return None
+    log_path = change_log_path(context.lake_root, table)
+    seq = log_history.version + 1
+    state = replace(
+        advance(
+            previous,
+            name,
+            batch_id,
+            partition_batches(topic_survey, measured),
+            None,
+            txn_app_id=context.txn_app_id,
+        ),
+        log_seq=seq,
+    )
+    changes = latest_changes(
+        decoded,
+        previous,
+        topic,
+        key_indexes=[
+            index for index, column in enumerate(plan.columns) if column.name in plan.key_columns
+        ],
+        erased_before=None if previous is None else previous.truncated_at,
+    )
+    if not changes:
+        return None  # only replays or tombstones: the JVM commits the state alone
+    try:
+        delta_log, order = open_log(log_path)
+        append_to_log(
+            delta_log,
+            log_table(changes, plan.columns, seq, order),
+            table=name,
+            app_id=context.txn_app_id,
+            batch_id=batch_id,
+            metadata=encode_state(state),
+        )
+    except DriverAppendUnavailableError as exc:
+        log.warning("batch %d to %s: appended on the JVM instead: %s", batch_id, name, exc)
+        return None
+    outcome = own_outcome(spark, log_path, log_history.version, context.txn_app_id, batch_id)
+    if not outcome.committed:
+        state = replayed_state(spark, log_path, name, batch_id)
+    return _logged_result(
+        topic_survey,
+        batch_id=batch_id,
+        log_path=log_path,
+        outcome=outcome,
+        measured=measured,
+        source_rows=len(changes),
+        plan=plan,
+        state=state,
+    )
 
 
 def fold_then_merge(

@@ -1,0 +1,428 @@
+"""A small micro-batch appended to the change logs from the driver, with no Spark job.
+
+With the change log on (docs/lake-change-log.md) a batch's write is an append. At the
+rates the log is for, a batch holds a few hundred to a few thousand records, and the
+time of a batch was Spark's fixed cost per job (planning, scheduling, a task per
+partition), not the data: four tables' appends took 6 to 10 s on two cores
+(docs/benchmarks.md, "The change log"). So a batch of at most
+``lake.driver_append_records`` records is collected to the driver once
+(:mod:`apply.batch.micro_batch`), and each table's part takes the same four steps the
+JVM takes, as plain Python over those records:
+
+1. **decode** (:func:`decode_records`): fastavro, with the writer schema's dates, times,
+   timestamps and UUIDs read as their physical Avro values, so every value is the exact
+   integer or text ``from_avro`` hands Spark (PostgreSQL's infinities included, which
+   Python's ``date`` and ``datetime`` cannot hold), and decimals as ``Decimal``;
+2. **measure** (:func:`measure_changes`): per partition the newest position and its
+   commit time, replays, TRUNCATEs and malformed records, as
+   :func:`apply.merge.measure` does;
+3. **the latest change per key** (:func:`latest_changes`) after the replay filter and
+   the newest applied TRUNCATE, as :func:`apply.merge.merge_source` does;
+4. **one append** (:func:`append_to_log`): an Arrow table in the log's schema, written
+   with delta-rs in one commit that carries the batch's applied state as
+   ``userMetadata`` and the query's ``txnAppId`` with the batch id as its ``txn``
+   action: the commit the JVM append makes, which the fold, the freshest view,
+   ``verify`` and a restarted job read the same way.
+
+Only the batches this path is sure to write exactly as the JVM would take it
+(:func:`apply.batch.write.append_from_driver` checks): one writer schema, a table and a
+log the job already knows, no new column, no TRUNCATE, no unchanged TOAST value
+(filling one in reads the freshest view, a join), a log whose columns are the table's,
+and a lake on a local file system. That last one because on an object store Delta's
+Spark writer keeps commits exclusive with a lock inside its own JVM
+(``S3SingleDriverLogStore``), which a second writer in the same job would bypass. Every
+other batch takes the JVM path, which stays the reference:
+``tests/integration/test_apply_driver_append.py`` writes the same records both ways and
+compares the logs column by column.
+
+One difference is deliberate: Java's Avro decoder reads a body cut inside a trailing
+number as if the missing bytes were zeros (:mod:`apply.decode`); fastavro refuses it,
+so such a record is malformed here and the table is parked, where the JVM would have
+written the zeros.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import pyarrow as pa  # type: ignore[import-untyped]
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake.exceptions import CommitFailedError, DeltaError
+from fastavro import parse_schema, schemaless_reader
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    BooleanType,
+    DataType,
+    DateType,
+    DecimalType,
+    DoubleType,
+    FloatType,
+    IntegerType,
+    LongType,
+    StringType,
+    TimestampNTZType,
+    TimestampType,
+)
+
+from apply.change_log import OP_COLUMN, SEQ_COLUMN
+from apply.delta_schema import (
+    COMMIT_LSN_COLUMN,
+    COMMIT_TS_COLUMN,
+    ORDINAL_COLUMN,
+    ColumnSpec,
+    ValueSchema,
+)
+from apply.errors import TransientError
+from apply.merge import BatchMeasure, PartitionMeasure
+from apply.positions import AppliedState, Position
+from schemas import registry_framing
+from schemas.lsn import Lsn
+from schemas.operation import Operation
+from schemas.single_object import FINGERPRINT_SIZE, HEADER_SIZE, MARKER, fingerprint_bytes
+
+log = logging.getLogger(__name__)
+
+_REGISTRY_KEY_PAD = bytes(FINGERPRINT_SIZE - registry_framing.ID_SIZE)
+_TRUNCATE = Operation.TRUNCATE.value
+_DELETE = Operation.DELETE.value
+
+
+@dataclass(frozen=True, slots=True)
+class CollectedRecord:
+    """One record of the batch as the driver holds it: a change topic's value and where
+    it sits. Tombstones are not collected (the survey counted them)."""
+
+    partition: int
+    offset: int
+    value: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class DecodedChange:
+    """One decoded record: the envelope, and the row projected onto the table's columns
+    (the ``after`` image, or ``before`` when there is none: a DELETE's key)."""
+
+    partition: int
+    offset: int
+    op: str
+    position: Position
+    commit_ts: int
+    """Microseconds since 1970-01-01 UTC."""
+    unchanged: tuple[str, ...]
+    row: tuple[Any, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class DecodedRecords:
+    changes: tuple[DecodedChange, ...]
+    malformed: Mapping[int, tuple[int, int]]
+    """Per partition: how many records did not decode, and the first one's offset."""
+
+
+def _physical(schema: Any) -> Any:
+    """``schema`` with every logical type but ``decimal`` read as its physical Avro type
+    (module docstring, step 1)."""
+    if isinstance(schema, dict):
+        if "logicalType" in schema and schema["logicalType"] != "decimal":
+            return {k: _physical(v) for k, v in schema.items() if k != "logicalType"}
+        return {k: _physical(v) for k, v in schema.items()}
+    if isinstance(schema, list):
+        return [_physical(item) for item in schema]
+    return schema
+
+
+@lru_cache(maxsize=256)
+def _reader_schema(decode_json: str) -> Any:
+    """The parsed schema fastavro decodes with, once per writer schema. Each is parsed
+    with names of its own: two tables' ``Row`` records may share a full name."""
+    return parse_schema(_physical(json.loads(decode_json)), named_schemas={})
+
+
+def _body(value: bytes, key: bytes) -> bytes | None:
+    """The Avro body of ``value`` when its header names writer key ``key``; None for
+    another writer or a value with neither framing (apply.decode, the two framings)."""
+    if len(value) >= HEADER_SIZE and value[: len(MARKER)] == MARKER:
+        return value[HEADER_SIZE:] if value[len(MARKER) : HEADER_SIZE] == key else None
+    magic = registry_framing.MAGIC
+    if len(value) >= registry_framing.HEADER_SIZE and value[: len(magic)] == magic:
+        registry_key = _REGISTRY_KEY_PAD + value[len(magic) : registry_framing.HEADER_SIZE]
+        return value[registry_framing.HEADER_SIZE :] if registry_key == key else None
+    return None
+
+
+def _decode(
+    record: CollectedRecord, key: bytes, parsed: Any, names: Sequence[str | None]
+) -> DecodedChange | None:
+    """One record decoded and projected onto ``names`` (None: a column the writer schema
+    lacks); None when it does not decode, or its header names another writer."""
+    body = _body(record.value, key)
+    if body is None:
+        return None
+    try:
+        # A Change record decodes to a dict (its schema says so; fastavro's type is wider).
+        value: dict[str, Any] = schemaless_reader(io.BytesIO(body), parsed, None)  # type: ignore[assignment]
+        image = value["after"] if value["after"] is not None else value["before"]
+        return DecodedChange(
+            partition=record.partition,
+            offset=record.offset,
+            op=str(value["op"]),
+            position=Position(Lsn(int(value["commit_lsn"])), int(value["ordinal"])),
+            commit_ts=int(value["commit_ts"]),
+            unchanged=tuple(value["unchanged_columns"] or ()),
+            row=tuple(None if name is None or image is None else image.get(name) for name in names),
+        )
+    except Exception:  # any failure to decode is this record's: the caller names its offset
+        return None
+
+
+def decode_records(
+    records: Iterable[CollectedRecord], schema: ValueSchema, columns: Sequence[ColumnSpec]
+) -> DecodedRecords:
+    """The records of one writer schema, decoded and projected onto ``columns`` (a
+    column the writer schema lacks is None). A record that does not decode, or whose
+    header names another writer, counts as malformed."""
+    parsed = _reader_schema(schema.decode_json)
+    key = fingerprint_bytes(schema.fingerprint)
+    present = {column.name for column in schema.columns}
+    names = [column.name if column.name in present else None for column in columns]
+    changes = []
+    malformed: dict[int, tuple[int, int]] = {}
+    for record in records:
+        change = _decode(record, key, parsed, names)
+        if change is None:
+            count, first = malformed.get(record.partition, (0, record.offset))
+            malformed[record.partition] = (count + 1, min(first, record.offset))
+        else:
+            changes.append(change)
+    return DecodedRecords(changes=tuple(changes), malformed=malformed)
+
+
+def _applied_positions(previous: AppliedState | None, topic: str) -> dict[int, Position]:
+    if previous is None:
+        return {}
+    return {
+        partition: progress.position
+        for (state_topic, partition), progress in previous.partitions.items()
+        if state_topic == topic and progress.position is not None
+    }
+
+
+def measure_changes(
+    decoded: DecodedRecords, previous: AppliedState | None, topic: str
+) -> BatchMeasure:
+    """:func:`apply.merge.measure` over decoded records, in the driver."""
+    applied = _applied_positions(previous, topic)
+    newest: dict[int, DecodedChange] = {}
+    replays: dict[int, int] = {}
+    truncates: dict[int, int] = {}
+    truncate: dict[int, Position] = {}
+    unchanged: set[str] = set()
+    for change in decoded.changes:
+        partition = change.partition
+        best = newest.get(partition)
+        if best is None or change.position > best.position:
+            newest[partition] = change
+        before = applied.get(partition)
+        if before is not None and change.position <= before:
+            replays[partition] = replays.get(partition, 0) + 1
+            continue
+        unchanged.update(change.unchanged)
+        if change.op == _TRUNCATE:
+            truncates[partition] = truncates.get(partition, 0) + 1
+            if partition not in truncate or change.position > truncate[partition]:
+                truncate[partition] = change.position
+    partitions = {}
+    for partition in sorted(set(newest) | set(decoded.malformed)):
+        best = newest.get(partition)
+        bad, first_bad = decoded.malformed.get(partition, (0, None))
+        partitions[partition] = PartitionMeasure(
+            position=None if best is None else best.position,
+            commit_ts=None if best is None else best.commit_ts,
+            replays=replays.get(partition, 0),
+            truncates=truncates.get(partition, 0),
+            truncate=truncate.get(partition),
+            malformed=bad,
+            first_malformed=first_bad,
+        )
+    return BatchMeasure(partitions=partitions, unchanged_columns=frozenset(unchanged))
+
+
+def _hashable(value: Any) -> Any:
+    return tuple(_hashable(item) for item in value) if isinstance(value, list) else value
+
+
+def latest_changes(
+    decoded: DecodedRecords,
+    previous: AppliedState | None,
+    topic: str,
+    *,
+    key_indexes: Sequence[int],
+    erased_before: Position | None,
+) -> list[DecodedChange]:
+    """The newest change of every key, leaving out replays, TRUNCATEs and changes
+    positioned at or before ``erased_before`` (:func:`apply.merge.merge_source`, for a
+    batch with no unchanged TOAST column), in position order."""
+    applied = _applied_positions(previous, topic)
+    latest: dict[tuple[Any, ...], DecodedChange] = {}
+    for change in decoded.changes:
+        if change.op == _TRUNCATE:
+            continue
+        before = applied.get(change.partition)
+        if before is not None and change.position <= before:
+            continue
+        if erased_before is not None and change.position <= erased_before:
+            continue
+        key = tuple(_hashable(change.row[index]) for index in key_indexes)
+        known = latest.get(key)
+        if known is None or change.position > known.position:
+            latest[key] = change
+    return sorted(latest.values(), key=lambda change: change.position)
+
+
+class DriverAppendUnavailableError(Exception):
+    """This log cannot take an append from the driver; the batch takes the JVM path."""
+
+
+def _arrow_types(data_type: DataType) -> tuple[Any, Any]:
+    """The Arrow type a decoded value is built in, and the one the log's column has."""
+    simple: list[tuple[type[DataType], Any, Any]] = [
+        (BooleanType, pa.bool_(), pa.bool_()),
+        (IntegerType, pa.int32(), pa.int32()),
+        (LongType, pa.int64(), pa.int64()),
+        (FloatType, pa.float32(), pa.float32()),
+        (DoubleType, pa.float64(), pa.float64()),
+        (BinaryType, pa.binary(), pa.binary()),
+        (StringType, pa.string(), pa.string()),
+        (DateType, pa.int32(), pa.date32()),
+        (TimestampType, pa.int64(), pa.timestamp("us", tz="UTC")),
+        (TimestampNTZType, pa.int64(), pa.timestamp("us")),
+    ]
+    for spark_kind, built, final in simple:
+        if isinstance(data_type, spark_kind):
+            return built, final
+    if isinstance(data_type, DecimalType):
+        decimal = pa.decimal128(data_type.precision, data_type.scale)
+        return decimal, decimal
+    if isinstance(data_type, ArrayType):
+        built, final = _arrow_types(data_type.elementType)
+        return pa.list_(built), pa.list_(final)
+    raise DriverAppendUnavailableError(f"no Arrow mapping for {data_type.simpleString()}")
+
+
+# delta-rs computes each file's min/max statistics as calendar values, and a date or
+# timestamp far outside the years 1 to 9999 overflows there (PostgreSQL's infinities,
+# which the contract carries as the integer extremes); such batches take the JVM path.
+_DATE_DAYS = 3_000_000
+_TIMESTAMP_MICROS = _DATE_DAYS * 86_400_000_000
+
+
+def _in_calendar(values: list[Any], data_type: DataType) -> bool:
+    if isinstance(data_type, ArrayType):
+        return all(v is None or _in_calendar(v, data_type.elementType) for v in values)
+    if isinstance(data_type, DateType):
+        bound = _DATE_DAYS
+    elif isinstance(data_type, (TimestampType, TimestampNTZType)):
+        bound = _TIMESTAMP_MICROS
+    else:
+        return True
+    return all(v is None or -bound <= v <= bound for v in values)
+
+
+def _column(values: list[Any], data_type: DataType) -> Any:
+    if not _in_calendar(values, data_type):
+        raise DriverAppendUnavailableError(
+            f"a {data_type.simpleString()} value is outside the calendar delta-rs computes "
+            "file statistics in (PostgreSQL's infinity)"
+        )
+    built, final = _arrow_types(data_type)
+    array = pa.array(values, type=built)
+    return array if built == final else array.cast(final)
+
+
+def log_table(
+    changes: Sequence[DecodedChange], columns: Sequence[ColumnSpec], seq: int, order: Sequence[str]
+) -> Any:
+    """The log's rows for ``changes`` as an Arrow table with the log's columns in the
+    log's ``order``: the data columns, then the position, the commit time, the
+    operation and the append's sequence (:func:`apply.change_log.append`)."""
+    arrays: dict[str, Any] = {
+        column.name: _column([change.row[index] for change in changes], column.data_type)
+        for index, column in enumerate(columns)
+    }
+    arrays[COMMIT_LSN_COLUMN] = pa.array(
+        [int(change.position.commit_lsn) for change in changes], type=pa.int64()
+    )
+    arrays[ORDINAL_COLUMN] = pa.array([change.position.ordinal for change in changes], pa.int64())
+    arrays[COMMIT_TS_COLUMN] = _column([change.commit_ts for change in changes], TimestampType())
+    arrays[OP_COLUMN] = pa.array([change.op for change in changes], type=pa.string())
+    arrays[SEQ_COLUMN] = pa.array([seq] * len(changes), type=pa.int64())
+    if sorted(arrays) != sorted(order):
+        raise DriverAppendUnavailableError(
+            f"the log's columns {sorted(order)} are not the table's {sorted(arrays)}"
+        )
+    return pa.table({name: arrays[name] for name in order})
+
+
+def local_lake(lake_root: str) -> bool:
+    """Whether the lake is on a local file system (module docstring: why only there)."""
+    return "://" not in lake_root or lake_root.startswith("file:")
+
+
+def open_log(path: str) -> tuple[Any, list[str]]:
+    """The log as delta-rs reads it, and its column names in order."""
+    try:
+        table = DeltaTable(path)
+    except DeltaError as exc:
+        raise DriverAppendUnavailableError(f"delta-rs cannot open the log: {exc}") from exc
+    return table, [field.name for field in table.schema().fields]
+
+
+def append_to_log(
+    log: Any, rows: Any, *, table: str, app_id: str, batch_id: int, metadata: str
+) -> None:
+    """Append ``rows`` to the log in one commit carrying ``metadata`` as its
+    ``userMetadata`` and ``(app_id, batch_id)`` as its transaction (module docstring,
+    step 4). Any failure of delta-rs raises :class:`DriverAppendUnavailableError` (the
+    batch then appends on the JVM), but a commit that loses to another writer raises
+    :class:`~apply.errors.TransientError`, as the JVM append does."""
+    properties = CommitProperties(
+        custom_metadata={"userMetadata": metadata},
+        app_transactions=[Transaction(app_id, batch_id, int(time.time() * 1000))],
+    )
+    try:
+        write_deltalake(
+            log, rows, mode="append", partition_by=[SEQ_COLUMN], commit_properties=properties
+        )
+    except CommitFailedError as exc:
+        raise TransientError(
+            f"table {table}: another writer committed to its change log; retry the batch, "
+            "and make sure one apply job owns each table"
+        ) from exc
+    except DeltaError as exc:
+        # A protocol or schema delta-rs cannot write, or any other failure. The JVM append
+        # that follows is safe even if this one did commit: it carries the same
+        # transaction id, which Delta then skips, and the job reads the commit back.
+        raise DriverAppendUnavailableError(f"delta-rs did not append: {exc}") from exc
+
+
+__all__ = [
+    "CollectedRecord",
+    "DecodedChange",
+    "DecodedRecords",
+    "DriverAppendUnavailableError",
+    "append_to_log",
+    "decode_records",
+    "latest_changes",
+    "local_lake",
+    "log_table",
+    "measure_changes",
+    "open_log",
+]

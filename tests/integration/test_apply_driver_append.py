@@ -1,0 +1,189 @@
+"""The append from the driver (apply.driver_append) against the JVM append it stands in
+for: the same batches of every column type, from a real Kafka topic, applied to two
+lakes, one with each path; the logs, the applied states and the folded tables must be
+equal column by column, and the driver's commits must really be delta-rs's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from apply.batch import ApplyContext, apply_batch
+from apply.change_log import change_log_path
+from apply.delta_log import commit_file
+from apply.fold import Folds, fold_table
+from apply.known_tables import KnownTables
+from apply.tables import TableId, table_path
+from schemas import column_type as ct
+from schemas.change_record import ChangeEncoder, Column, TableDescription, build_table_schemas
+from schemas.column_type import ColumnType
+from tests.plugins.change_topics import DELETE, INSERT, UPDATE, ChangeTopic, change, context
+from tests.plugins.services import Services
+
+pytestmark = pytest.mark.slow
+
+COLUMNS = (
+    Column("id", ct.LONG, nullable=False, key=True),
+    Column("flag", ct.BOOLEAN),
+    Column("small", ct.INT),
+    Column("ratio", ct.FLOAT),
+    Column("score", ct.DOUBLE),
+    Column("blob", ct.BYTES),
+    Column("Order Note", ct.STRING),
+    Column("amount", ColumnType.decimal(12, 2)),
+    Column("wide", ColumnType.decimal(38, 10)),
+    Column("day", ct.DATE),
+    Column("clock", ct.TIME_MICROS),
+    Column("at", ct.TIMESTAMP_MICROS),
+    Column("local", ct.LOCAL_TIMESTAMP_MICROS),
+    Column("ref", ct.UUID),
+    Column("tags", ColumnType.array(ct.STRING)),
+    Column("grid", ColumnType.array(ColumnType.array(ct.INT))),
+)
+FULL = {
+    "flag": True,
+    "small": -7,
+    "ratio": 0.5,
+    "score": 2.25,
+    "blob": b"\x00\xff",
+    "_pg_Order_20Note": "naïve ☃",
+    "amount": Decimal("1234.50"),
+    "wide": Decimal("-1234567890123456789012345678.0123456789"),
+    "day": 19_782,
+    "clock": 37_815_123_456,
+    "at": 1_715_941_815_123_456,
+    "local": 1_715_941_815_123_456,
+    "ref": "5f0c7a6e-7c3e-4c1e-9a39-2a4b2f0d2f11",
+    "tags": ["a", None, ""],
+    "grid": [[1, None], []],
+}
+# PostgreSQL's infinities and 24:00:00, which Python's date and datetime cannot hold.
+EXTREMES = {
+    "day": ct.DATE_POSITIVE_INFINITY,
+    "clock": 86_400_000_000,
+    "at": ct.TIMESTAMP_NEGATIVE_INFINITY,
+    "local": ct.TIMESTAMP_POSITIVE_INFINITY,
+}
+# Every column as exact text, so that no value is converted on the way to Python.
+EXACT = [
+    "id",
+    "string(flag)",
+    "string(small)",
+    "string(ratio)",
+    "string(score)",
+    "hex(blob)",
+    "_pg_Order_20Note",
+    "string(amount)",
+    "string(wide)",
+    "string(unix_date(day))",
+    "string(clock)",
+    "string(unix_micros(at))",
+    "string(unix_micros(cast(local as timestamp)))",
+    "ref",
+    "to_json(tags)",
+    "to_json(grid)",
+    "_cdc_commit_lsn",
+    "_cdc_ordinal",
+    "string(unix_micros(_cdc_commit_ts))",
+]
+
+
+def exact_rows(spark: Any, path: str, *extra: str) -> list[tuple[Any, ...]]:
+    frame = spark.read.format("delta").load(path)
+    found = [tuple(row) for row in frame.selectExpr(*EXACT, *extra).collect()]
+    return sorted(found, key=lambda row: [(value is None, str(value)) for value in row])
+
+
+def written_by_delta_rs(path: str, version: int) -> bool:
+    info = next(
+        json.loads(line)["commitInfo"]
+        for line in Path(commit_file(path, version)).read_text().splitlines()
+        if "commitInfo" in line
+    )
+    return "delta-rs" in json.dumps(info)
+
+
+def test_the_driver_appends_what_the_jvm_appends(
+    spark: Any, services: Services, unique_name: str, tmp_path: Path
+) -> None:
+    schemas = build_table_schemas(TableDescription("public", unique_name, COLUMNS))
+    enc = ChangeEncoder(schemas)
+    table = TableId("public", unique_name)
+    topic = ChangeTopic(services, unique_name, 2)
+    base = context(tmp_path, schemas)
+
+    def lake(name: str, records: int) -> ApplyContext:
+        return dataclasses.replace(
+            base,
+            lake_root=str(tmp_path / name),
+            known=KnownTables(),
+            folds=Folds(every_s=0.0),
+            driver_append_records=records,
+        )
+
+    jvm, driver = lake("jvm", 0), lake("driver", 10_000)
+    batches = [
+        # The first two batches create the table and its log, then let the job know
+        # them: both lakes take them on the JVM.
+        [
+            (0, change(INSERT, 0x100, 0, after={"id": 1, **FULL})),
+            (1, change(INSERT, 0x100, 1, after={"id": 2})),
+        ],
+        [(0, change(INSERT, 0x200, 0, after={"id": 3, **FULL}))],
+        [
+            (1, change(UPDATE, 0x300, 0, after={"id": 2, **FULL, "small": 8})),
+            (1, change(INSERT, 0x300, 2, after={"id": 5, "small": 1})),
+            (1, change(UPDATE, 0x300, 3, after={"id": 5, "small": 2})),
+            (0, change(DELETE, 0x300, 4, before={"id": 3}, before_key_only=True)),
+        ],
+        # delta-rs cannot compute statistics of infinite dates: the JVM appends these.
+        [(0, change(INSERT, 0x400, 0, after={"id": 4, **EXTREMES}))],
+        [(1, change(DELETE, 0x500, 0, before={"id": 5}, before_key_only=True))],
+    ]
+    from_driver = {2, 4}
+    marks = [topic.mark()]
+    for batch in batches:
+        for partition, item in batch:
+            topic.send(enc, partition, item)
+        marks.append(topic.mark())
+
+    log_path = {ctx.lake_root: change_log_path(ctx.lake_root, table) for ctx in (jvm, driver)}
+    for batch_id in range(len(batches)):
+        records = topic.batch(spark, marks[batch_id], marks[batch_id + 1])
+        by_jvm = apply_batch(records, batch_id, jvm).applied[0]
+        by_driver = apply_batch(records, batch_id, driver).applied[0]
+        assert by_driver.state == by_jvm.state, f"batch {batch_id}"
+        assert (by_driver.version, by_driver.source_rows, by_driver.superseded) == (
+            by_jvm.version,
+            by_jvm.source_rows,
+            by_jvm.superseded,
+        )
+        assert by_driver.path == log_path[driver.lake_root]
+        assert written_by_delta_rs(by_driver.path, by_driver.version) is (batch_id in from_driver)
+        assert not written_by_delta_rs(by_jvm.path, by_jvm.version)
+        assert exact_rows(spark, by_driver.path, "_cdc_op", "_cdc_seq") == exact_rows(
+            spark, by_jvm.path, "_cdc_op", "_cdc_seq"
+        ), f"batch {batch_id}"
+
+    # Spark replays the last batch: the driver's state covers it, nothing is appended.
+    last = topic.batch(spark, marks[-2], marks[-1])
+    replayed = apply_batch(last, len(batches) - 1, driver).applied[0]
+    assert replayed.committed is False
+    # A restarted job (nothing known) reads the driver's commit back as its state.
+    restarted = dataclasses.replace(driver, known=None, folds=Folds(every_s=0.0))
+    again = apply_batch(last, len(batches) - 1, restarted).applied[0]
+    assert (again.committed, again.state) == (False, by_driver.state)
+
+    for ctx in (jvm, driver):
+        assert fold_table(
+            spark, lake_root=ctx.lake_root, table=table, default_app_id=ctx.txn_app_id
+        )
+    folded = exact_rows(spark, table_path(driver.lake_root, table))
+    assert folded == exact_rows(spark, table_path(jvm.lake_root, table))
+    assert sorted(row[0] for row in folded) == [1, 2, 4]
