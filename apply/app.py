@@ -468,6 +468,7 @@ class ApplyJob:
             upkeep=TableUpkeep(self._settings.upkeep, self.metrics),
             observer=self.metrics,
             known=self._known,
+            parallelism=self._settings.lake.fold_parallelism,
         )
         timer.start()
         return timer

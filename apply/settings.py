@@ -97,6 +97,15 @@ class LakeSettings(BaseModel):
             "per table per fold"
         ),
     )
+    fold_parallelism: int = Field(
+        2,
+        ge=1,
+        description=(
+            "with change_log: how many tables are folded at the same time; a fold of a few "
+            "rows is mostly fixed latency, so two at a time on two cores bring each "
+            "table's fold round sooner"
+        ),
+    )
     driver_append_records: int = Field(
         20_000,
         ge=0,

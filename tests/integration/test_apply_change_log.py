@@ -200,3 +200,42 @@ def test_batches_append_the_view_is_fresh_and_folds_catch_the_table_up(
     again = apply_batch(topic.batch(spark, marks[-2], marks[-1]), 7, restarted).applied[0]
     assert (again.committed, again.state) == (False, sixth.state)
     assert applied_state(spark, root, table) == sixth.state
+
+
+def test_the_timer_folds_two_tables_at_once_and_leaves_the_callers_pool_alone(
+    spark: Any, services: Services, unique_name: str, tmp_path: Path
+) -> None:
+    names = [f"{unique_name}_a", f"{unique_name}_b"]
+    schemas = [
+        build_table_schemas(
+            TableDescription(
+                "public",
+                name,
+                (Column("id", ct.LONG, nullable=False, key=True), Column("note", ct.STRING)),
+            )
+        )
+        for name in names
+    ]
+    folds = Folds(every_s=0.0)
+    ctx = dataclasses.replace(context(tmp_path, *schemas), known=KnownTables(), folds=folds)
+    for name, table_schemas in zip(names, schemas, strict=True):
+        topic = ChangeTopic(services, name, 1)
+        start = topic.mark()
+        topic.send(
+            ChangeEncoder(table_schemas), 0, change(INSERT, 0x100, 0, after={"id": 1, "note": name})
+        )
+        apply_batch(topic.batch(spark, start, topic.mark()), 0, ctx)
+    context_pool = spark.sparkContext.getLocalProperty("spark.scheduler.pool")
+    timer = FoldTimer(
+        spark, folds, lake_root=ctx.lake_root, default_app_id=ctx.txn_app_id, parallelism=2
+    )
+    try:
+        assert timer.fold_due() == 2
+    finally:
+        timer.stop()
+    for name in names:
+        assert rows(spark, table_path(ctx.lake_root, TableId("public", name)), "note") == {
+            1: (name,)
+        }
+    assert spark.sparkContext.getLocalProperty("spark.scheduler.pool") == context_pool
+    assert folds.due(every=True) == []
