@@ -51,6 +51,7 @@ from tests.plugins.change_topics import (
     dead_letter_rows,
     rows,
 )
+from tests.plugins.column_types import EVERY_TYPE, EVERY_VALUE, EXTREMES
 from tests.plugins.services import Services
 
 pytestmark = pytest.mark.slow
@@ -368,61 +369,18 @@ def test_truncate_and_added_columns(
     assert evolved.state.truncated_at == Position(Lsn(0x300), 0)
 
 
-TYPES_TABLE = (
-    Column("id", ct.LONG, nullable=False, key=True),
-    Column("flag", ct.BOOLEAN),
-    Column("small", ct.INT),
-    Column("ratio", ct.FLOAT),
-    Column("score", ct.DOUBLE),
-    Column("blob", ct.BYTES),
-    Column("Order Note", ct.STRING),
-    Column("amount", ColumnType.decimal(12, 2)),
-    Column("wide", ColumnType.decimal(38, 10)),
-    Column("day", ct.DATE),
-    Column("clock", ct.TIME_MICROS),
-    Column("at", ct.TIMESTAMP_MICROS),
-    Column("local", ct.LOCAL_TIMESTAMP_MICROS),
-    Column("ref", ct.UUID),
-    Column("tags", ColumnType.array(ct.STRING)),
-    Column("grid", ColumnType.array(ColumnType.array(ct.INT))),
-)
-
-
 def test_every_column_type_lands_in_delta(
     spark: Any, services: Services, unique_name: str, tmp_path: Path
 ) -> None:
-    schemas = build_table_schemas(TableDescription("public", unique_name, TYPES_TABLE))
+    schemas = build_table_schemas(TableDescription("public", unique_name, EVERY_TYPE))
     enc = ChangeEncoder(schemas)
     ctx = context(tmp_path, schemas)
     path = table_path(ctx.lake_root, TableId("public", unique_name))
     topic = ChangeTopic(services, unique_name, 1)
     start = topic.mark()
-    full = {
-        "id": 1,
-        "flag": True,
-        "small": -7,
-        "ratio": 0.5,
-        "score": 2.25,
-        "blob": b"\x00\xff",
-        "_pg_Order_20Note": "naïve ☃",
-        "amount": Decimal("1234.50"),
-        "wide": Decimal("-1234567890123456789012345678.0123456789"),
-        "day": 19_782,
-        "clock": 37_815_123_456,
-        "at": 1_715_941_815_123_456,
-        "local": 1_715_941_815_123_456,
-        "ref": "5f0c7a6e-7c3e-4c1e-9a39-2a4b2f0d2f11",
-        "tags": ["a", None, ""],
-        "grid": [[1, None], []],
-    }
+    full = {"id": 1, **EVERY_VALUE}
     # PostgreSQL's infinities and 24:00:00 land exactly.
-    extremes = {
-        "id": 2,
-        "day": ct.DATE_POSITIVE_INFINITY,
-        "clock": 86_400_000_000,
-        "at": ct.TIMESTAMP_NEGATIVE_INFINITY,
-        "local": ct.TIMESTAMP_POSITIVE_INFINITY,
-    }
+    extremes = {"id": 2, **EXTREMES}
     topic.send(
         enc, 0, change(INSERT, 0x100, 0, after=full), change(INSERT, 0x100, 1, after=extremes)
     )

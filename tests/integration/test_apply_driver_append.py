@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -20,56 +19,13 @@ from apply.delta_log import commit_file
 from apply.fold import Folds, fold_table
 from apply.known_tables import KnownTables
 from apply.tables import TableId, table_path
-from schemas import column_type as ct
-from schemas.change_record import ChangeEncoder, Column, TableDescription, build_table_schemas
-from schemas.column_type import ColumnType
+from schemas.change_record import ChangeEncoder, TableDescription, build_table_schemas
 from tests.plugins.change_topics import DELETE, INSERT, UPDATE, ChangeTopic, change, context
+from tests.plugins.column_types import EVERY_TYPE, EVERY_VALUE, EXTREMES
 from tests.plugins.services import Services
 
 pytestmark = pytest.mark.slow
 
-COLUMNS = (
-    Column("id", ct.LONG, nullable=False, key=True),
-    Column("flag", ct.BOOLEAN),
-    Column("small", ct.INT),
-    Column("ratio", ct.FLOAT),
-    Column("score", ct.DOUBLE),
-    Column("blob", ct.BYTES),
-    Column("Order Note", ct.STRING),
-    Column("amount", ColumnType.decimal(12, 2)),
-    Column("wide", ColumnType.decimal(38, 10)),
-    Column("day", ct.DATE),
-    Column("clock", ct.TIME_MICROS),
-    Column("at", ct.TIMESTAMP_MICROS),
-    Column("local", ct.LOCAL_TIMESTAMP_MICROS),
-    Column("ref", ct.UUID),
-    Column("tags", ColumnType.array(ct.STRING)),
-    Column("grid", ColumnType.array(ColumnType.array(ct.INT))),
-)
-FULL = {
-    "flag": True,
-    "small": -7,
-    "ratio": 0.5,
-    "score": 2.25,
-    "blob": b"\x00\xff",
-    "_pg_Order_20Note": "naïve ☃",
-    "amount": Decimal("1234.50"),
-    "wide": Decimal("-1234567890123456789012345678.0123456789"),
-    "day": 19_782,
-    "clock": 37_815_123_456,
-    "at": 1_715_941_815_123_456,
-    "local": 1_715_941_815_123_456,
-    "ref": "5f0c7a6e-7c3e-4c1e-9a39-2a4b2f0d2f11",
-    "tags": ["a", None, ""],
-    "grid": [[1, None], []],
-}
-# PostgreSQL's infinities and 24:00:00, which Python's date and datetime cannot hold.
-EXTREMES = {
-    "day": ct.DATE_POSITIVE_INFINITY,
-    "clock": 86_400_000_000,
-    "at": ct.TIMESTAMP_NEGATIVE_INFINITY,
-    "local": ct.TIMESTAMP_POSITIVE_INFINITY,
-}
 # Every column as exact text, so that no value is converted on the way to Python.
 EXACT = [
     "id",
@@ -112,7 +68,7 @@ def written_by_delta_rs(path: str, version: int) -> bool:
 def test_the_driver_appends_what_the_jvm_appends(
     spark: Any, services: Services, unique_name: str, tmp_path: Path
 ) -> None:
-    schemas = build_table_schemas(TableDescription("public", unique_name, COLUMNS))
+    schemas = build_table_schemas(TableDescription("public", unique_name, EVERY_TYPE))
     enc = ChangeEncoder(schemas)
     table = TableId("public", unique_name)
     topic = ChangeTopic(services, unique_name, 2)
@@ -132,12 +88,12 @@ def test_the_driver_appends_what_the_jvm_appends(
         # The first two batches create the table and its log, then let the job know
         # them: both lakes take them on the JVM.
         [
-            (0, change(INSERT, 0x100, 0, after={"id": 1, **FULL})),
+            (0, change(INSERT, 0x100, 0, after={"id": 1, **EVERY_VALUE})),
             (1, change(INSERT, 0x100, 1, after={"id": 2})),
         ],
-        [(0, change(INSERT, 0x200, 0, after={"id": 3, **FULL}))],
+        [(0, change(INSERT, 0x200, 0, after={"id": 3, **EVERY_VALUE}))],
         [
-            (1, change(UPDATE, 0x300, 0, after={"id": 2, **FULL, "small": 8})),
+            (1, change(UPDATE, 0x300, 0, after={"id": 2, **EVERY_VALUE, "small": 8})),
             (1, change(INSERT, 0x300, 2, after={"id": 5, "small": 1})),
             (1, change(UPDATE, 0x300, 3, after={"id": 5, "small": 2})),
             (0, change(DELETE, 0x300, 4, before={"id": 3}, before_key_only=True)),

@@ -22,40 +22,18 @@ from schemas import column_type as ct
 from schemas.change_record import (
     Change,
     ChangeEncoder,
-    Column,
     TableDescription,
     build_table_schemas,
 )
-from schemas.column_type import ColumnType
 from schemas.envelope import TABLE_KEY
 from schemas.lsn import Lsn
 from schemas.operation import Operation
 from schemas.single_object import HEADER_SIZE
+from tests.plugins.column_types import EVERY_TYPE
 
 pytestmark = pytest.mark.slow
 
-TABLE = TableDescription(
-    "public",
-    "contract",
-    (
-        Column("id", ct.LONG, nullable=False, key=True),
-        Column("flag", ct.BOOLEAN),
-        Column("small", ct.INT),
-        Column("ratio", ct.FLOAT),
-        Column("score", ct.DOUBLE),
-        Column("blob", ct.BYTES),
-        Column("Order Note", ct.STRING),
-        Column("amount", ColumnType.decimal(12, 2)),
-        Column("wide", ColumnType.decimal(38, 10)),
-        Column("day", ct.DATE),
-        Column("clock", ct.TIME_MICROS),
-        Column("at", ct.TIMESTAMP_MICROS),
-        Column("local", ct.LOCAL_TIMESTAMP_MICROS),
-        Column("ref", ct.UUID),
-        Column("tags", ColumnType.array(ct.STRING)),
-        Column("grid", ColumnType.array(ColumnType.array(ct.INT))),
-    ),
-)
+TABLE = TableDescription("public", "contract", EVERY_TYPE)
 
 FULL_ROW: dict[str, Any] = {
     "id": 1,
