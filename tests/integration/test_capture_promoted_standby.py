@@ -1,0 +1,245 @@
+"""A primary fails over to a standby that has no copy of capture's slot: capture stops
+with the resync and streams nothing from the promoted server.
+
+PostgreSQL 15 (the project's default server): before 17 a physical standby keeps no
+logical slot at all, so every failover ends like this, and so does one on 17+ whose
+standby had no failover-ready copy. A primary and a standby made from it with
+``pg_basebackup`` (:mod:`deploy.local.standby`); capture runs as its own process, as a
+user runs it, and knows both servers through one multi-host DSN with
+``target_session_attrs=read-write``, so it reaches the promoted standby by itself.
+
+Capture streams a workload from the primary and checkpoints its slot; then the primary
+is stopped in immediate mode, once the standby has received all its WAL, and the
+standby promoted. Capture identifies the same cluster on a new timeline that forked
+after everything it held (capture/source/server_identity.py), finds no slot there, and
+must exit with a configuration error (status 2) that says why and names the resync:
+never make a new slot, which would start at the new primary's current WAL and skip the
+changes in between (capture/source/setup.py, ``check_slot_history``). Twice: with the
+workload applied (as apply reports it on the control topic), and with it only published
+and checkpointed, nothing applied yet.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from capture.publish.control import ControlReader
+from deploy.local import stack
+from deploy.local.errors import MissingPrerequisite
+from deploy.local.postgres import LocalPostgres, find_bindir
+from deploy.local.process import free_port
+from deploy.local.standby import create_standby, promote
+from schemas.lsn import Lsn, parse_lsn
+from tests.plugins.pipeline import Pipeline, create_database, current_wal, slot_confirmed
+from tests.plugins.services import Services
+from tests.plugins.topics import read_to_end, record_count, report_applied
+from tests.plugins.waiting import wait_for
+
+pytestmark = pytest.mark.slow
+
+VERSION = 15
+PHYSICAL_SLOT = "standby1"
+TRANSACTIONS = 10
+ROWS_PER_TRANSACTION = 5
+EXIT_CONFIG_ERROR = 2
+"""``python -m capture``'s exit status for a configuration error (capture/__main__.py)."""
+
+
+@dataclass
+class Servers:
+    primary: LocalPostgres
+    standby: LocalPostgres | None = None
+
+    def stop(self) -> None:
+        for server in (self.primary, self.standby):
+            if server is not None:
+                server.stop()
+                shutil.rmtree(server.root, ignore_errors=True)
+
+
+@pytest.fixture
+def servers(tmp_path: Path) -> Iterator[Servers]:
+    try:
+        find_bindir(VERSION)
+    except MissingPrerequisite as exc:
+        pytest.skip(f"PostgreSQL {VERSION} is not installed: {exc}")
+    roots = [tmp_path / "primary", tmp_path / "standby"]
+    for root in roots:
+        stack.clear_orphaned_cluster(root)
+    pair = Servers(LocalPostgres(stack._postgres_root(roots[0]), free_port(), version=VERSION))
+    try:
+        pair.primary.start()
+        yield pair
+    finally:
+        pair.stop()
+
+
+def _scalar(dsn: str, query: str, *args: object) -> object:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(query.encode(), list(args)).fetchone()
+    return None if row is None else row[0]
+
+
+def _received(standby: LocalPostgres) -> Lsn:
+    found = _scalar(standby.dsn, "SELECT pg_last_wal_receive_lsn()::text")
+    return parse_lsn(str(found)) if found is not None else Lsn(0)
+
+
+def _confirmed(dsn: str, slot: str) -> Lsn:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return slot_confirmed(conn, slot) or Lsn(0)
+
+
+def _checkpoint(pipeline: Pipeline) -> Lsn | None:
+    settings, _ = pipeline.settings()
+    reader = ControlReader(settings.kafka, None)
+    try:
+        return reader.load(pipeline.name).checkpoint
+    finally:
+        reader.close()
+
+
+@pytest.mark.parametrize("applied", [True, False], ids=["applied", "checkpointed"])
+def test_capture_refuses_a_promoted_standby_without_its_slot(
+    servers: Servers, shared_services: Services, unique_name: str, tmp_path: Path, applied: bool
+) -> None:
+    primary = servers.primary
+    source = create_database(primary.dsn, unique_name)
+    with psycopg.connect(source, autocommit=True) as conn:
+        conn.execute("CREATE TABLE public.t (id int PRIMARY KEY, v text)")
+    standby = create_standby(
+        primary,
+        stack._postgres_root(tmp_path / "standby"),
+        free_port(),
+        slot=PHYSICAL_SLOT,
+        dbname=unique_name,
+    )
+    servers.standby = standby
+    with psycopg.connect(standby.dsn, autocommit=True) as conn:
+        assert conn.execute("SELECT pg_is_in_recovery()").fetchone() == (True,)
+    dsn = psycopg.conninfo.make_conninfo(
+        host="127.0.0.1,127.0.0.1",
+        port=f"{primary.port},{standby.port}",
+        user="postgres",
+        dbname=unique_name,
+        target_session_attrs="read-write",
+    )
+    pipeline = Pipeline(
+        name=unique_name,
+        dsn=dsn,
+        bootstrap=shared_services.kafka_bootstrap_servers,
+        tables=("public.t",),
+        workdir=tmp_path,
+        capture_overrides={"CAPTURE_SNAPSHOT_MODE": "never"},
+    )
+    bootstrap = shared_services.kafka_bootstrap_servers
+    topic = f"{unique_name}.public.t"
+    control = f"{unique_name}._control"
+    rows = TRANSACTIONS * ROWS_PER_TRANSACTION
+    try:
+        pipeline.capture.start()
+        wait_for(
+            lambda: _confirmed(source, unique_name) > 0,
+            f"capture to create its slot\n{pipeline.logs()}",
+            60,
+        )
+        # WAL with nothing for capture lets it confirm, so it checkpoints the slot before
+        # the workload (which, unapplied, holds the slot where it is).
+        start = _confirmed(source, unique_name)
+        with psycopg.connect(source, autocommit=True) as conn:
+            conn.execute("SELECT pg_logical_emit_message(true, 'test', 'before the workload')")
+        wait_for(
+            lambda: _confirmed(source, unique_name) > start,
+            f"capture to checkpoint its slot\n{pipeline.logs()}",
+            30,
+        )
+        with psycopg.connect(source, autocommit=True) as conn:
+            for first in range(0, rows, ROWS_PER_TRANSACTION):
+                conn.execute(
+                    "INSERT INTO public.t SELECT i, 'on the old primary' "
+                    "FROM generate_series(%s, %s) i",
+                    [first + 1, first + ROWS_PER_TRANSACTION],
+                )
+            workload_end = current_wal(conn)
+        wait_for(
+            lambda: record_count(bootstrap, topic) >= rows,
+            f"capture to publish the workload\n{pipeline.logs()}",
+            60,
+        )
+        if applied:
+            report_applied(bootstrap, control, read_to_end(bootstrap, topic))
+            # Once applied, capture confirms past the workload, its checkpoint first.
+            wait_for(
+                lambda: _confirmed(source, unique_name) >= workload_end,
+                f"capture to confirm the applied workload\n{pipeline.logs()}",
+                30,
+            )
+        # The standby has every change capture saw: the timeline forks after all of them,
+        # so the server identity check lets the new primary through, and the slot's
+        # absence is what stops capture.
+        with psycopg.connect(primary.dsn, autocommit=True) as conn:
+            written = current_wal(conn)
+        wait_for(lambda: _received(standby) >= written, f"the standby to receive {written}", 30)
+        failures = pipeline.capture.log.read_text(errors="replace").count("transient failure")
+        primary.stop_immediately()
+        wait_for(
+            lambda: pipeline.capture.log.read_text(errors="replace").count("transient failure")
+            > failures,
+            f"capture to lose the primary\n{pipeline.logs()}",
+            30,
+        )
+        # What capture had when the primary died: nothing may follow it.
+        published = record_count(bootstrap, topic)
+        control_records = record_count(bootstrap, control)
+        checkpoint = _checkpoint(pipeline)
+        assert published == rows
+        assert checkpoint is not None, "capture wrote no slot checkpoint"
+        if applied:
+            assert checkpoint >= workload_end
+        promote(standby)
+        standby_dsn = psycopg.conninfo.make_conninfo(
+            host="127.0.0.1", port=str(standby.port), user="postgres", dbname=unique_name
+        )
+        with psycopg.connect(standby_dsn, autocommit=True) as conn:
+            # Changes on the new primary that a new slot would have streamed from, with
+            # the gap before them.
+            conn.execute("INSERT INTO public.t VALUES (0, 'on the new primary')")
+
+        assert pipeline.capture.process is not None
+        try:
+            status = pipeline.capture.process.wait(60)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"capture kept running on the promoted standby\n{pipeline.logs()}")
+        log = pipeline.capture.log.read_text(errors="replace")
+        assert status == EXIT_CONFIG_ERROR, log[-4000:]
+        assert "the source moved from timeline 1 to 2" in log, log[-4000:]
+        refusal = log[log.rindex("configuration error: ") :]
+        assert f"replication slot {unique_name} does not exist" in refusal
+        assert "this server is a promoted standby" in refusal
+        assert "before PostgreSQL 17 a standby keeps no logical slots" in refusal
+        if applied:
+            assert f"the control topic shows applied changes for {topic}" in refusal
+        else:
+            assert "capture streamed it up to" in refusal
+        assert "Resync: stop apply" in refusal
+        assert "CAPTURE_SNAPSHOT_MODE=initial" in refusal
+        # It streamed once, from the old primary, and never from the new one.
+        assert log.count(f"streaming slot {unique_name} from") == 1, log[-4000:]
+
+        slots = _scalar(
+            standby_dsn, "SELECT count(*) FROM pg_replication_slots WHERE slot_type = 'logical'"
+        )
+        assert slots == 0, "capture made a slot on the promoted standby"
+        assert record_count(bootstrap, topic) == published
+        assert record_count(bootstrap, control) == control_records
+        assert _checkpoint(pipeline) == checkpoint
+        assert _scalar(standby_dsn, "SELECT count(*) FROM public.t") == rows + 1
+    finally:
+        pipeline.stop()
