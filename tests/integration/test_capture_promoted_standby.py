@@ -106,6 +106,11 @@ def _checkpoint(pipeline: Pipeline) -> Lsn | None:
         reader.close()
 
 
+def _transient_failures(pipeline: Pipeline) -> int:
+    """The attempts capture has logged as failed and to be retried, so far."""
+    return pipeline.capture.log.read_text(errors="replace").count("transient failure")
+
+
 @pytest.mark.parametrize("applied", [True, False], ids=["applied", "checkpointed"])
 def test_capture_refuses_a_promoted_standby_without_its_slot(
     servers: Servers, shared_services: Services, unique_name: str, tmp_path: Path, applied: bool
@@ -164,7 +169,7 @@ def test_capture_refuses_a_promoted_standby_without_its_slot(
             for first in range(0, rows, ROWS_PER_TRANSACTION):
                 conn.execute(
                     "INSERT INTO public.t SELECT i, 'on the old primary' "
-                    "FROM generate_series(%s, %s) i",
+                    "FROM generate_series(%s::int, %s::int) i",
                     [first + 1, first + ROWS_PER_TRANSACTION],
                 )
             workload_end = current_wal(conn)
@@ -187,11 +192,10 @@ def test_capture_refuses_a_promoted_standby_without_its_slot(
         with psycopg.connect(primary.dsn, autocommit=True) as conn:
             written = current_wal(conn)
         wait_for(lambda: _received(standby) >= written, f"the standby to receive {written}", 30)
-        failures = pipeline.capture.log.read_text(errors="replace").count("transient failure")
+        failures = _transient_failures(pipeline)
         primary.stop_immediately()
         wait_for(
-            lambda: pipeline.capture.log.read_text(errors="replace").count("transient failure")
-            > failures,
+            lambda: _transient_failures(pipeline) > failures,
             f"capture to lose the primary\n{pipeline.logs()}",
             30,
         )
