@@ -21,22 +21,17 @@ and checkpointed, nothing applied yet.
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
 import pytest
 
 from capture.publish.control import ControlReader
-from deploy.local import stack
-from deploy.local.errors import MissingPrerequisite
-from deploy.local.postgres import LocalPostgres, find_bindir
-from deploy.local.process import free_port
-from deploy.local.standby import create_standby, promote
-from schemas.lsn import Lsn, parse_lsn
+from deploy.local.standby import promote
+from schemas.lsn import Lsn
+from tests.plugins.failover import ServerPair, scalar, server_pair, wal_received
 from tests.plugins.pipeline import Pipeline, create_database, current_wal, slot_confirmed
 from tests.plugins.services import Services
 from tests.plugins.topics import read_to_end, record_count, report_applied
@@ -45,51 +40,16 @@ from tests.plugins.waiting import wait_for
 pytestmark = pytest.mark.slow
 
 VERSION = 15
-PHYSICAL_SLOT = "standby1"
 TRANSACTIONS = 10
 ROWS_PER_TRANSACTION = 5
 EXIT_CONFIG_ERROR = 2
 """``python -m capture``'s exit status for a configuration error (capture/__main__.py)."""
 
 
-@dataclass
-class Servers:
-    primary: LocalPostgres
-    standby: LocalPostgres | None = None
-
-    def stop(self) -> None:
-        for server in (self.primary, self.standby):
-            if server is not None:
-                server.stop()
-                shutil.rmtree(server.root, ignore_errors=True)
-
-
 @pytest.fixture
-def servers(tmp_path: Path) -> Iterator[Servers]:
-    try:
-        find_bindir(VERSION)
-    except MissingPrerequisite as exc:
-        pytest.skip(f"PostgreSQL {VERSION} is not installed: {exc}")
-    roots = [tmp_path / "primary", tmp_path / "standby"]
-    for root in roots:
-        stack.clear_orphaned_cluster(root)
-    pair = Servers(LocalPostgres(stack._postgres_root(roots[0]), free_port(), version=VERSION))
-    try:
-        pair.primary.start()
+def servers(tmp_path: Path) -> Iterator[ServerPair]:
+    with server_pair(tmp_path, VERSION, why="the project's default server") as pair:
         yield pair
-    finally:
-        pair.stop()
-
-
-def _scalar(dsn: str, query: str, *args: object) -> object:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        row = conn.execute(query.encode(), list(args)).fetchone()
-    return None if row is None else row[0]
-
-
-def _received(standby: LocalPostgres) -> Lsn:
-    found = _scalar(standby.dsn, "SELECT pg_last_wal_receive_lsn()::text")
-    return parse_lsn(str(found)) if found is not None else Lsn(0)
 
 
 def _confirmed(dsn: str, slot: str) -> Lsn:
@@ -113,29 +73,15 @@ def _transient_failures(pipeline: Pipeline) -> int:
 
 @pytest.mark.parametrize("applied", [True, False], ids=["applied", "checkpointed"])
 def test_capture_refuses_a_promoted_standby_without_its_slot(
-    servers: Servers, shared_services: Services, unique_name: str, tmp_path: Path, applied: bool
+    servers: ServerPair, shared_services: Services, unique_name: str, tmp_path: Path, applied: bool
 ) -> None:
     primary = servers.primary
     source = create_database(primary.dsn, unique_name)
     with psycopg.connect(source, autocommit=True) as conn:
         conn.execute("CREATE TABLE public.t (id int PRIMARY KEY, v text)")
-    standby = create_standby(
-        primary,
-        stack._postgres_root(tmp_path / "standby"),
-        free_port(),
-        slot=PHYSICAL_SLOT,
-        dbname=unique_name,
-    )
-    servers.standby = standby
-    with psycopg.connect(standby.dsn, autocommit=True) as conn:
-        assert conn.execute("SELECT pg_is_in_recovery()").fetchone() == (True,)
-    dsn = psycopg.conninfo.make_conninfo(
-        host="127.0.0.1,127.0.0.1",
-        port=f"{primary.port},{standby.port}",
-        user="postgres",
-        dbname=unique_name,
-        target_session_attrs="read-write",
-    )
+    standby = servers.add_standby(unique_name)
+    assert scalar(standby.dsn, "SELECT pg_is_in_recovery()") is True
+    dsn = servers.dsn(unique_name)
     pipeline = Pipeline(
         name=unique_name,
         dsn=dsn,
@@ -191,7 +137,7 @@ def test_capture_refuses_a_promoted_standby_without_its_slot(
         # absence is what stops capture.
         with psycopg.connect(primary.dsn, autocommit=True) as conn:
             written = current_wal(conn)
-        wait_for(lambda: _received(standby) >= written, f"the standby to receive {written}", 30)
+        wait_for(lambda: wal_received(standby) >= written, f"the standby to receive {written}", 30)
         failures = _transient_failures(pipeline)
         primary.stop_immediately()
         wait_for(
@@ -237,13 +183,13 @@ def test_capture_refuses_a_promoted_standby_without_its_slot(
         # It streamed once, from the old primary, and never from the new one.
         assert log.count(f"streaming slot {unique_name} from") == 1, log[-4000:]
 
-        slots = _scalar(
+        slots = scalar(
             standby_dsn, "SELECT count(*) FROM pg_replication_slots WHERE slot_type = 'logical'"
         )
         assert slots == 0, "capture made a slot on the promoted standby"
         assert record_count(bootstrap, topic) == published
         assert record_count(bootstrap, control) == control_records
         assert _checkpoint(pipeline) == checkpoint
-        assert _scalar(standby_dsn, "SELECT count(*) FROM public.t") == rows + 1
+        assert scalar(standby_dsn, "SELECT count(*) FROM public.t") == rows + 1
     finally:
         pipeline.stop()
