@@ -1,9 +1,9 @@
 """A primary fails over to a standby that has no copy of capture's slot: capture stops
 with the resync and streams nothing from the promoted server.
 
-PostgreSQL 15 (the project's default server): before 17 a physical standby keeps no
-logical slot at all, so every failover ends like this, and so does one on 17+ whose
-standby had no failover-ready copy. A primary and a standby made from it with
+Before PostgreSQL 17 a physical standby keeps no logical slot at all, so every failover
+ends like this; from 17, one whose copy of the slot was not failover-ready yet (still
+temporary: the promotion drops it). A primary and a standby made from it with
 ``pg_basebackup`` (:mod:`deploy.local.standby`); capture runs as its own process, as a
 user runs it, and knows both servers through one multi-host DSN with
 ``target_session_attrs=read-write``, so it reaches the promoted standby by itself.
@@ -14,21 +14,25 @@ standby promoted. Capture identifies the same cluster on a new timeline that for
 after everything it held (capture/source/server_identity.py), finds no slot there, and
 must exit with a configuration error (status 2) that says why and names the resync:
 never make a new slot, which would start at the new primary's current WAL and skip the
-changes in between (capture/source/setup.py, ``check_slot_history``). Twice: with the
-workload applied (as apply reports it on the control topic), and with it only published
-and checkpointed, nothing applied yet.
+changes in between (capture/source/setup.py, ``check_slot_history``).
+
+The cases: PostgreSQL 15 (the project's default server) with the workload applied (as
+apply reports it on the control topic), and with it only published and checkpointed,
+nothing applied yet; PostgreSQL 18 with a standby made after the workload, whose copy of
+the slot stays temporary while nothing is applied (the slot does not move).
 """
 
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
 import pytest
 
 from capture.publish.control import ControlReader
+from deploy.local.postgres import LocalPostgres
 from deploy.local.standby import promote
 from schemas.lsn import Lsn
 from tests.plugins.failover import ServerPair, scalar, server_pair, wal_received
@@ -39,17 +43,27 @@ from tests.plugins.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
-VERSION = 15
 TRANSACTIONS = 10
 ROWS_PER_TRANSACTION = 5
 EXIT_CONFIG_ERROR = 2
 """``python -m capture``'s exit status for a configuration error (capture/__main__.py)."""
 
 
-@pytest.fixture
-def servers(tmp_path: Path) -> Iterator[ServerPair]:
-    with server_pair(tmp_path, VERSION, why="the project's default server") as pair:
-        yield pair
+@dataclass(frozen=True)
+class Case:
+    version: int
+    applied: bool
+    """Whether apply reports the workload applied before the failover."""
+    standby_after_workload: bool
+    """Whether the standby is made once the workload is published (else before capture
+    starts): on 17+ its copy of the slot then stays temporary, never failover-ready."""
+
+
+CASES = {
+    "pg15-applied": Case(15, applied=True, standby_after_workload=False),
+    "pg15-checkpointed": Case(15, applied=False, standby_after_workload=False),
+    "pg18-unsynchronized": Case(18, applied=False, standby_after_workload=True),
+}
 
 
 def _confirmed(dsn: str, slot: str) -> Lsn:
@@ -66,25 +80,41 @@ def _checkpoint(pipeline: Pipeline) -> Lsn | None:
         reader.close()
 
 
+def _copy_of_slot(standby: LocalPostgres, slot: str) -> tuple[object, object] | None:
+    """``(synced, temporary)`` of the standby's copy of ``slot``; None without one."""
+    with psycopg.connect(standby.dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT synced, temporary FROM pg_replication_slots WHERE slot_name = %s", [slot]
+        ).fetchone()
+    return None if row is None else (row[0], row[1])
+
+
 def _transient_failures(pipeline: Pipeline) -> int:
     """The attempts capture has logged as failed and to be retried, so far."""
     return pipeline.capture.log.read_text(errors="replace").count("transient failure")
 
 
-@pytest.mark.parametrize("applied", [True, False], ids=["applied", "checkpointed"])
+@pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
 def test_capture_refuses_a_promoted_standby_without_its_slot(
-    servers: ServerPair, shared_services: Services, unique_name: str, tmp_path: Path, applied: bool
+    shared_services: Services, unique_name: str, tmp_path: Path, case: Case
+) -> None:
+    why = "a standby with no copy of capture's slot"
+    with server_pair(tmp_path / "servers", case.version, why=why) as servers:
+        _refused_after_failover(servers, shared_services, unique_name, tmp_path, case)
+
+
+def _refused_after_failover(
+    servers: ServerPair, shared_services: Services, unique_name: str, tmp_path: Path, case: Case
 ) -> None:
     primary = servers.primary
     source = create_database(primary.dsn, unique_name)
     with psycopg.connect(source, autocommit=True) as conn:
         conn.execute("CREATE TABLE public.t (id int PRIMARY KEY, v text)")
-    standby = servers.add_standby(unique_name)
-    assert scalar(standby.dsn, "SELECT pg_is_in_recovery()") is True
-    dsn = servers.dsn(unique_name)
+    if not case.standby_after_workload:
+        servers.add_standby(unique_name)
     pipeline = Pipeline(
         name=unique_name,
-        dsn=dsn,
+        dsn=servers.dsn(unique_name),
         bootstrap=shared_services.kafka_bootstrap_servers,
         tables=("public.t",),
         workdir=tmp_path,
@@ -124,12 +154,22 @@ def test_capture_refuses_a_promoted_standby_without_its_slot(
             f"capture to publish the workload\n{pipeline.logs()}",
             60,
         )
-        if applied:
+        if case.applied:
             report_applied(bootstrap, control, read_to_end(bootstrap, topic))
             # Once applied, capture confirms past the workload, its checkpoint first.
             wait_for(
                 lambda: _confirmed(source, unique_name) >= workload_end,
                 f"capture to confirm the applied workload\n{pipeline.logs()}",
+                30,
+            )
+        standby = servers.standby or servers.add_standby(unique_name)
+        assert scalar(standby.dsn, "SELECT pg_is_in_recovery()") is True
+        if case.standby_after_workload and case.version >= 17:
+            # The slot-sync worker copies the slot, but the copy stays temporary: the
+            # primary's slot has not moved past a point the standby can decode from.
+            wait_for(
+                lambda: _copy_of_slot(standby, unique_name) == (True, True),
+                f"the standby to keep a temporary copy of slot {unique_name}",
                 30,
             )
         # The standby has every change capture saw: the timeline forks after all of them,
@@ -151,7 +191,7 @@ def test_capture_refuses_a_promoted_standby_without_its_slot(
         checkpoint = _checkpoint(pipeline)
         assert published == rows
         assert checkpoint is not None, "capture wrote no slot checkpoint"
-        if applied:
+        if case.applied:
             assert checkpoint >= workload_end
         promote(standby)
         standby_dsn = psycopg.conninfo.make_conninfo(
@@ -174,7 +214,7 @@ def test_capture_refuses_a_promoted_standby_without_its_slot(
         assert f"replication slot {unique_name} does not exist" in refusal
         assert "this server is a promoted standby" in refusal
         assert "before PostgreSQL 17 a standby keeps no logical slots" in refusal
-        if applied:
+        if case.applied:
             assert f"the control topic shows applied changes for {topic}" in refusal
         else:
             assert "capture streamed it up to" in refusal

@@ -13,7 +13,7 @@ from __future__ import annotations
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psycopg
@@ -35,6 +35,8 @@ class ServerPair:
     primary: LocalPostgres
     root: Path
     standby: LocalPostgres | None = None
+    standby_port: int = field(default_factory=free_port)
+    """Chosen up front, so :meth:`dsn` names the standby before it is made."""
 
     def add_standby(self, dbname: str) -> LocalPostgres:
         """A running standby of the primary; ``dbname`` is the database its slot-sync
@@ -42,18 +44,18 @@ class ServerPair:
         self.standby = create_standby(
             self.primary,
             stack._postgres_root(self.root / "standby"),
-            free_port(),
+            self.standby_port,
             slot=PHYSICAL_SLOT,
             dbname=dbname,
         )
         return self.standby
 
     def dsn(self, dbname: str) -> str:
-        """Both servers, the writable one chosen (``target_session_attrs=read-write``)."""
-        assert self.standby is not None, "no standby yet"
+        """Both servers, the writable one chosen (``target_session_attrs=read-write``);
+        the standby may come later (until then libpq finds nothing on its port)."""
         return psycopg.conninfo.make_conninfo(
             host="127.0.0.1,127.0.0.1",
-            port=f"{self.primary.port},{self.standby.port}",
+            port=f"{self.primary.port},{self.standby_port}",
             user=SUPERUSER,
             dbname=dbname,
             target_session_attrs="read-write",
