@@ -128,8 +128,9 @@ def _refused_after_failover(
         pipeline.capture.start()
         wait_for(
             lambda: _confirmed(source, unique_name) > 0,
-            f"capture to create its slot\n{pipeline.logs()}",
+            "capture to create its slot",
             60,
+            detail=pipeline.logs,
         )
         # WAL with nothing for capture lets it confirm, so it checkpoints the slot before
         # the workload (which, unapplied, holds the slot where it is).
@@ -138,8 +139,9 @@ def _refused_after_failover(
             conn.execute("SELECT pg_logical_emit_message(true, 'test', 'before the workload')")
         wait_for(
             lambda: _confirmed(source, unique_name) > start,
-            f"capture to checkpoint its slot\n{pipeline.logs()}",
+            "capture to checkpoint its slot",
             30,
+            detail=pipeline.logs,
         )
         with psycopg.connect(source, autocommit=True) as conn:
             for first in range(0, rows, ROWS_PER_TRANSACTION):
@@ -151,16 +153,18 @@ def _refused_after_failover(
             workload_end = current_wal(conn)
         wait_for(
             lambda: record_count(bootstrap, topic) >= rows,
-            f"capture to publish the workload\n{pipeline.logs()}",
+            "capture to publish the workload",
             60,
+            detail=pipeline.logs,
         )
         if case.applied:
             report_applied(bootstrap, control, read_to_end(bootstrap, topic))
             # Once applied, capture confirms past the workload, its checkpoint first.
             wait_for(
                 lambda: _confirmed(source, unique_name) >= workload_end,
-                f"capture to confirm the applied workload\n{pipeline.logs()}",
+                "capture to confirm the applied workload",
                 30,
+                detail=pipeline.logs,
             )
         standby = servers.standby or servers.add_standby(unique_name)
         assert scalar(standby.dsn, "SELECT pg_is_in_recovery()") is True
@@ -182,8 +186,9 @@ def _refused_after_failover(
         primary.stop_immediately()
         wait_for(
             lambda: _transient_failures(pipeline) > failures,
-            f"capture to lose the primary\n{pipeline.logs()}",
+            "capture to lose the primary",
             30,
+            detail=pipeline.logs,
         )
         # What capture had when the primary died: nothing may follow it.
         published = record_count(bootstrap, topic)
