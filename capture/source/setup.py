@@ -180,6 +180,11 @@ def check_slot_history(
       same way when it had no failover-ready copy: before PostgreSQL 17 a standby keeps
       no logical slot at all, and from 17 a copy that was not yet synchronized (still
       temporary) is dropped by the promotion.
+    - The slot is missing on a promoted standby and capture checkpointed it on the old
+      timeline, even with nothing applied yet: capture streamed from a slot there, and a
+      new one, made at the new primary's current WAL position, would skip what the
+      standby had past capture's position and everything written since the promotion
+      (the records already in Kafka would reach the lake, with a gap after them).
     - The slot is ahead of capture's last checkpoint: someone advanced it, and WAL in
       between may never have reached Kafka.
 
@@ -191,31 +196,42 @@ def check_slot_history(
     """
     applied = sorted(applied_topics)
     if slot is None and applied:
-        cause = (
-            "this server is a promoted standby (its timeline changed since capture's last "
-            "checkpoint) with no copy of the slot: before PostgreSQL 17 a standby keeps no "
-            "logical slots, and from 17 only a synchronized, failover-ready copy of a "
-            "failover slot survives the promotion (docs/capture.md, a primary that fails "
-            "over)"
-            if failed_over
-            else "the slot was dropped (or, after a failover, the promoted standby had no "
-            "failover-ready copy of it, which before PostgreSQL 17 it never has: "
-            "docs/operations.md, a primary that fails over)"
+        held = f"the control topic shows applied changes for {', '.join(applied)}"
+        raise ConfigError(_missing_slot(slot_name, held, "those Delta tables", failed_over))
+    if slot is None and failed_over and checkpoint is not None:
+        held = (
+            f"capture streamed it up to {format_lsn(checkpoint)} on the server this one was "
+            "promoted from (its last checkpoint on the control topic)"
         )
-        raise ConfigError(
-            f"replication slot {slot_name} does not exist, but the control topic shows "
-            f"applied changes for {', '.join(applied)}: {cause}, and a new slot would "
-            "silently skip every change made since. Resync: stop apply, delete those "
-            "Delta tables and their checkpoints, delete the change and control topics, then "
-            "start capture again with CAPTURE_SNAPSHOT_MODE=initial, which snapshots every "
-            "table anew (docs/capture.md)"
-        )
+        raise ConfigError(_missing_slot(slot_name, held, "the pipeline's Delta tables", True))
     if slot is not None and checkpoint is not None and slot.confirmed_flush > checkpoint:
         raise ConfigError(
             f"replication slot {slot_name} is at {format_lsn(slot.confirmed_flush)}, past the "
             f"{format_lsn(checkpoint)} capture last confirmed: someone else advanced it "
             "and changes in between may be lost. Resync as for a dropped slot (docs/capture.md)"
         )
+
+
+def _missing_slot(slot_name: str, held: str, tables: str, failed_over: bool) -> str:
+    """Why a missing slot is refused: what the pipeline ``held`` of it, why it is gone,
+    and the resync (deleting ``tables``)."""
+    cause = (
+        "this server is a promoted standby (its timeline changed since capture's last "
+        "checkpoint) with no copy of the slot: before PostgreSQL 17 a standby keeps no "
+        "logical slots, and from 17 only a synchronized, failover-ready copy of a "
+        "failover slot survives the promotion (docs/capture.md, a primary that fails over)"
+        if failed_over
+        else "the slot was dropped (or, after a failover, the promoted standby had no "
+        "failover-ready copy of it, which before PostgreSQL 17 it never has: "
+        "docs/operations.md, a primary that fails over)"
+    )
+    return (
+        f"replication slot {slot_name} does not exist, but {held}: {cause}, and a new slot "
+        "would silently skip every change made since. Resync: stop apply, delete "
+        f"{tables} and their checkpoints, delete the change and control topics, then start "
+        "capture again with CAPTURE_SNAPSHOT_MODE=initial, which snapshots every table "
+        "anew (docs/capture.md)"
+    )
 
 
 def check_server(conn: Connection) -> None:

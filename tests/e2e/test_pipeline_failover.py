@@ -23,7 +23,6 @@ written so far, and the ones written to the new primary.
 
 from __future__ import annotations
 
-import shutil
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -33,12 +32,10 @@ from typing import Any
 import psycopg
 import pytest
 
-from deploy.local import stack
-from deploy.local.errors import MissingPrerequisite
-from deploy.local.postgres import LocalPostgres, find_bindir
-from deploy.local.process import free_port
-from deploy.local.standby import create_standby, promote
-from schemas.lsn import Lsn, format_lsn, parse_lsn
+from deploy.local.postgres import LocalPostgres
+from deploy.local.standby import promote
+from schemas.lsn import format_lsn
+from tests.plugins.failover import ServerPair, scalar, server_pair, wal_received
 from tests.plugins.pipeline import (
     Pipeline,
     assert_lake_equals_source,
@@ -53,40 +50,16 @@ from tests.plugins.waiting import wait_for
 pytestmark = pytest.mark.slow
 
 VERSION = 18
-PHYSICAL_SLOT = "standby1"
 SNAPSHOT_ROWS = 200
 ROWS_PER_PHASE = 150
 """Inserts the workload commits in each phase (before the failover, after it): a few
 seconds of it at the writer's pace."""
 
 
-@dataclass
-class Servers:
-    primary: LocalPostgres
-    standby: LocalPostgres | None = None
-
-    def stop(self) -> None:
-        for server in (self.primary, self.standby):
-            if server is not None:
-                server.stop()
-                shutil.rmtree(server.root, ignore_errors=True)
-
-
 @pytest.fixture
-def servers(tmp_path: Path) -> Iterator[Servers]:
-    try:
-        find_bindir(VERSION)
-    except MissingPrerequisite as exc:
-        pytest.skip(f"failover slots need PostgreSQL {VERSION}, which is not installed: {exc}")
-    roots = [tmp_path / "primary", tmp_path / "standby"]
-    for root in roots:
-        stack.clear_orphaned_cluster(root)
-    pair = Servers(LocalPostgres(stack._postgres_root(roots[0]), free_port(), version=VERSION))
-    try:
-        pair.primary.start()
+def servers(tmp_path: Path) -> Iterator[ServerPair]:
+    with server_pair(tmp_path, VERSION, why="failover slots exist from 17") as pair:
         yield pair
-    finally:
-        pair.stop()
 
 
 @dataclass
@@ -139,17 +112,11 @@ class Writer:
         assert not self.thread.is_alive(), "the writer did not stop"
 
 
-def _scalar(dsn: str, query: str, *args: object) -> object:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        row = conn.execute(query.encode(), list(args)).fetchone()
-    return None if row is None else row[0]
-
-
 def _failover_ready(standby: LocalPostgres, slot: str) -> bool:
     """The standby's copy of ``slot`` survives a promotion (a temporary one, still
     catching up with the primary's, is dropped by it)."""
     return bool(
-        _scalar(
+        scalar(
             standby.dsn,
             "SELECT synced AND NOT temporary AND invalidation_reason IS NULL "
             "FROM pg_replication_slots WHERE slot_name = %s",
@@ -158,13 +125,8 @@ def _failover_ready(standby: LocalPostgres, slot: str) -> bool:
     )
 
 
-def _received(standby: LocalPostgres) -> Lsn:
-    found = _scalar(standby.dsn, "SELECT pg_last_wal_receive_lsn()::text")
-    return parse_lsn(str(found)) if found is not None else Lsn(0)
-
-
 def test_capture_streams_on_from_the_promoted_standby(
-    spark: Any, servers: Servers, shared_services: Services, unique_name: str, tmp_path: Path
+    spark: Any, servers: ServerPair, shared_services: Services, unique_name: str, tmp_path: Path
 ) -> None:
     primary = servers.primary
     source = create_database(primary.dsn, unique_name)
@@ -173,21 +135,8 @@ def test_capture_streams_on_from_the_promoted_standby(
         conn.execute(
             "INSERT INTO public.t SELECT i, 'old' FROM generate_series(1, %s) i", [SNAPSHOT_ROWS]
         )
-    standby = create_standby(
-        primary,
-        stack._postgres_root(tmp_path / "standby"),
-        free_port(),
-        slot=PHYSICAL_SLOT,
-        dbname=unique_name,
-    )
-    servers.standby = standby
-    dsn = psycopg.conninfo.make_conninfo(
-        host="127.0.0.1,127.0.0.1",
-        port=f"{primary.port},{standby.port}",
-        user="postgres",
-        dbname=unique_name,
-        target_session_attrs="read-write",
-    )
+    standby = servers.add_standby(unique_name)
+    dsn = servers.dsn(unique_name)
     pipeline = Pipeline(
         name=unique_name,
         dsn=dsn,
@@ -212,7 +161,7 @@ def test_capture_streams_on_from_the_promoted_standby(
         before = writer.ids(primary.port)
         with psycopg.connect(primary.dsn, autocommit=True) as conn:
             written = current_wal(conn)
-        wait_for(lambda: _received(standby) >= written, f"the standby to receive {written}", 60)
+        wait_for(lambda: wal_received(standby) >= written, f"the standby to receive {written}", 60)
         primary.stop_immediately()
         promote(standby)
         # The copy is used as it is: on the new primary it still reads as synchronized.

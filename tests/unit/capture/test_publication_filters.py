@@ -8,12 +8,10 @@ run)."""
 from __future__ import annotations
 
 import json
-import queue
-from typing import Any, cast
+from typing import Any
 
 import pytest
 
-from capture.in_flight import ProgressBook
 from capture.pgoutput import Relation, RelationColumn, ReplicaIdentity
 from capture.snapshot.chunks import Chunk
 from capture.snapshot.run import SnapshotTaken, TableCopied
@@ -21,7 +19,6 @@ from capture.snapshot.worker import chunk_query
 from capture.source.publication import column_list_error
 from capture.stream.change_stream import ChangeStream, RelationReceived
 from capture.stream.schema_change import publication_change_reason
-from capture.stream.table_flow import TableFlow
 from capture.stream.table_states import TableStates
 from schemas.control import (
     ControlMessageError,
@@ -33,6 +30,7 @@ from schemas.control import (
 )
 from schemas.lsn import Lsn
 from tests.plugins.change_stream import ORDERS, describe_relation, run_stream
+from tests.plugins.table_flow import table_flow
 
 TENANT_7 = PublicationFilter("(tenant = 7)", ("id", "tenant", "Note"))
 
@@ -213,60 +211,6 @@ def test_a_resumable_snapshot_under_an_old_entry_starts_again_with_a_truncate() 
 # -- the table flow --------------------------------------------------------------------------
 
 
-class _Publisher:
-    """What TableFlow hands the producer, kept in memory."""
-
-    def __init__(self) -> None:
-        self.statuses: list[Any] = []
-
-    def publish(self, record: Any, pin: int | None = None) -> None:
-        pass
-
-    def publish_batch(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    def publish_status(self, status: Any) -> None:
-        self.statuses.append(status)
-
-    def publish_schema(self, schema: Any) -> None:
-        pass
-
-    def flush(self) -> None:
-        pass
-
-
-class _Run:
-    def __init__(self, tables: list[str]) -> None:
-        self.tables = tuple(tables)
-        self.items: queue.Queue[Any] = queue.Queue()
-
-    def cancel(self) -> None:
-        pass
-
-
-def _flow(
-    persisted: dict[str, TableStatus] | None = None,
-) -> tuple[TableFlow, _Publisher, list[_Run]]:
-    states = TableStates("slot", persisted or {}, snapshot_new=True, clock=lambda: 7)
-    states.add(["public.t"])
-    publisher = _Publisher()
-    runs: list[_Run] = []
-
-    def start_run(tables: list[str], truncate: list[str], resume: dict[str, Any]) -> Any:
-        runs.append(_Run(tables))
-        return runs[-1]
-
-    flow = TableFlow(
-        states,
-        book=ProgressBook(Lsn(0)),
-        publisher=cast("Any", publisher),
-        changes=ChangeStream(describe_relation, "cdc"),
-        start_run=start_run,
-        spool_dir=None,
-    )
-    return flow, publisher, runs
-
-
 def _streaming(publication: PublicationFilter | None, snapshot_lsn: int | None = 5) -> TableStatus:
     lsn = None if snapshot_lsn is None else Lsn(snapshot_lsn)
     return TableStatus(
@@ -275,7 +219,7 @@ def _streaming(publication: PublicationFilter | None, snapshot_lsn: int | None =
 
 
 def test_a_streaming_table_whose_entry_changed_is_resynced_once() -> None:
-    flow, publisher, _ = _flow({"public.t": _streaming(TENANT_7)})
+    flow, publisher, _ = table_flow({"public.t": _streaming(TENANT_7)})
     flow.publication_seen("public.t", TENANT_7, Lsn(50))
     assert publisher.statuses == [], "the same entry: nothing to do"
     flow.publication_seen("public.t", PublicationFilter("(tenant = 8)", TENANT_7.columns), Lsn(50))
@@ -289,7 +233,7 @@ def test_a_streaming_table_whose_entry_changed_is_resynced_once() -> None:
 
 def test_a_streaming_table_without_a_known_entry_records_it() -> None:
     # Streaming without a snapshot (CAPTURE_SNAPSHOT_MODE=never): nothing to redo.
-    flow, publisher, _ = _flow({"public.t": _streaming(None, snapshot_lsn=None)})
+    flow, publisher, _ = table_flow({"public.t": _streaming(None, snapshot_lsn=None)})
     flow.publication_seen("public.t", TENANT_7, Lsn(50))
     (status,) = publisher.statuses
     assert (status.state, status.publication) == (TableState.STREAMING, TENANT_7)
@@ -297,11 +241,11 @@ def test_a_streaming_table_without_a_known_entry_records_it() -> None:
 
 
 def test_a_table_an_earlier_version_snapshotted_whole_is_resynced_under_a_filter() -> None:
-    flow, publisher, _ = _flow({"public.t": _streaming(None)})
+    flow, publisher, _ = table_flow({"public.t": _streaming(None)})
     flow.publication_seen("public.t", TENANT_7, Lsn(50))
     assert [s.state for s in publisher.statuses] == [TableState.PENDING]
     flow.close()
-    flow, publisher, _ = _flow({"public.t": _streaming(None)})
+    flow, publisher, _ = table_flow({"public.t": _streaming(None)})
     flow.publication_seen("public.t", PublicationFilter(), Lsn(50))
     assert [(s.state, s.publication) for s in publisher.statuses] == [
         (TableState.STREAMING, PublicationFilter())
@@ -312,7 +256,7 @@ def test_a_table_an_earlier_version_snapshotted_whole_is_resynced_under_a_filter
 def test_an_entry_read_during_a_run_is_compared_with_the_runs_at_its_consistent_point() -> None:
     changed = PublicationFilter("(tenant = 8)", TENANT_7.columns)
     for commit_lsn, resynced in ((Lsn(100), False), (Lsn(101), True)):
-        flow, publisher, runs = _flow()
+        flow, publisher, runs = table_flow()
         flow.step()
         flow.publication_seen("public.t", changed, commit_lsn)
         assert publisher.statuses == [], "the run's entry is not known yet"
@@ -325,7 +269,7 @@ def test_an_entry_read_during_a_run_is_compared_with_the_runs_at_its_consistent_
 
 
 def test_the_entry_a_run_copied_under_is_what_the_streaming_table_keeps() -> None:
-    flow, publisher, runs = _flow()
+    flow, publisher, runs = table_flow()
     flow.step()
     runs[0].items.put(SnapshotTaken(("public.t",), Lsn(100), {"public.t": TENANT_7}))
     runs[0].items.put(TableCopied("public.t", 0))
@@ -358,7 +302,7 @@ def test_a_snapshot_to_resume_under_another_entry_starts_again_from_scratch(
         SnapshotResume(2, 20),
         publication=recorded,
     )
-    flow, publisher, _ = _flow({"public.t": cut})
+    flow, publisher, _ = table_flow({"public.t": cut})
     assert flow.to_compare() == ["public.t"]
     flow.publication_seen("public.t", recorded or PublicationFilter(), Lsn(50))
     assert publisher.statuses == [], "the same entry: the snapshot resumes"

@@ -4,22 +4,19 @@ snapshotted is taken again (capture.stream.table_flow, with an in-memory publish
 
 from __future__ import annotations
 
-import queue
 from dataclasses import replace
-from typing import Any, cast
 
 import pytest
 
-from capture.in_flight import ProgressBook
 from capture.pgoutput import Relation, RelationColumn
 from capture.snapshot.run import RunFinished, SnapshotTaken, TableCopied
 from capture.stream.change_stream import ChangeStream, RelationChanged
 from capture.stream.schema_change import AddedColumn, added_columns, resync_reason
-from capture.stream.table_flow import TableFlow
 from capture.stream.table_states import Route, TableStates
 from schemas.control import TableState
 from schemas.lsn import Lsn
 from tests.plugins.change_stream import ORDERS, describe_relation, run_stream
+from tests.plugins.table_flow import MemoryPublisher, table_flow
 
 WITH_EXTRA = replace(ORDERS, columns=(*ORDERS.columns, RelationColumn(False, "extra", 20, -1)))
 NO_DEFAULT = AddedColumn(has_missing=False, has_default=False, identity=False)
@@ -117,64 +114,12 @@ def test_only_a_snapshotted_table_resyncs() -> None:
             states.resync(table, "why")
 
 
-class _Publisher:
-    """What TableFlow hands the producer, kept in memory."""
-
-    def __init__(self) -> None:
-        self.statuses: list[Any] = []
-        self.records: list[Any] = []
-
-    def publish(self, record: Any, pin: int | None = None) -> None:
-        self.records.append(record)
-
-    def publish_status(self, status: Any) -> None:
-        self.statuses.append(status)
-
-    def publish_schema(self, schema: Any) -> None:
-        pass
-
-    def flush(self) -> None:
-        pass
-
-
-class _Run:
-    """A snapshot run whose items the test hands over."""
-
-    def __init__(self, tables: list[str]) -> None:
-        self.tables = tuple(tables)
-        self.items: queue.Queue[Any] = queue.Queue()
-
-    def cancel(self) -> None:
-        pass
-
-
-def _flow() -> tuple[TableFlow, _Publisher, list[_Run]]:
-    states = TableStates("slot", {}, snapshot_new=True, clock=lambda: 7)
-    states.add(["public.t"])
-    publisher = _Publisher()
-    runs: list[_Run] = []
-
-    def start_run(tables: list[str], truncate: list[str], resume: dict[str, Any]) -> Any:
-        runs.append(_Run(tables))
-        return runs[-1]
-
-    flow = TableFlow(
-        states,
-        book=ProgressBook(Lsn(0)),
-        publisher=cast("Any", publisher),
-        changes=ChangeStream(describe_relation, "cdc"),
-        start_run=start_run,
-        spool_dir=None,
-    )
-    return flow, publisher, runs
-
-
-def _states_of(publisher: _Publisher) -> list[TableState]:
+def _states_of(publisher: MemoryPublisher) -> list[TableState]:
     return [status.state for status in publisher.statuses]
 
 
 def test_a_snapshot_that_sees_the_change_is_kept_one_that_predates_it_is_taken_again() -> None:
-    flow, publisher, runs = _flow()
+    flow, publisher, runs = table_flow()
     flow.step()
     (run,) = runs
     run.items.put(SnapshotTaken(("public.t",), Lsn(100)))
@@ -201,7 +146,7 @@ def test_a_snapshot_that_sees_the_change_is_kept_one_that_predates_it_is_taken_a
 
 def test_a_change_during_a_run_not_positioned_yet_is_decided_at_its_consistent_point() -> None:
     for consistent_point, resynced in ((Lsn(300), False), (Lsn(250), True)):
-        flow, publisher, runs = _flow()
+        flow, publisher, runs = table_flow()
         flow.step()
         flow.resync("public.t", "why", Lsn(300))  # pending, in the run: wait for its point
         assert publisher.statuses == []

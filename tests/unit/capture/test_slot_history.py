@@ -53,6 +53,26 @@ def test_a_missing_slot_on_a_promoted_standby_says_why_it_is_missing() -> None:
     assert "Resync" in message
 
 
+def test_a_promoted_standby_without_the_slot_is_refused_before_anything_was_applied() -> None:
+    # Capture streamed on the old primary (its checkpoint), apply had not applied yet: a
+    # new slot would still skip what the standby had past that point, and what was
+    # written after the promotion.
+    with pytest.raises(ConfigError) as refused:
+        check_slot_history(
+            None, "s", checkpoint=Lsn(0x1_0000_0100), applied_topics=(), failed_over=True
+        )
+    message = str(refused.value)
+    assert "replication slot s does not exist" in message
+    assert "capture streamed it up to 1/100" in message
+    assert "this server is a promoted standby" in message
+    assert "delete the pipeline's Delta tables" in message
+    assert "CAPTURE_SNAPSHOT_MODE=initial" in message
+
+
+def test_a_promoted_standby_without_the_slot_or_a_checkpoint_is_a_fresh_start() -> None:
+    check_slot_history(None, "s", checkpoint=None, applied_topics=(), failed_over=True)
+
+
 def test_missing_slot_is_fine_when_only_other_pipelines_applied() -> None:
     _check(None, ControlState(None, {("other.public.x", 0): 5}))
 
