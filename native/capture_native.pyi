@@ -377,7 +377,8 @@ class CompiledStream:
         """Disarm every table (after :meth:`take_counts`, so no count is lost)."""
     def read(self, connection: int, budget: int, /) -> CompiledStreamRead:
         """Take up to ``budget`` of the frames libpq holds for the connection at
-        ``connection`` (its ``PGconn *``); never waits."""
+        ``connection`` (its ``PGconn *``); never waits. Every frame from a Stream Start
+        to its Stream Stop, both included, is handed back (:attr:`Stop.FRAME`)."""
     def take_transactions(self) -> list[TransactionPart]:
         """What the compiled stream did since the last call, a part per transaction, in
         order."""

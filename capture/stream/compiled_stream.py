@@ -29,6 +29,13 @@ module decides which, and keeps the Python objects that stay the authority in st
   The compiled stream's records carry no per-record ticket; their delivery reports come
   summed per transaction and partition
   (:meth:`~capture.in_flight.ProgressBook.delivered_records`).
+- **Stream blocks.** With ``CAPTURE_STREAMING`` the compiled stream hands back every
+  frame from a Stream Start to its Stream Stop (it keeps that one bit itself): inside a
+  block a change carries an xid where it would read the relation OID. The loop spools
+  them, and replays a committed streamed transaction through the Python path (with the
+  compiled row encoder), without reading the socket meanwhile; then
+  :meth:`CompiledStream.from_python` hands the compiled stream the book's next
+  transaction id.
 - **Backpressure.** The loop checks the in-flight bound per burst (``budget`` frames)
   instead of per frame, so it may overshoot the bound by up to one burst.
 
