@@ -17,9 +17,11 @@ frames that belong to that protocol (:meth:`~InProgressTransactions.takes`) and:
   inside it, of the whole transaction its spool.
 - **Replays at Stream Commit**: a Begin with the commit's LSN, time and xid, the spooled
   messages with their change LSNs, and a Commit with the end LSN, each as the bytes an
-  unstreamed transaction's messages are. The loop hands them to
-  :meth:`~capture.stream.change_stream.ChangeStream.handle_frame`, so the records, their
-  ordinals and their positions are those of the same transaction sent unstreamed. The
+  unstreamed transaction's messages are. The loop hands them to the compiled stream
+  (:meth:`~capture.stream.compiled_stream.CompiledStream.take_frames`) or to
+  :meth:`~capture.stream.change_stream.ChangeStream.handle_frame`, as it does an
+  unstreamed transaction's frames, so the records, their ordinals and their positions
+  are those of the same transaction sent unstreamed. The
   replay is lazy (one spooled change read per item): the loop drains it under the
   in-flight bound and does not read the socket until it is done, which keeps the
   transactions after it in commit order.

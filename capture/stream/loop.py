@@ -34,6 +34,7 @@ Loop invariants:
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -71,7 +72,7 @@ from capture.stream.change_stream import (
     TransactionStarted,
 )
 from capture.stream.compiled_stream import CompiledStream
-from capture.stream.copy_data import PrimaryKeepalive, parse_copy_data
+from capture.stream.copy_data import PrimaryKeepalive, encode_xlog_data, parse_copy_data
 from capture.stream.in_progress import InProgressTransactions, ReplayFrame
 from capture.stream.replication import Frame, ReplicationStream
 from capture.stream.schema_change import resync_reason_after
@@ -188,6 +189,10 @@ class ReplicationLoop:
         file is made only once a block arrives."""
         self._replay: Generator[ReplayFrame, None, None] | None = None
         """A committed streamed transaction being replayed; the socket waits meanwhile."""
+        self._replay_frames: list[bytes] = []
+        """The replay's frames read from the spool for the compiled stream, and how many of
+        them are handled (``_replay_at``)."""
+        self._replay_at = 0
         self._stream = ReplicationStream.start(
             dsn,
             password=password,
@@ -369,23 +374,69 @@ class ReplicationLoop:
         self._route(self._changes.handle_frame(frame.payload, frame.wal_start))
 
     def _replay_burst(self, replay: Generator[ReplayFrame, None, None]) -> bool:
-        """A burst of a committed streamed transaction's replay, through the path of an
-        unstreamed transaction's frames, up to the in-flight bound. Never idle."""
+        """A burst of a committed streamed transaction's replay, up to the in-flight
+        bound: through the compiled stream where it runs, else through the path of an
+        unstreamed transaction's frames in Python. Never idle."""
+        if self._compiled is not None:
+            self._compiled_replay_burst(self._compiled, replay)
+            return False
         changes = self._changes
         for _ in range(_REPLAY_BURST):
             frame = next(replay, None)
             if frame is None:
-                self._replay = None
-                if self._compiled is not None:
-                    # The book began and committed the replayed transaction: the compiled
-                    # stream goes on from there (the next transaction's book id).
-                    self._compiled.from_python()
+                self._replay_done()
                 break
             payload, change_lsn = frame
             self._route(changes.handle_frame(payload, change_lsn))
             if self._stop.is_set() or self._over_bound():
                 break
         return False
+
+    def _compiled_replay_burst(
+        self, compiled: CompiledStream, replay: Generator[ReplayFrame, None, None]
+    ) -> None:
+        """The replay's frames, read from the spool a batch (the compiled stream's budget)
+        at a time, given to the compiled stream as XLogData frames; those it hands back
+        go through :meth:`_handle`, at most a burst of them, as in
+        :meth:`_compiled_burst`."""
+        frames, at = self._replay_frames, self._replay_at
+        python_frames = 0
+        while not (self._stop.is_set() or self._over_bound()):
+            if at == len(frames):
+                frames = [
+                    encode_xlog_data(change_lsn, payload)
+                    for payload, change_lsn in itertools.islice(replay, _COMPILED_BUDGET)
+                ]
+                at = 0
+                if not frames:
+                    self._replay_done()
+                    break
+            read = compiled.take_frames(frames, at)
+            at += read.taken
+            if read.stopped == compiled_stream.Stop.FRAME:
+                compiled.to_python()
+                self._handle(parse_copy_data(frames[at]))
+                compiled.from_python()
+                at += 1
+                python_frames += 1
+                if python_frames >= _BURST_FRAMES:
+                    break
+            elif read.stopped == compiled_stream.Stop.FULL:
+                # The producer's queue is full: its reports make room.
+                self._publisher.poll(_READ_TIMEOUT_S)
+                break
+            else:
+                break  # the batch is taken: the loop's periodic checks run
+        self._replay_frames, self._replay_at = frames, at
+
+    def _replay_done(self) -> None:
+        """The replay ended: the socket is read again. The book began and committed the
+        replayed transaction, so the compiled stream goes on from there (the next
+        transaction's book id)."""
+        self._replay = None
+        self._replay_frames, self._replay_at = [], 0
+        if self._compiled is not None:
+            self._compiled.from_python()
 
     def _route(self, outputs: Iterator[Output]) -> None:
         """The change stream's outputs for one frame: records to their tables' flow, the

@@ -517,6 +517,27 @@ impl CompiledStream {
         CompiledStreamRead::stopped(Stop::Limit, taken)
     }
 
+    /// Take `frames[start..]` as `read` takes libpq's frames: a committed streamed
+    /// transaction replayed from its spool (`capture/stream/in_progress.py`), each frame
+    /// an XLogData payload built as the server sends an unstreamed transaction's. Stops
+    /// with [`Stop::Frame`] at a frame for the Python path (`frames[start + taken]`,
+    /// returned in `frame`), with [`Stop::Full`] at one the producer's queue held back
+    /// (`frames[start + taken]`, to be given again), and with [`Stop::Empty`] once every
+    /// frame is taken.
+    fn take_frames(&mut self, frames: Vec<Bound<'_, PyBytes>>, start: usize) -> CompiledStreamRead {
+        let mut taken = 0;
+        for frame in frames.iter().skip(start) {
+            match self.take(frame.as_bytes()) {
+                Taken::Done => taken += 1,
+                Taken::Pass => {
+                    return CompiledStreamRead { stopped: Stop::Frame, frame: Some(frame.clone().unbind()), taken };
+                }
+                Taken::Full => return CompiledStreamRead::stopped(Stop::Full, taken),
+            }
+        }
+        CompiledStreamRead::stopped(Stop::Empty, taken)
+    }
+
     /// What the compiled stream did since the last call, one part per transaction it
     /// touched, in order (the parts move to Python as they are: no copy).
     fn take_transactions(&mut self) -> Vec<TransactionPart> {

@@ -127,19 +127,22 @@ def _records(
     return records
 
 
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled-stream", "python-loop"])
 def test_streamed_transactions_publish_the_unstreamed_records_and_nothing_rolled_back(
     services: Services,
     pg: Connection,
     unique_name: str,
     streaming_dsn: str,
     tmp_path: Path,
+    compiled: bool,
 ) -> None:
+    """``compiled``: the streaming capture replays through the compiled stream, or with
+    ``CAPTURE_COMPILED_STREAM=false`` through the Python loop."""
     name = unique_name
     table = _create(pg, name)
     tables = [f"public.{name}"]
-    streamed = CaptureThread(
-        _streaming(capture_settings(services, f"{name}_s", tables), streaming_dsn, tmp_path)
-    )
+    settings = _streaming(capture_settings(services, f"{name}_s", tables), streaming_dsn, tmp_path)
+    streamed = CaptureThread(settings.model_copy(update={"compiled_stream": compiled}))
     unstreamed = CaptureThread(capture_settings(services, f"{name}_u", tables))
     streamed.start(pg)
     unstreamed.start(pg)
