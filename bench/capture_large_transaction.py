@@ -34,7 +34,11 @@ child's open files in its spool directory, sampled every 0.1 s); the records, ex
 then the ratios streaming/today. The server streams a transaction once it outgrows
 ``logical_decoding_work_mem`` (64 MB by default: a few hundred thousand rows of this table);
 ``--work-mem`` sets it for capture's walsender alone, through a role of the run's own,
-to see streaming with fewer rows.
+to see streaming with fewer rows. One ``INSERT ... SELECT`` writes WAL faster than a
+walsender decodes it (200,000 rows in 0.2 s), so at its COMMIT most of the transaction
+is not decoded yet, streamed or not, and both modes spend the time after it decoding;
+``--write-s S`` spreads the writing over about S seconds (a batch job's transaction),
+which is the case streaming is for.
 
 Everything created is dropped.
 """
@@ -109,18 +113,34 @@ def _prepare(admin: psycopg.Connection[tuple[object, ...]], dsn: str, names: Nam
     admin.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", [names.capture_slot])
 
 
-def _write_transaction(dsn: str, names: Names, rows: int) -> tuple[Lsn, float]:
+_STATEMENT_ROWS = 10_000
+"""Rows per INSERT when the transaction's writing is spread over time (``--write-s``)."""
+
+
+def _write_transaction(
+    dsn: str, names: Names, rows: int, spread_s: float = 0.0
+) -> tuple[Lsn, float]:
     """One transaction inserting ``rows`` rows; returns the end of its commit record and
-    when COMMIT returned (Unix time)."""
+    when COMMIT returned (Unix time). With ``spread_s``, the rows go in statements of
+    ``_STATEMENT_ROWS``, paced to take about that long (a batch job's transaction, which
+    the server can stream while it runs); else in one statement, which writes WAL faster
+    than a walsender decodes it."""
+    insert = sql.SQL(
+        "INSERT INTO {} SELECT a, (a - 1) / 100000 + 1, a %% 5000, '' "
+        "FROM generate_series(%s::int, %s::int) a"
+    ).format(sql.Identifier(TABLE))
     with psycopg.connect(_workload_dsn(dsn, names), autocommit=True) as conn:
         with conn.transaction():
-            inserted = conn.execute(
-                sql.SQL(
-                    "INSERT INTO {} SELECT a, (a - 1) / 100000 + 1, a %% 5000, '' "
-                    "FROM generate_series(1, %s) a"
-                ).format(sql.Identifier(TABLE)),
-                [rows],
-            ).rowcount
+            step = _STATEMENT_ROWS if spread_s > 0 else rows
+            started = time.monotonic()
+            inserted = 0
+            for first in range(1, rows + 1, step):
+                last = min(rows, first + step - 1)
+                inserted += conn.execute(insert, [first, last]).rowcount
+                # On schedule: the share of spread_s the rows written so far stand for.
+                ahead = started + spread_s * last / rows - time.monotonic()
+                if ahead > 0:
+                    time.sleep(ahead)
         committed_at = time.time()
         if inserted != rows:
             raise RuntimeError(f"inserted {inserted} rows, wanted {rows}")
@@ -333,9 +353,12 @@ def _live(dsn: str, bootstrap: str, args: argparse.Namespace, streaming: bool) -
         spooled.start()
         try:
             _wait_streaming(admin, names.capture_slot, child)
-            print(f"{mode}: capture streams the slot; writing {args.rows} rows in one transaction")
+            print(
+                f"{mode}: capture streams the slot; writing {args.rows} rows in one "
+                f"transaction (over {args.write_s:g} s)"
+            )
             started = time.time()
-            _, committed_at = _write_transaction(dsn, names, args.rows)
+            _, committed_at = _write_transaction(dsn, names, args.rows, args.write_s)
             last = _last_record_time(bootstrap, names, args.rows, DRAIN_TIMEOUT_S)
         finally:
             child.send_signal(signal.SIGTERM)
@@ -449,6 +472,15 @@ def main() -> None:
     parser.add_argument(
         "--work-mem",
         help="with --live: logical_decoding_work_mem of capture's walsender (e.g. 64kB)",
+    )
+    parser.add_argument(
+        "--write-s",
+        type=float,
+        default=0.0,
+        help=(
+            "with --live: spread the transaction's writing over about this many seconds, "
+            f"in INSERTs of {_STATEMENT_ROWS} rows (0: one INSERT)"
+        ),
     )
     parser.add_argument("--capture-settings", help=argparse.SUPPRESS)
     args = parser.parse_args()
