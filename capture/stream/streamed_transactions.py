@@ -67,8 +67,9 @@ class StreamedTransactionTooLargeError(ConfigError):
         super().__init__(
             f"streamed transaction {xid} needs more spool space: it holds {held} bytes, "
             f"all open streamed transactions {total} bytes, and the limit is {max_bytes} "
-            "bytes; raise the limit (and make room for it in the spool directory), or "
-            "split the transaction"
+            "bytes; raise the limit, CAPTURE_STREAMING_SPOOL_MAX_BYTES (and make room for "
+            "it in CAPTURE_SPOOL_DIR), or set CAPTURE_STREAMING=false to let the server "
+            "spill such transactions itself, or split the transaction"
         )
         self.xid = xid
         self.held = held
