@@ -332,8 +332,15 @@ def _live(dsn: str, bootstrap: str, args: argparse.Namespace, streaming: bool) -
         admin_client.create_topics(
             [NewTopic(names.control_topic, 1, 1, config={"cleanup.policy": "compact"})]
         )[names.control_topic].result(30)
-        settings = _settings(capture_dsn, bootstrap, names, args.bound).model_copy(
-            update={"streaming": streaming, "spool_dir": Path(spool)}
+        settings = _settings(capture_dsn, bootstrap, names, args.bound)
+        settings = settings.model_copy(
+            update={
+                "streaming": streaming,
+                "spool_dir": Path(spool),
+                # The bound in records decides, not the one in bytes (256 MiB, some 1.5M
+                # records of this table): a record is well under 1 KiB.
+                "max_in_flight_bytes": max(settings.max_in_flight_bytes, args.bound * 1024),
+            }
         )
         feeder = AppliedFeeder(bootstrap, names, (TABLE,))
         feeder.start()
