@@ -209,7 +209,7 @@ def test_capture_killed_mid_stream_publishes_the_transaction_once_after_a_restar
             wait_for(
                 lambda: streamed_starts() >= 1,
                 "capture never received a block of the transaction",
-                30,
+                60,
                 detail=log.read_text,
             )
             first.kill(pg)
@@ -219,7 +219,7 @@ def test_capture_killed_mid_stream_publishes_the_transaction_once_after_a_restar
             wait_for(
                 lambda: streamed_starts() >= 2,
                 "the restarted capture never received the transaction streamed again",
-                30,
+                60,
                 detail=log.read_text,
             )
             writer.commit()
