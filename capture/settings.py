@@ -177,7 +177,28 @@ class CaptureSettings(BaseSettings):
     )
     spool_dir: Path | None = Field(
         None,
-        description="where changes held back during a snapshot are spooled (default: system temp)",
+        description=(
+            "where changes held back during a snapshot, and streamed transactions until "
+            "their commit, are spooled (default: system temp)"
+        ),
+    )
+    streaming: bool = Field(
+        False,
+        description=(
+            "ask PostgreSQL to stream transactions in progress (pgoutput protocol version "
+            "2, streaming on): a transaction outgrowing the server's "
+            "logical_decoding_work_mem arrives while it runs and waits in the spool until "
+            "its commit, instead of being spilled by the server and sent only at the "
+            "commit; the records are the same either way (docs/streaming.md)"
+        ),
+    )
+    streaming_spool_max_bytes: int = Field(
+        16 * 1024**3,
+        ge=1,
+        description=(
+            "bytes the spools of streamed transactions not committed yet may hold "
+            "together; a transaction needing more stops capture with an error that says so"
+        ),
     )
     compiled_rows: bool = Field(
         True,

@@ -377,7 +377,14 @@ class CompiledStream:
         """Disarm every table (after :meth:`take_counts`, so no count is lost)."""
     def read(self, connection: int, budget: int, /) -> CompiledStreamRead:
         """Take up to ``budget`` of the frames libpq holds for the connection at
-        ``connection`` (its ``PGconn *``); never waits."""
+        ``connection`` (its ``PGconn *``); never waits. Every frame from a Stream Start
+        to its Stream Stop, both included, is handed back (:attr:`Stop.FRAME`)."""
+    def take_frames(self, frames: list[bytes], start: int, /) -> CompiledStreamRead:
+        """Take ``frames[start:]`` (XLogData payloads of a streamed transaction replayed
+        from its spool) as :meth:`read` takes libpq's: :attr:`Stop.FRAME` at a frame for
+        the Python path (``frames[start + taken]``), :attr:`Stop.FULL` at one the
+        producer's queue held back (``frames[start + taken]``, to give again),
+        :attr:`Stop.EMPTY` once all are taken."""
     def take_transactions(self) -> list[TransactionPart]:
         """What the compiled stream did since the last call, a part per transaction, in
         order."""

@@ -29,6 +29,14 @@ module decides which, and keeps the Python objects that stay the authority in st
   The compiled stream's records carry no per-record ticket; their delivery reports come
   summed per transaction and partition
   (:meth:`~capture.in_flight.ProgressBook.delivered_records`).
+- **Stream blocks.** With ``CAPTURE_STREAMING`` the compiled stream hands back every
+  frame from a Stream Start to its Stream Stop (it keeps that one bit itself): inside a
+  block a change carries an xid where it would read the relation OID. The loop spools
+  them, and replays a committed streamed transaction from its spool through
+  :meth:`CompiledStream.take_frames`, which takes the replayed frames as it takes
+  libpq's (they are the frames the unstreamed transaction would have been), without
+  the socket being read meanwhile; the frames it hands back go through the Python path
+  as usual.
 - **Backpressure.** The loop checks the in-flight bound per burst (``budget`` frames)
   instead of per frame, so it may overshoot the bound by up to one burst.
 
@@ -133,6 +141,17 @@ class CompiledStream:
         this returns."""
         self._arm()
         read = self._native.read(self._connection, budget)
+        self._replay()
+        return read
+
+    def take_frames(self, frames: list[bytes], start: int) -> CompiledStreamRead:
+        """:meth:`read` of ``frames[start:]``, XLogData payloads of a streamed transaction
+        replayed from its spool rather than frames libpq holds: what it stopped on
+        (``Stop.FRAME`` or ``Stop.FULL`` at ``frames[start + taken]``, ``Stop.EMPTY``
+        once all are taken). The book has the compiled stream's transactions when this
+        returns."""
+        self._arm()
+        read = self._native.take_frames(frames, start)
         self._replay()
         return read
 

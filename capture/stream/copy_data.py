@@ -105,6 +105,13 @@ def parse_copy_data(buf: bytes | memoryview) -> XLogData | PrimaryKeepalive:
     raise MalformedMessageError(0, "replication message tag 'w' or 'k'", f"0x{tag:02x}")
 
 
+def encode_xlog_data(wal_start: Lsn, payload: bytes) -> bytes:
+    """An XLogData frame holding ``payload`` at ``wal_start`` (also its ``wal_end``, as a
+    logical walsender sends it; send time 0): how a streamed transaction replayed from
+    its spool reaches the compiled stream, which reads frames as the server sends them."""
+    return _XLOG_DATA_HEADER.pack(XLOG_DATA, wal_start, wal_start, 0) + payload
+
+
 def encode_status_update(
     written: Lsn,
     flushed: Lsn,

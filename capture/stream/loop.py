@@ -22,13 +22,23 @@ Loop invariants:
   once per status interval; the slot's retained WAL is read by
   :mod:`capture.source.wal_safety` on a connection and thread of its own, and a lost slot
   found there ends the attempt here with its resync procedure.
+- With ``CAPTURE_STREAMING``, transactions in progress are spooled as their blocks come
+  (:mod:`capture.stream.in_progress`) and replayed at their Stream Commit through the
+  path an unstreamed transaction takes. While a replay is under way the socket is not
+  read (the transactions after it stay behind it, in commit order) and the replay is
+  paused at the in-flight bound like reading is. While any streamed transaction is
+  open, a keepalive's ``wal_end`` is not confirmable (docs/streaming.md). The spools
+  belong to this attempt: a new one starts with none, as the server streams every open
+  transaction again from its start.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
+from collections.abc import Generator, Iterator
 
 import psycopg
 
@@ -55,13 +65,15 @@ from capture.stream import compiled_stream
 from capture.stream.change_stream import (
     ChangeFailed,
     ChangeStream,
+    Output,
     RelationChanged,
     RelationReceived,
     TransactionCommitted,
     TransactionStarted,
 )
 from capture.stream.compiled_stream import CompiledStream
-from capture.stream.copy_data import PrimaryKeepalive, parse_copy_data
+from capture.stream.copy_data import PrimaryKeepalive, encode_xlog_data, parse_copy_data
+from capture.stream.in_progress import InProgressTransactions, ReplayFrame
 from capture.stream.replication import Frame, ReplicationStream
 from capture.stream.schema_change import resync_reason_after
 from capture.stream.table_flow import TableFlow
@@ -81,6 +93,9 @@ _READ_TIMEOUT_S = 0.1
 _POLL_INTERVAL_S = 0.005
 _BURST_FRAMES = 128
 """Frames handled back to back before the loop's periodic checks run."""
+_REPLAY_BURST = 512
+"""Changes of a streamed transaction's replay handled back to back (the in-flight bound
+is checked after each)."""
 _COMPILED_BUDGET = 512
 """Frames the compiled stream takes in one call: the loop's periodic checks (reports,
 control messages, status updates) run between calls, and the in-flight bound is
@@ -165,6 +180,19 @@ class ReplicationLoop:
         # only at the table's next Relation (a table nobody writes to sends none).
         for table in self._flow.to_compare():
             self._flow.publication_seen(table, self._published(table), start)
+        self._in_progress = (
+            InProgressTransactions(settings.streaming_spool_max_bytes, settings.spool_dir)
+            if settings.streaming
+            else None
+        )
+        """The streamed transactions of this attempt (None without streaming); a spool
+        file is made only once a block arrives."""
+        self._replay: Generator[ReplayFrame, None, None] | None = None
+        """A committed streamed transaction being replayed; the socket waits meanwhile."""
+        self._replay_frames: list[bytes] = []
+        """The replay's frames read from the spool for the compiled stream, and how many of
+        them are handled (``_replay_at``)."""
+        self._replay_at = 0
         self._stream = ReplicationStream.start(
             dsn,
             password=password,
@@ -174,6 +202,7 @@ class ReplicationLoop:
             settings=SESSION_SETTINGS,
             silence_timeout_s=settings.postgres.silence_timeout_s,
             server=server,
+            streaming=settings.streaming,
         )
         health.connected()
         position.stream_started = time.monotonic()
@@ -211,6 +240,8 @@ class ReplicationLoop:
                 if paused:
                     publisher.poll(_READ_TIMEOUT_S)
                     idle = True
+                elif self._replay is not None:
+                    idle = self._replay_burst(self._replay)
                 elif compiled is not None:
                     idle = self._compiled_burst(compiled, timeout)
                 else:
@@ -241,6 +272,7 @@ class ReplicationLoop:
                     self._progress.maybe_log(now)
             self._stop_gracefully()
         finally:
+            self._close_streamed()
             flow.close()
             self._stream.close()
 
@@ -259,6 +291,22 @@ class ReplicationLoop:
             "stopped at confirmed %s",
             format_lsn(min(book.confirmable, publisher.durable_checkpoint)),
         )
+        in_progress = self._in_progress
+        if in_progress is not None and in_progress.streamed:
+            log.info(
+                "transactions streamed in progress: %d, spools held at most %d bytes",
+                in_progress.streamed,
+                in_progress.peak_bytes,
+            )
+
+    def _close_streamed(self) -> None:
+        """Release the replay under way and every spool: nothing of them outlives the
+        attempt."""
+        replay, self._replay = self._replay, None
+        if replay is not None:
+            replay.close()
+        if self._in_progress is not None:
+            self._in_progress.close()
 
     def _confirm(self) -> None:
         """A standby status update with the LSN the book and the checkpoint allow."""
@@ -292,7 +340,7 @@ class ReplicationLoop:
         Frames already received are handled in a burst, the loop's periodic checks once
         per burst: per frame they cost a good part of what handling a small change does.
         A burst is short (a few milliseconds), ends as soon as nothing is buffered, and
-        stops where the loop would."""
+        stops where the loop would, or where a streamed transaction's replay begins."""
         stream = self._stream
         frame = stream.read(timeout)
         idle = frame is None
@@ -300,7 +348,7 @@ class ReplicationLoop:
         while frame is not None:
             self._handle(frame)
             burst -= 1
-            if burst == 0 or self._stop.is_set() or self._over_bound():
+            if burst == 0 or self._stop.is_set() or self._over_bound() or self._replay is not None:
                 break
             frame = stream.read_buffered()
         return idle
@@ -315,8 +363,86 @@ class ReplicationLoop:
         if isinstance(frame, PrimaryKeepalive):
             self._keepalive(frame)
             return
+        in_progress = self._in_progress
+        if in_progress is not None and in_progress.takes(frame.payload):
+            # A stream block's message, or a streamed transaction's end: spooled or
+            # dropped; a commit's replay is drained by run(), under the in-flight bound.
+            replay = in_progress.handle(frame.payload, frame.wal_start)
+            if replay is not None:
+                self._replay = replay
+            return
+        self._route(self._changes.handle_frame(frame.payload, frame.wal_start))
+
+    def _replay_burst(self, replay: Generator[ReplayFrame, None, None]) -> bool:
+        """A burst of a committed streamed transaction's replay, up to the in-flight
+        bound: through the compiled stream where it runs, else through the path of an
+        unstreamed transaction's frames in Python. Never idle."""
+        if self._compiled is not None:
+            self._compiled_replay_burst(self._compiled, replay)
+            return False
+        changes = self._changes
+        for _ in range(_REPLAY_BURST):
+            frame = next(replay, None)
+            if frame is None:
+                self._replay_done()
+                break
+            payload, change_lsn = frame
+            self._route(changes.handle_frame(payload, change_lsn))
+            if self._stop.is_set() or self._over_bound():
+                break
+        return False
+
+    def _compiled_replay_burst(
+        self, compiled: CompiledStream, replay: Generator[ReplayFrame, None, None]
+    ) -> None:
+        """The replay's frames, read from the spool a batch (the compiled stream's budget)
+        at a time, given to the compiled stream as XLogData frames; those it hands back
+        go through :meth:`_handle`, at most a burst of them, as in
+        :meth:`_compiled_burst`."""
+        frames, at = self._replay_frames, self._replay_at
+        python_frames = 0
+        while not (self._stop.is_set() or self._over_bound()):
+            if at == len(frames):
+                frames = [
+                    encode_xlog_data(change_lsn, payload)
+                    for payload, change_lsn in itertools.islice(replay, _COMPILED_BUDGET)
+                ]
+                at = 0
+                if not frames:
+                    self._replay_done()
+                    break
+            read = compiled.take_frames(frames, at)
+            at += read.taken
+            if read.stopped == compiled_stream.Stop.FRAME:
+                compiled.to_python()
+                self._handle(parse_copy_data(frames[at]))
+                compiled.from_python()
+                at += 1
+                python_frames += 1
+                if python_frames >= _BURST_FRAMES:
+                    break
+            elif read.stopped == compiled_stream.Stop.FULL:
+                # The producer's queue is full: its reports make room.
+                self._publisher.poll(_READ_TIMEOUT_S)
+                break
+            else:
+                break  # the batch is taken: the loop's periodic checks run
+        self._replay_frames, self._replay_at = frames, at
+
+    def _replay_done(self) -> None:
+        """The replay ended: the socket is read again. The book began and committed the
+        replayed transaction, so the compiled stream goes on from there (the next
+        transaction's book id)."""
+        self._replay = None
+        self._replay_frames, self._replay_at = [], 0
+        if self._compiled is not None:
+            self._compiled.from_python()
+
+    def _route(self, outputs: Iterator[Output]) -> None:
+        """The change stream's outputs for one frame: records to their tables' flow, the
+        transaction's bounds to the book."""
         book, flow = self._book, self._flow
-        for out in self._changes.handle_frame(frame.payload, frame.wal_start):
+        for out in outputs:
             if isinstance(out, OutgoingRecord):
                 flow.route(out, self._commit_lsn)
             elif isinstance(out, SchemaRecord):
@@ -347,9 +473,13 @@ class ReplicationLoop:
 
     def _keepalive(self, frame: PrimaryKeepalive) -> None:
         position = self._position
-        self._book.keepalive(frame.wal_end)
         self._reply = self._reply or frame.reply_requested
         position.last_keepalive = time.monotonic()
+        if self._in_progress is not None and self._in_progress.open:
+            # A streamed transaction is open: its first change lies before wal_end, and
+            # its commit is still to come (docs/streaming.md, "The in-flight book").
+            return
+        self._book.keepalive(frame.wal_end)
         if not self._book.in_transaction:
             # Between transactions the server has decoded this far, so nothing before it
             # is left to receive.
@@ -406,7 +536,12 @@ class ReplicationLoop:
                 self._handle(parse_copy_data(raw))
                 compiled.from_python()
                 python_frames += 1
-                if python_frames >= _BURST_FRAMES or self._stop.is_set() or self._over_bound():
+                if (
+                    python_frames >= _BURST_FRAMES
+                    or self._stop.is_set()
+                    or self._over_bound()
+                    or self._replay is not None
+                ):
                     return False
             elif status == compiled_stream.Stop.EMPTY:
                 if took or waited:

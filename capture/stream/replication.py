@@ -7,10 +7,16 @@ without blocking (``get_copy_data(async_=1)`` and ``select`` on the socket) so t
 can also serve Kafka callbacks, the control topic and status updates while the server
 is quiet, and so a blocking read never holds the GIL.
 
-Protocol version 1 is requested on purpose: without ``streaming``, the server sends a
+By default protocol version 1 is requested: without ``streaming``, the server sends a
 transaction only once it has committed, in commit order, so every change we publish is
 committed and its commit LSN is known from Begin before the first change arrives. Large
-transactions are spilled to disk by the server, not held by us.
+transactions are spilled to disk by the server, not held by us. With ``streaming``
+(``CAPTURE_STREAMING``) it is ``proto_version '2'`` and ``streaming 'on'``, which every
+supported server (15 to 18) accepts: a transaction outgrowing the server's
+``logical_decoding_work_mem`` then arrives in stream blocks while it runs, and capture
+spools it until its Stream Commit (:mod:`capture.stream.in_progress`,
+docs/streaming.md). Versions 3 and 4 add two-phase and parallel-apply messages capture
+has no use for.
 
 The session settings of the connection fix the text form of values (ISO dates, UTC,
 hex bytea...), because pgoutput renders columns with the walsender session's output
@@ -153,9 +159,11 @@ class ReplicationStream:
         settings: Mapping[str, str],
         silence_timeout_s: float = DEFAULT_SILENCE_TIMEOUT_S,
         server: ServerIdentity | None = None,
+        streaming: bool = False,
     ) -> ReplicationStream:
         """``server``: the server the attempt's checks ran on; a connection that reaches
-        another one is closed with a :class:`TransientError` (module docstring)."""
+        another one is closed with a :class:`TransientError` (module docstring);
+        ``streaming``: ask for transactions in progress (protocol version 2)."""
         try:
             conn = psycopg.connect(
                 dsn,
@@ -169,8 +177,14 @@ class ReplicationStream:
         if server is not None:
             _check_reached(conn, server)
         command = sql.SQL(
-            "START_REPLICATION SLOT {} LOGICAL {} (proto_version '1', publication_names {})"
-        ).format(sql.Identifier(slot), sql.SQL(format_lsn(start_lsn)), sql.Literal(publication))
+            "START_REPLICATION SLOT {} LOGICAL {} (proto_version {}, publication_names {}{})"
+        ).format(
+            sql.Identifier(slot),
+            sql.SQL(format_lsn(start_lsn)),
+            sql.Literal("2" if streaming else "1"),
+            sql.Literal(publication),
+            sql.SQL(", streaming 'on'") if streaming else sql.SQL(""),
+        )
         try:
             conn.execute(command)
         except psycopg.errors.ObjectInUse as exc:

@@ -28,7 +28,7 @@ Invariants:
   each open transaction again from its first change (Stream Start with first-segment
   set), which also discards that transaction's spool.
 
-Not wired into the replication loop yet: capture does not request ``streaming``.
+Used by :mod:`capture.stream.in_progress` when ``CAPTURE_STREAMING`` is on.
 Formats: https://www.postgresql.org/docs/current/protocol-logicalrep-message-formats.html.
 """
 
@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import struct
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Generator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -67,8 +67,9 @@ class StreamedTransactionTooLargeError(ConfigError):
         super().__init__(
             f"streamed transaction {xid} needs more spool space: it holds {held} bytes, "
             f"all open streamed transactions {total} bytes, and the limit is {max_bytes} "
-            "bytes; raise the limit (and make room for it in the spool directory), or "
-            "split the transaction"
+            "bytes; raise the limit, CAPTURE_STREAMING_SPOOL_MAX_BYTES (and make room for "
+            "it in CAPTURE_SPOOL_DIR), or set CAPTURE_STREAMING=false to let the server "
+            "spill such transactions itself, or split the transaction"
         )
         self.xid = xid
         self.held = held
@@ -192,7 +193,7 @@ class StreamedTransactions:
         if all(kept.end_at <= cut for kept in spool.subxacts.values()):
             self._cut(xid, spool, cut)
 
-    def commit(self, xid: int) -> Iterator[StreamedChange]:
+    def commit(self, xid: int) -> Generator[StreamedChange, None, None]:
         """A Stream Commit: the transaction's changes in stream order, void ones left
         out. The transaction is no longer open from this call on; its file is closed
         when the iterator ends or is closed."""
@@ -257,7 +258,7 @@ class StreamedTransactions:
             spool.close()
 
     @staticmethod
-    def _replay(xid: int, spool: _Spool) -> Iterator[StreamedChange]:
+    def _replay(xid: int, spool: _Spool) -> Generator[StreamedChange, None, None]:
         file, void, size = spool.file, spool.void, spool.size
         try:
             if file is None:

@@ -18,7 +18,10 @@
 //!   keepalive, a Relation, a Truncate, a row the encoder leaves to Python, a table not
 //!   armed, a malformed message -- is handed back, unread by the compiled stream, for
 //!   the Python path, which reads it and says what is wrong with it. So the Python path
-//!   stays the reference for every message and every error.
+//!   stays the reference for every message and every error. A stream block of a
+//!   transaction in progress (`streaming` on: Stream Start to Stream Stop, both included)
+//!   is handed back whole, frame by frame: its messages carry an xid where a row change
+//!   has its relation OID.
 //! - **Same records.** Key, value and headers are built exactly as
 //!   `capture.stream.change_stream.ChangeStream.handle_frame` builds them (the tests compare
 //!   the two paths' topics byte for byte); ordinals continue across the two paths
@@ -50,6 +53,9 @@ const BEGIN: u8 = b'B';
 const BEGIN_SIZE: usize = 21;
 const COMMIT: u8 = b'C';
 const COMMIT_SIZE: usize = 26;
+/// pgoutput Stream Start and Stream Stop (protocol version 2 and later, with `streaming`).
+const STREAM_START: u8 = b'S';
+const STREAM_STOP: u8 = b'E';
 /// Microseconds from 1970-01-01 to PostgreSQL's epoch, 2000-01-01.
 const PG_EPOCH_UNIX_MICROS: i64 = 946_684_800_000_000;
 /// librdkafka's error code for a full producer queue.
@@ -238,6 +244,19 @@ fn lsn_text(lsn: u64) -> Vec<u8> {
     format!("{:X}/{:X}", lsn >> 32, lsn & 0xFFFF_FFFF).into_bytes()
 }
 
+/// Whether a stream block is open after a message with `tag`, given whether one was open
+/// before it. Inside a block, Relation, Insert, Update, Delete... carry an xid right after
+/// the tag, where the compiled stream would read a relation OID: the whole block goes to
+/// the Python path, which spools it (`capture/stream/in_progress.py`). A block inside a
+/// block, or a Stream Stop outside one, is passed on too, for the Python path to refuse.
+fn in_block_after(open: bool, tag: u8) -> bool {
+    match tag {
+        STREAM_START => true,
+        STREAM_STOP => false,
+        _ => open,
+    }
+}
+
 fn u64_at(data: &[u8], at: usize) -> u64 {
     u64::from_be_bytes(data[at..at + 8].try_into().expect("eight bytes"))
 }
@@ -262,6 +281,9 @@ pub struct CompiledStream {
     /// A frame taken from libpq that the producer's full queue held back.
     pending: Option<Vec<u8>>,
     stop_at: u64,
+    /// Whether a stream block is open: from a Stream Start to its Stream Stop, both
+    /// included, every frame goes to the Python path.
+    in_block: bool,
 }
 
 impl CompiledStream {
@@ -271,6 +293,11 @@ impl CompiledStream {
         }
         let wal_start = u64_at(frame, 1);
         let message = &frame[XLOG_DATA_HEADER..];
+        let open = self.in_block;
+        self.in_block = in_block_after(open, message[0]);
+        if open || self.in_block {
+            return Taken::Pass;
+        }
         match message[0] {
             BEGIN if message.len() == BEGIN_SIZE && self.transaction.is_none() => {
                 let commit_lsn = u64_at(message, 1);
@@ -401,6 +428,7 @@ impl CompiledStream {
             entries: Vec::new(),
             pending: None,
             stop_at: 0,
+            in_block: false,
         })
     }
 
@@ -487,6 +515,27 @@ impl CompiledStream {
             }
         }
         CompiledStreamRead::stopped(Stop::Limit, taken)
+    }
+
+    /// Take `frames[start..]` as `read` takes libpq's frames: a committed streamed
+    /// transaction replayed from its spool (`capture/stream/in_progress.py`), each frame
+    /// an XLogData payload built as the server sends an unstreamed transaction's. Stops
+    /// with [`Stop::Frame`] at a frame for the Python path (`frames[start + taken]`,
+    /// returned in `frame`), with [`Stop::Full`] at one the producer's queue held back
+    /// (`frames[start + taken]`, to be given again), and with [`Stop::Empty`] once every
+    /// frame is taken.
+    fn take_frames(&mut self, frames: Vec<Bound<'_, PyBytes>>, start: usize) -> CompiledStreamRead {
+        let mut taken = 0;
+        for frame in frames.iter().skip(start) {
+            match self.take(frame.as_bytes()) {
+                Taken::Done => taken += 1,
+                Taken::Pass => {
+                    return CompiledStreamRead { stopped: Stop::Frame, frame: Some(frame.clone().unbind()), taken };
+                }
+                Taken::Full => return CompiledStreamRead::stopped(Stop::Full, taken),
+            }
+        }
+        CompiledStreamRead::stopped(Stop::Empty, taken)
     }
 
     /// What the compiled stream did since the last call, one part per transaction it
@@ -587,6 +636,26 @@ mod tests {
             assert!(!frame.eq(&full).unwrap());
             assert!(!frame.eq(Stop::Frame as u8).unwrap());
         });
+    }
+
+    #[test]
+    fn a_stream_block_goes_to_python_from_its_start_to_its_stop() {
+        // Stream Start, an Insert carrying its xid, Stream Stop, then an unstreamed
+        // transaction's Insert: (open after, passed).
+        let mut open = false;
+        let mut seen = Vec::new();
+        for tag in [STREAM_START, INSERT, STREAM_STOP, BEGIN, INSERT, COMMIT] {
+            let before = open;
+            open = in_block_after(open, tag);
+            seen.push((open, before || open));
+        }
+        assert_eq!(
+            seen,
+            [(true, true), (true, true), (false, true), (false, false), (false, false), (false, false)]
+        );
+        // Out of order: still passed, for the Python path to refuse.
+        assert!(in_block_after(true, STREAM_START));
+        assert!(!in_block_after(false, STREAM_STOP));
     }
 
     #[test]

@@ -1,4 +1,5 @@
-"""Run the capture service in a background thread of the test process.
+"""Run the capture service in a background thread of the test process, or in a child
+process (:class:`CaptureProcess`) for the tests that kill it.
 
 Shared by the integration and end-to-end tests: settings named after the test (slot,
 publication, topic prefix, control and schema topics), a start that waits until the
@@ -7,6 +8,10 @@ slot is streaming, and a stop that joins the thread and drops the slot.
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -179,3 +184,50 @@ class CaptureThread:
             "WHERE slot_name = %s AND NOT active",
             [slot],
         )
+
+
+_RUN_CAPTURE = """
+import logging, sys, threading
+from capture.service import CaptureService
+from capture.settings import CaptureSettings
+logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+CaptureService(CaptureSettings.model_validate_json(sys.argv[1]), threading.Event()).run()
+"""
+_REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class CaptureProcess:
+    """The capture service in a child process of its own, logging to ``log`` (appended
+    to, so a restart's lines follow the first run's): for the tests that kill it."""
+
+    settings: CaptureSettings
+    log: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    def start(self, pg: Connection, timeout_s: float = 60) -> None:
+        """Start it, and wait until its slot streams."""
+        with self.log.open("ab") as out:
+            self.process = subprocess.Popen(
+                [sys.executable, "-c", _RUN_CAPTURE, self.settings.model_dump_json()],
+                cwd=_REPO,
+                env={**os.environ, "PYTHONPATH": str(_REPO)},
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        deadline = time.monotonic() + timeout_s
+        while not slot_streaming(pg, self.settings.postgres.slot):
+            assert self.process.poll() is None, f"capture exited: {self.log.read_text()}"
+            assert time.monotonic() < deadline, f"capture never streamed: {self.log.read_text()}"
+            time.sleep(0.1)
+
+    def kill(self, pg: Connection, timeout_s: float = 30) -> None:
+        """``kill -9`` if it runs, and wait until the server let go of its slot."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while slot_active(pg, self.settings.postgres.slot):
+            assert time.monotonic() < deadline, "the killed capture's slot stayed active"
+            time.sleep(0.1)

@@ -50,12 +50,14 @@ VERSIONED_MODULES = frozenset(
         "tests/integration/test_capture_replication_burst.py",
         "tests/integration/test_postgres_versions.py",
         "tests/integration/test_capture_streamed_transactions.py",
+        "tests/integration/test_capture_streaming.py",
     }
 )
 """The modules that run once per version in :data:`VERSIONS`: what capture relies on,
-with no Spark: the decoder against a real stream (streamed transactions too), every
-type's round trip, slots and publications, snapshots (with Kafka), schema changes,
-publication row filters and column lists, the per-version differences."""
+with no Spark: the decoder against a real stream (streamed transactions too, and capture
+streaming them), every type's round trip, slots and publications, snapshots (with
+Kafka), schema changes, publication row filters and column lists, the per-version
+differences."""
 
 _TEST_ROOT = TEST_STACK_ROOT.parent
 

@@ -18,6 +18,7 @@ from capture.stream.copy_data import (
     PrimaryKeepalive,
     XLogData,
     encode_status_update,
+    encode_xlog_data,
     parse_copy_data,
     pg_now_micros,
 )
@@ -60,6 +61,20 @@ def test_xlog_data_may_carry_an_empty_payload():
     message = parse_copy_data(XLOG_FRAME[:-1])
     assert isinstance(message, XLogData)
     assert len(message.payload) == 0
+
+
+def test_an_encoded_xlog_data_frame_reads_back_as_the_server_would_send_it():
+    begin = b"B" + struct.pack("!QqI", 0x5000, 777, 42)
+    frame = encode_xlog_data(Lsn(0x16_B374_D848), begin)
+    assert frame[0] == XLOG_DATA
+    message = parse_copy_data(frame)
+    assert message == XLogData(
+        wal_start=Lsn(0x16_B374_D848),
+        wal_end=Lsn(0x16_B374_D848),
+        send_time=0,
+        payload=memoryview(begin),
+    )
+    assert decode(message.payload) == Begin(Lsn(0x5000), 777, 42)
 
 
 def test_keepalive_fields():

@@ -1,0 +1,242 @@
+"""Capture with ``CAPTURE_STREAMING`` against a real server that streams transactions in
+progress: the records are those of the same transactions unstreamed, nothing rolled
+back is published, and a capture killed in the middle of a streamed transaction loses
+and duplicates nothing once restarted (docs/streaming.md).
+
+The streaming captures connect as a role of this module's own whose
+``logical_decoding_work_mem`` is the minimum, 64 kB: the walsender decodes with its
+session's value, capture's replication connection takes no session option from the
+DSN, and the server is shared with other tests, so the setting lives on the role. A few
+thousand rows are then streamed in many blocks.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+
+from capture.settings import CaptureSettings
+from tests.plugins.capture import (
+    CaptureProcess,
+    CaptureThread,
+    capture_settings,
+)
+from tests.plugins.services import Services
+from tests.plugins.topics import (
+    assert_positions_increase,
+    read_to_end,
+    record_count,
+    schema_reader,
+)
+from tests.plugins.waiting import wait_for
+
+Connection = psycopg.Connection[tuple[object, ...]]
+PART = 1500
+"""Rows per part of a transaction: about 350 kB of changes, several 64 kB blocks."""
+SENTINEL = 1_000_000
+"""The key of a small transaction written last: once its record is in, everything
+before it has been received."""
+STREAMED_LOG = "is streamed in progress"
+
+
+@pytest.fixture(scope="module")
+def streaming_dsn(services: Services) -> Iterator[str]:
+    """A DSN of a superuser role whose sessions decode with 64 kB (module docstring)."""
+    name = f"t_streaming_{uuid.uuid4().hex[:8]}"
+    role = sql.Identifier(name)
+    with psycopg.connect(services.postgres_dsn, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE ROLE {} LOGIN SUPERUSER").format(role))
+        admin.execute(sql.SQL("ALTER ROLE {} SET logical_decoding_work_mem = '64kB'").format(role))
+    yield make_conninfo(services.postgres_dsn, user=name)
+    with psycopg.connect(services.postgres_dsn, autocommit=True) as admin:
+        admin.execute(sql.SQL("DROP OWNED BY {}").format(role))
+        admin.execute(sql.SQL("DROP ROLE {}").format(role))
+
+
+def _streaming(settings: CaptureSettings, dsn: str, spool: Path) -> CaptureSettings:
+    postgres = settings.postgres.model_copy(update={"dsn": dsn})
+    return settings.model_copy(update={"streaming": True, "postgres": postgres, "spool_dir": spool})
+
+
+def _create(pg: Connection, name: str) -> sql.Identifier:
+    table = sql.Identifier("public", name)
+    pg.execute(sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, v text)").format(table))
+    return table
+
+
+def _insert(conn: Connection, table: sql.Identifier, first: int, last: int) -> None:
+    conn.execute(
+        sql.SQL(
+            "INSERT INTO {} SELECT g, repeat('x', 200) FROM generate_series(%s::int, %s::int) g"
+        ).format(table),
+        [first, last],
+    )
+
+
+def _streamed(pg: Connection, slot: str) -> tuple[int, int]:
+    """The transactions the slot's walsender streamed, and their bytes
+    (``pg_stat_replication_slots``)."""
+    row = pg.execute(
+        "SELECT stream_txns, stream_bytes FROM pg_stat_replication_slots WHERE slot_name = %s",
+        [slot],
+    ).fetchone()
+    return (0, 0) if row is None else (int(str(row[0])), int(str(row[1])))
+
+
+def _wait_streamed(pg: Connection, slot: str, transactions: int, more_than: int) -> int:
+    """Until the slot's walsender streamed ``transactions`` transactions and more than
+    ``more_than`` bytes; the bytes. A rollback waits for this: PostgreSQL 18 drops a
+    transaction it finds aborted when its memory runs out, instead of streaming it, and
+    the walsender may decode the changes only after the rollback (17 and earlier stream
+    it and send Stream Abort)."""
+    wait_for(
+        lambda: _streamed(pg, slot)[0] >= transactions and _streamed(pg, slot)[1] > more_than,
+        f"the server never streamed {transactions} transaction(s), more than {more_than} bytes",
+        20,
+        detail=lambda: str(_streamed(pg, slot)),
+    )
+    return _streamed(pg, slot)[1]
+
+
+def _records(
+    settings: CaptureSettings, table: str, expected: int
+) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """The decoded key and value of every record of ``table``'s topic, in position order
+    (each partition's checked to increase), once ``expected`` records are in and the
+    last is the sentinel's: nothing committed before it can come later."""
+    bootstrap = settings.kafka.bootstrap_servers
+    topic = f"{settings.kafka.topic_prefix}.public.{table}"
+    wait_for(
+        lambda: record_count(bootstrap, topic) >= expected,
+        f"{topic} never held {expected} records",
+        60,
+    )
+    reader = schema_reader(bootstrap, settings.kafka.schema_topic, 1)
+    messages = read_to_end(bootstrap, topic)
+    assert_positions_increase(reader, messages)
+    records = [(reader.decode_key(m.key()), reader.decode_value(m.value())) for m in messages]
+    records.sort(key=lambda kv: (kv[1]["commit_lsn"], kv[1]["ordinal"]))
+    assert int(records[-1][0]["id"]) == SENTINEL
+    return records
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled-stream", "python-loop"])
+def test_streamed_transactions_publish_the_unstreamed_records_and_nothing_rolled_back(
+    services: Services,
+    pg: Connection,
+    unique_name: str,
+    streaming_dsn: str,
+    tmp_path: Path,
+    compiled: bool,
+) -> None:
+    """``compiled``: the streaming capture replays through the compiled stream, or with
+    ``CAPTURE_COMPILED_STREAM=false`` through the Python loop."""
+    name = unique_name
+    table = _create(pg, name)
+    tables = [f"public.{name}"]
+    settings = _streaming(capture_settings(services, f"{name}_s", tables), streaming_dsn, tmp_path)
+    streamed = CaptureThread(settings.model_copy(update={"compiled_stream": compiled}))
+    unstreamed = CaptureThread(capture_settings(services, f"{name}_u", tables))
+    streamed.start(pg)
+    unstreamed.start(pg)
+    try:
+        slot = f"{name}_s"
+        with psycopg.connect(services.postgres_dsn) as writer:
+            _insert(writer, table, 1, PART)
+            streamed_bytes = _wait_streamed(pg, slot, 1, 0)
+            # A savepoint that changes the table's shape, writes under it, is streamed, and
+            # rolls back.
+            writer.execute("SAVEPOINT s")
+            writer.execute(sql.SQL("ALTER TABLE {} ADD COLUMN extra int DEFAULT 7").format(table))
+            _insert(writer, table, PART + 1, 2 * PART)
+            streamed_bytes = _wait_streamed(pg, slot, 1, streamed_bytes)
+            writer.execute("ROLLBACK TO SAVEPOINT s")
+            _insert(writer, table, 2 * PART + 1, 3 * PART)
+            writer.commit()
+            # A whole transaction rolled back after the server streamed some of it.
+            _insert(writer, table, 3 * PART + 1, 4 * PART)
+            _wait_streamed(pg, slot, 2, streamed_bytes)
+            writer.rollback()
+            _insert(writer, table, SENTINEL, SENTINEL)
+            writer.commit()
+        streamed_records = _records(streamed.settings, name, 2 * PART + 1)
+        unstreamed_records = _records(unstreamed.settings, name, 2 * PART + 1)
+        assert not streamed.errors, streamed.errors
+    finally:
+        streamed.close(pg)
+        unstreamed.close(pg)
+    kept = [*range(1, PART + 1), *range(2 * PART + 1, 3 * PART + 1)]
+    assert [int(key["id"]) for key, _ in streamed_records] == [*kept, SENTINEL]
+    # Field for field, positions included: the records of the same transactions sent
+    # whole at their commit.
+    assert streamed_records == unstreamed_records
+    assert all("extra" not in value["after"] for _, value in streamed_records)
+    big = {value["commit_lsn"] for _, value in streamed_records[:-1]}
+    assert len(big) == 1
+    assert [value["ordinal"] for _, value in streamed_records[:-1]] == list(range(len(kept)))
+
+
+def test_capture_killed_mid_stream_publishes_the_transaction_once_after_a_restart(
+    services: Services,
+    pg: Connection,
+    unique_name: str,
+    streaming_dsn: str,
+    tmp_path: Path,
+) -> None:
+    name = unique_name
+    table = _create(pg, name)
+    settings = _streaming(
+        capture_settings(services, name, [f"public.{name}"]), streaming_dsn, tmp_path / "spool"
+    )
+    log = tmp_path / "capture.log"
+    first = CaptureProcess(settings, log)
+    second = CaptureProcess(settings, log)
+
+    def streamed_starts() -> int:
+        return log.read_text().count(STREAMED_LOG)
+
+    first.start(pg)
+    try:
+        with psycopg.connect(services.postgres_dsn) as writer:
+            _insert(writer, table, 1, PART)
+            wait_for(
+                lambda: streamed_starts() >= 1,
+                "capture never received a block of the transaction",
+                60,
+                detail=log.read_text,
+            )
+            first.kill(pg)
+            _insert(writer, table, PART + 1, 2 * PART)
+            second.start(pg)
+            # The new walsender streams the open transaction again from its first change.
+            wait_for(
+                lambda: streamed_starts() >= 2,
+                "the restarted capture never received the transaction streamed again",
+                60,
+                detail=log.read_text,
+            )
+            writer.commit()
+            _insert(writer, table, SENTINEL, SENTINEL)
+            writer.commit()
+        records = _records(settings, name, 2 * PART + 1)
+        assert second.process is not None
+        assert second.process.poll() is None, log.read_text()
+    finally:
+        first.kill(pg)
+        second.kill(pg)
+        pg.execute(
+            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+            "WHERE slot_name = %s AND NOT active",
+            [name],
+        )
+    # Every row exactly once, in one transaction's positions, none lost or repeated.
+    assert [int(key["id"]) for key, _ in records] == [*range(1, 2 * PART + 1), SENTINEL]
+    assert len({value["commit_lsn"] for _, value in records[:-1]}) == 1
+    assert [value["ordinal"] for _, value in records[:-1]] == list(range(2 * PART))

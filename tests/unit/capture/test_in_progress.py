@@ -1,0 +1,270 @@
+"""Transactions in progress: stream blocks spooled, a Stream Commit replayed as the
+unstreamed transaction, aborted (sub)transactions gone, and what the loop may confirm."""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from capture.errors import ProtocolError
+from capture.pgoutput import Begin, Commit, StreamOrderError, decode
+from capture.records import OutgoingRecord
+from capture.stream.change_stream import ChangeStream, Output
+from capture.stream.in_progress import InProgressTransactions
+from schemas.lsn import Lsn
+from tests.plugins.change_stream import describe_relation
+
+XID = 7001
+SUBXID = 7002
+OTHER = 7100
+OID = 16384
+COMMIT_LSN = 0x5000
+END_LSN = 0x5038
+COMMIT_TIME = 777
+
+
+def _xid(xid: int | None) -> bytes:
+    return b"" if xid is None else struct.pack("!I", xid)
+
+
+def relation(xid: int | None) -> bytes:
+    """``public.orders (id int8 key, note text)``, as pgoutput writes it."""
+    columns = (
+        b"\x01id\x00" + struct.pack("!Ii", 20, -1) + b"\x00note\x00" + struct.pack("!Ii", 25, -1)
+    )
+    return (
+        b"R" + _xid(xid) + struct.pack("!I", OID) + b"public\x00orders\x00d"
+        + struct.pack("!H", 2) + columns
+    )  # fmt: skip
+
+
+def insert(xid: int | None, key: int) -> bytes:
+    values = [str(key).encode(), f"row {key}".encode()]
+    row = struct.pack("!H", 2) + b"".join(b"t" + struct.pack("!I", len(v)) + v for v in values)
+    return b"I" + _xid(xid) + struct.pack("!I", OID) + b"N" + row
+
+
+def begin(xid: int) -> bytes:
+    return b"B" + struct.pack("!QqI", COMMIT_LSN, COMMIT_TIME, xid)
+
+
+def commit() -> bytes:
+    return b"C" + struct.pack("!BQQq", 0, COMMIT_LSN, END_LSN, COMMIT_TIME)
+
+
+def stream_start(xid: int, first_segment: bool) -> bytes:
+    return b"S" + struct.pack("!IB", xid, first_segment)
+
+
+STREAM_STOP = b"E"
+
+
+def stream_commit(xid: int) -> bytes:
+    return b"c" + struct.pack("!IBQQq", xid, 0, COMMIT_LSN, END_LSN, COMMIT_TIME)
+
+
+def stream_abort(xid: int, subxid: int) -> bytes:
+    return b"A" + struct.pack("!II", xid, subxid)
+
+
+@pytest.fixture
+def streams(tmp_path: Path) -> Iterator[InProgressTransactions]:
+    transactions = InProgressTransactions(1 << 20, tmp_path)
+    yield transactions
+    transactions.close()
+
+
+def feed(
+    streams: InProgressTransactions, frames: list[tuple[bytes, int]]
+) -> list[tuple[bytes, Lsn]]:
+    """Hand ``(payload, wal_start)`` frames in, as the loop does: those it takes; the
+    replay of the last Stream Commit, drained."""
+    replayed: list[tuple[bytes, Lsn]] = []
+    for payload, wal_start in frames:
+        assert streams.takes(payload), payload
+        replay = streams.handle(payload, Lsn(wal_start))
+        if replay is not None:
+            replayed = list(replay)
+    return replayed
+
+
+def records(frames: list[tuple[bytes, Lsn]]) -> list[Output]:
+    """What a fresh change stream makes of ``frames``, as the loop hands them over."""
+    stream = ChangeStream(describe_relation, "cdc", compiled_rows=False)
+    out: list[Output] = []
+    for payload, change_lsn in frames:
+        out += stream.handle_frame(payload, change_lsn)
+    return out
+
+
+def test_a_streamed_transaction_replays_as_the_same_transaction_unstreamed(streams):
+    replayed = feed(
+        streams,
+        [
+            (stream_start(XID, first_segment=True), 0),
+            (relation(XID), 0),
+            (insert(XID, 1), 0x100),
+            (insert(XID, 2), 0x140),
+            (STREAM_STOP, 0),
+            (stream_start(XID, first_segment=False), 0),
+            (insert(XID, 3), 0x180),
+            (STREAM_STOP, 0),
+            (stream_commit(XID), END_LSN),
+        ],
+    )
+    unstreamed = [
+        (begin(XID), Lsn(COMMIT_LSN)),
+        (relation(None), Lsn(0)),
+        (insert(None, 1), Lsn(0x100)),
+        (insert(None, 2), Lsn(0x140)),
+        (insert(None, 3), Lsn(0x180)),
+        (commit(), Lsn(END_LSN)),
+    ]
+    assert replayed == unstreamed
+    assert decode(replayed[0][0]) == Begin(Lsn(COMMIT_LSN), COMMIT_TIME, XID)
+    assert decode(replayed[-1][0]) == Commit(Lsn(COMMIT_LSN), Lsn(END_LSN), COMMIT_TIME)
+    # And so the records, their ordinals and positions: byte for byte.
+    made = records(replayed)
+    assert made == records(unstreamed)
+    assert sum(isinstance(out, OutgoingRecord) for out in made) == 3
+
+
+def test_only_stream_messages_are_taken_between_blocks(streams):
+    for ordinary in (begin(OTHER), relation(None), insert(None, 1), commit(), b""):
+        assert not streams.takes(ordinary)
+    for own in (stream_start(XID, True), STREAM_STOP, stream_commit(XID), stream_abort(XID, XID)):
+        assert streams.takes(own)
+    streams.handle(stream_start(XID, first_segment=True), Lsn(0))
+    # Inside a block every message is, even one the protocol forbids there.
+    assert streams.takes(insert(XID, 1))
+    assert streams.takes(begin(OTHER))
+
+
+def test_a_rolled_back_subtransaction_is_not_replayed(streams):
+    replayed = feed(
+        streams,
+        [
+            (stream_start(XID, first_segment=True), 0),
+            (relation(XID), 0),
+            (insert(XID, 1), 0x100),
+            # SAVEPOINT: its Relation and rows carry the subtransaction's xid.
+            (relation(SUBXID), 0),
+            (insert(SUBXID, 2), 0x140),
+            (STREAM_STOP, 0),
+            (stream_abort(XID, SUBXID), 0),
+            (stream_start(XID, first_segment=False), 0),
+            (relation(XID), 0),
+            (insert(XID, 3), 0x180),
+            (STREAM_STOP, 0),
+            (stream_commit(XID), END_LSN),
+        ],
+    )
+    assert [payload for payload, _ in replayed[1:-1]] == [
+        relation(None),
+        insert(None, 1),
+        relation(None),
+        insert(None, 3),
+    ]
+
+
+def test_an_aborted_transaction_leaves_nothing_and_no_replay(streams):
+    feed(
+        streams,
+        [
+            (stream_start(XID, first_segment=True), 0),
+            (relation(XID), 0),
+            (insert(XID, 1), 0x100),
+            (STREAM_STOP, 0),
+        ],
+    )
+    assert streams.open
+    assert streams.spooled_bytes > 0
+    assert streams.handle(stream_abort(XID, XID), Lsn(0)) is None
+    assert not streams.open
+    assert streams.spooled_bytes == 0
+    # A Stream Commit of it now would be a protocol error, not an empty transaction.
+    with pytest.raises(ProtocolError):
+        streams.handle(stream_commit(XID), Lsn(END_LSN))
+
+
+def test_a_streamed_transaction_is_open_from_its_first_block_to_its_end(streams):
+    assert not streams.open
+    streams.handle(stream_start(XID, first_segment=True), Lsn(0))
+    assert streams.open
+    streams.handle(STREAM_STOP, Lsn(0))
+    assert streams.open, "between blocks too: a keepalive then is not confirmable"
+    replay = streams.handle(stream_commit(XID), Lsn(END_LSN))
+    assert replay is not None
+    assert not streams.open
+    assert [decode(payload) for payload, _ in replay] == [
+        Begin(Lsn(COMMIT_LSN), COMMIT_TIME, XID),
+        Commit(Lsn(COMMIT_LSN), Lsn(END_LSN), COMMIT_TIME),
+    ]
+    assert streams.streamed == 1
+
+
+def test_the_spools_peak_is_kept(streams):
+    feed(
+        streams,
+        [
+            (stream_start(XID, first_segment=True), 0),
+            (relation(XID), 0),
+            (insert(XID, 1), 0x100),
+            (STREAM_STOP, 0),
+        ],
+    )
+    held = streams.spooled_bytes
+    streams.handle(stream_abort(XID, XID), Lsn(0))
+    assert streams.peak_bytes == held > 0
+
+
+def test_a_stream_out_of_order_is_refused(streams):
+    with pytest.raises(StreamOrderError):
+        streams.handle(STREAM_STOP, Lsn(0))
+    streams.handle(stream_start(XID, first_segment=True), Lsn(0))
+    with pytest.raises(StreamOrderError):
+        streams.handle(begin(OTHER), Lsn(0))
+    with pytest.raises(StreamOrderError):
+        streams.handle(stream_start(OTHER, first_segment=True), Lsn(0))
+
+
+def test_a_continued_block_of_a_transaction_never_started_is_refused(streams):
+    with pytest.raises(ProtocolError, match="never received"):
+        streams.handle(stream_start(XID, first_segment=False), Lsn(0))
+
+
+def _spool_files(directory: Path) -> int:
+    """Files of this process open in ``directory`` (spools are unnamed: only their
+    descriptors show them)."""
+    fds = Path("/proc/self/fd")
+    count = 0
+    for fd in fds.iterdir():
+        try:
+            target = str(fd.readlink())
+        except OSError:
+            continue
+        count += target.startswith(str(directory))
+    return count
+
+
+def test_closing_a_replay_midway_releases_the_spool(streams, tmp_path):
+    feed(
+        streams,
+        [
+            (stream_start(XID, first_segment=True), 0),
+            (relation(XID), 0),
+            (insert(XID, 1), 0x100),
+            (insert(XID, 2), 0x140),
+            (STREAM_STOP, 0),
+        ],
+    )
+    assert _spool_files(tmp_path) == 1
+    replay = streams.handle(stream_commit(XID), Lsn(END_LSN))
+    assert replay is not None
+    assert next(replay)[0] == begin(XID)
+    assert next(replay)[0] == relation(None)
+    replay.close()
+    assert _spool_files(tmp_path) == 0
