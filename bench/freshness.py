@@ -329,6 +329,7 @@ def main(argv: list[str] | None = None) -> int:
         "--change-log", action="store_true", help="apply with APPLY_LAKE__CHANGE_LOG=true"
     )
     parser.add_argument("--fold-every-s", type=float, help="APPLY_LAKE__FOLD_EVERY_S")
+    parser.add_argument("--fold-parallelism", type=int, help="APPLY_LAKE__FOLD_PARALLELISM")
     parser.add_argument("--no-baseline", action="store_true", help="no plain append beside apply")
     add_run_arguments(parser)
     arguments = parser.parse_args(argv)
@@ -340,6 +341,8 @@ def main(argv: list[str] | None = None) -> int:
             run.env_overrides["APPLY_LAKE__CHANGE_LOG"] = "true"
         if arguments.fold_every_s is not None:
             run.env_overrides["APPLY_LAKE__FOLD_EVERY_S"] = str(arguments.fold_every_s)
+        if arguments.fold_parallelism is not None:
+            run.env_overrides["APPLY_LAKE__FOLD_PARALLELISM"] = str(arguments.fold_parallelism)
         capture, apply = run.start_pipeline()
         say("waiting for the initial snapshot to be applied")
         _wait_for(lambda: run.lag_bytes() is not None, "the slot", run, 300)

@@ -60,7 +60,8 @@ TARGET = 1.5
 CHANGES_PER_TRANSACTION = 4  # pgbench's TPC-B-like script: 3 updates and 1 insert
 CLIENTS = 2
 
-_BATCH_LINE = re.compile(r"\bbatch (\d+) to \S+: version \d+ committed\b")
+# A MERGE's line, or with the change log an append's ("change log version N committed").
+_BATCH_LINE = re.compile(r"\bbatch (\d+) to \S+: (?:change log )?version \d+ committed\b")
 
 
 def transactions_per_client(changes: int, clients: int = CLIENTS) -> int:

@@ -251,7 +251,14 @@ def _apply_table_logged(
         context,
         result,
         path=log_path,
-        existing=existing if not plan.columns.added and log_history is not None else None,
+        # Kept even when this batch created the log or the table, or gave the table
+        # columns (their new shape read once): the table's next batch then knows both and
+        # can append from the driver (apply.driver_append).
+        existing=(
+            existing
+            if existing is not None and not plan.columns.added
+            else read_existing_table(spark, path, table)
+        ),
         version_before=-1 if log_history is None else log_history.version,
     )
     return result

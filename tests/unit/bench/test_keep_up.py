@@ -28,10 +28,12 @@ def test_committed_batches_come_from_apply_log_lines() -> None:
             "committed, 10 records",
             "INFO apply.batch.write "
             "batch 12 to public.pgbench_tellers: version 40 committed, 1 records",
+            "INFO apply.batch.write "
+            "batch 14 to public.pgbench_tellers: change log version 9 committed, 2 records",
             "INFO apply.app batch 13 table public.pgbench_tellers: records=1",
         ]
     )
-    assert committed_batches(log) == {3, 12}
+    assert committed_batches(log) == {3, 12, 14}
 
 
 def test_verdict_compares_the_lake_with_the_drain() -> None:
