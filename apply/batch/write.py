@@ -288,17 +288,7 @@ def append_batch(
         support_timestamp_ntz(spark, log_path, plan.added)
         version_before = newest_version(spark, log_path) if plan.added else log_history.version
     seq = version_before + 1
-    state = replace(
-        advance(
-            previous,
-            name,
-            batch_id,
-            partition_batches(topic_survey, measured),
-            None,
-            txn_app_id=context.txn_app_id,
-        ),
-        log_seq=seq,
-    )
+    state = _logged_state(previous, topic_survey, measured, context, batch_id=batch_id, seq=seq)
     source = (
         resolve_unchanged(
             spark,
@@ -343,6 +333,29 @@ def append_batch(
         source_rows=_metric(outcome.metrics, "numOutputRows"),
         plan=plan,
         state=state,
+    )
+
+
+def _logged_state(
+    previous: AppliedState | None,
+    topic_survey: TopicSurvey,
+    measured: BatchMeasure,
+    context: ApplyContext,
+    *,
+    batch_id: int,
+    seq: int,
+) -> AppliedState:
+    """The table's state after a batch appended to its log as sequence ``seq``."""
+    return replace(
+        advance(
+            previous,
+            str(table_of_topic(topic_survey.topic)),
+            batch_id,
+            partition_batches(topic_survey, measured),
+            None,
+            txn_app_id=context.txn_app_id,
+        ),
+        log_seq=seq,
     )
 
 
@@ -431,17 +444,7 @@ def append_from_driver(
         return None
     log_path = change_log_path(context.lake_root, table)
     seq = log_history.version + 1
-    state = replace(
-        advance(
-            previous,
-            name,
-            batch_id,
-            partition_batches(topic_survey, measured),
-            None,
-            txn_app_id=context.txn_app_id,
-        ),
-        log_seq=seq,
-    )
+    state = _logged_state(previous, topic_survey, measured, context, batch_id=batch_id, seq=seq)
     changes = latest_changes(
         decoded,
         previous,
