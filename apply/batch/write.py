@@ -322,9 +322,8 @@ def append_batch(
             metadata=encode_state(state),
         ),
     )
-    if not outcome.committed:
-        state = replayed_state(spark, log_path, name, batch_id)
     return _logged_result(
+        spark,
         topic_survey,
         batch_id=batch_id,
         log_path=log_path,
@@ -360,6 +359,7 @@ def _logged_state(
 
 
 def _logged_result(
+    spark: SparkSession,
     topic_survey: TopicSurvey,
     *,
     batch_id: int,
@@ -370,8 +370,12 @@ def _logged_result(
     plan: ColumnPlan,
     state: AppliedState,
 ) -> TableResult:
-    """What a batch appended to a table's log reports, from either append."""
+    """What a batch appended to a table's log reports, from either append; ``state`` is
+    the one it meant to commit, replaced by the recorded one when Delta skipped the
+    write as already committed."""
     topic = topic_survey.topic
+    if not outcome.committed:
+        state = replayed_state(spark, log_path, state.table, batch_id)
     replays = sum(m.replays for m in measured.partitions.values())
     changes = topic_survey.records - topic_survey.tombstones - replays
     result = TableResult(
@@ -470,9 +474,8 @@ def append_from_driver(
         log.warning("batch %d to %s: appended on the JVM instead: %s", batch_id, name, exc)
         return None
     outcome = own_outcome(spark, log_path, log_history.version, context.txn_app_id, batch_id)
-    if not outcome.committed:
-        state = replayed_state(spark, log_path, name, batch_id)
     return _logged_result(
+        spark,
         topic_survey,
         batch_id=batch_id,
         log_path=log_path,

@@ -28,6 +28,7 @@ from deploy.local.errors import MissingPrerequisite
 from deploy.local.postgres import LocalPostgres, find_bindir
 from deploy.local.process import free_port
 from tests.plugins.capture import capture_settings
+from tests.plugins.prerequisites import missing
 from tests.plugins.services import Services
 from tests.plugins.waiting import wait_for
 
@@ -42,7 +43,9 @@ def server(tmp_path: Path) -> Iterator[LocalPostgres]:
     try:
         find_bindir(VERSION)
     except MissingPrerequisite as exc:
-        pytest.skip(f"synchronized_standby_slots needs PostgreSQL 17+; {VERSION} is missing: {exc}")
+        missing(
+            f"synchronized_standby_slots needs PostgreSQL 17+; {VERSION} is missing: {exc}", exc
+        )
     stack.clear_orphaned_cluster(tmp_path)
     postgres = LocalPostgres(stack._postgres_root(tmp_path), free_port(), version=VERSION)
     postgres.start()

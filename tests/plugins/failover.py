@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psycopg
-import pytest
 
 from deploy.local import stack
 from deploy.local.errors import MissingPrerequisite
@@ -25,6 +24,7 @@ from deploy.local.postgres import SUPERUSER, LocalPostgres, find_bindir
 from deploy.local.process import free_port
 from deploy.local.standby import create_standby
 from schemas.lsn import Lsn, parse_lsn
+from tests.plugins.prerequisites import missing
 
 PHYSICAL_SLOT = "standby1"
 """The primary's physical slot the standby streams through."""
@@ -76,7 +76,7 @@ def server_pair(root: Path, version: int, *, why: str) -> Iterator[ServerPair]:
     try:
         find_bindir(version)
     except MissingPrerequisite as exc:
-        pytest.skip(f"PostgreSQL {version} is not installed ({why}): {exc}")
+        missing(f"PostgreSQL {version} is not installed ({why}): {exc}", exc)
     for place in (root / "primary", root / "standby"):
         stack.clear_orphaned_cluster(place)
     primary = LocalPostgres(stack._postgres_root(root / "primary"), free_port(), version=version)

@@ -21,7 +21,6 @@ Invariants:
 
 from __future__ import annotations
 
-import os
 import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ import pytest
 from deploy.local.errors import MissingPrerequisite
 from deploy.local.minio import REGION, LocalMinio, S3Client, running_minio
 from deploy.local.sigv4 import Credentials
+from tests.plugins.prerequisites import missing
 
 BUCKET = "cdc-tests"
 CREDENTIALS_PROVIDER = (
@@ -89,10 +89,6 @@ class ObjectStore:
         }
 
 
-def _in_ci() -> bool:
-    return os.environ.get("CI", "").lower() == "true"
-
-
 @pytest.fixture(scope="session")
 def object_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ObjectStore]:
     """A MinIO on loopback with the bucket :data:`BUCKET`, for the whole session."""
@@ -102,9 +98,7 @@ def object_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ObjectSto
         with running_minio(root, credentials, buckets=[BUCKET]) as server:
             yield ObjectStore(server, BUCKET)
     except MissingPrerequisite as exc:
-        if _in_ci():
-            raise
-        pytest.skip(f"no MinIO for the object-store tests: {exc}")
+        missing(f"no MinIO for the object-store tests: {exc}", exc)
 
 
 @pytest.fixture(scope="session")
