@@ -15,6 +15,14 @@ actions (``commitInfo`` with its ``operationMetrics`` and ``userMetadata``, ``tx
 with the writer's ``appId`` and ``version``) are one JSON object per line. Commit files
 live for ``delta.logRetentionDuration`` (30 days), far longer than a batch.
 
+A commit file is newline-delimited JSON: actions are separated by ``\n`` and nothing
+else. JSON lets a string carry U+2028, U+2029, U+0085, ``\x1c``-``\x1e``, ``\x0b`` and
+``\x0c`` raw, and Delta writes them so (a text column's min/max statistics keep the
+first 32 characters of a value, ``userMetadata`` and keys are the writer's own), so the
+file is split on ``\n`` alone, never with ``str.splitlines``, which breaks a line at
+each of those and turns one action into two halves that do not parse. A line that is
+not a JSON object raises :class:`MalformedCommitError`, naming the version and line.
+
 Files are read through the JVM's Hadoop file system, as Delta reads them, so every
 lake Delta can write (local, ``s3a://``, ``abfss://``, ``gs://``) works the same; a
 check is a ``stat`` (an HTTP HEAD on an object store), a read one ``GET``. Tables with
@@ -30,6 +38,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pyspark.sql import SparkSession
+
+from apply.errors import CommitFileError
 
 
 def commit_file(table_path: str, version: int) -> str:
@@ -53,26 +63,67 @@ class CommitFile:
         return self.transactions.get(app_id) == txn_version
 
 
+class MalformedCommitError(ValueError):
+    """A commit file holds a line that is not a Delta action: the table's log was written
+    by something that does not follow the protocol, or damaged after it was written."""
+
+    def __init__(self, version: int, line: int, reason: str) -> None:
+        super().__init__(f"commit {version}, line {line}: {reason}")
+        self.version = version
+        self.line = line
+        self.reason = reason
+
+
 def parse_commit(version: int, text: str) -> CommitFile:
-    """A commit file's ``commitInfo`` and ``txn`` actions; the others are left alone."""
+    """A commit file's ``commitInfo`` and ``txn`` actions; the others are left alone.
+
+    Raises :class:`MalformedCommitError` for a line that is not a JSON object, or a
+    ``commitInfo``/``txn`` action of the wrong shape."""
     info: dict[str, Any] = {}
+    info_line = 0
     transactions: dict[str, int] = {}
-    for line in text.splitlines():
+    for number, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
-        action = json.loads(line)
+        try:
+            action = json.loads(line)
+        except ValueError as exc:  # JSONDecodeError
+            raise MalformedCommitError(version, number, f"not JSON ({exc})") from exc
+        except RecursionError as exc:
+            raise MalformedCommitError(version, number, "JSON nested too deeply") from exc
+        if not isinstance(action, dict):
+            raise MalformedCommitError(version, number, "not a JSON object")
         if "commitInfo" in action:
-            info = action["commitInfo"]
+            info = _object(action["commitInfo"], version, number, "commitInfo")
+            info_line = number
         elif "txn" in action:
-            transactions[str(action["txn"]["appId"])] = int(action["txn"]["version"])
-    metrics = info.get("operationMetrics") or {}
+            txn = _object(action["txn"], version, number, "txn")
+            app_id, txn_version = txn.get("appId"), txn.get("version")
+            if not isinstance(app_id, str) or type(txn_version) is not int:
+                raise MalformedCommitError(
+                    version, number, "a txn action without a string appId and an integer version"
+                )
+            transactions[app_id] = txn_version
+    raw_metrics = info.get("operationMetrics")
+    metrics = _object(
+        {} if raw_metrics is None else raw_metrics, version, info_line, "operationMetrics"
+    )
+    user_metadata = info.get("userMetadata")
+    if user_metadata is not None and not isinstance(user_metadata, str):
+        raise MalformedCommitError(version, info_line, "userMetadata is not a string")
     return CommitFile(
         version=version,
         operation=str(info.get("operation", "")),
         metrics={str(k): str(v) for k, v in metrics.items()},
-        user_metadata=info.get("userMetadata"),
+        user_metadata=user_metadata,
         transactions=transactions,
     )
+
+
+def _object(value: object, version: int, line: int, what: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise MalformedCommitError(version, line, f"{what} is not a JSON object")
+    return value
 
 
 class DeltaLogFiles:
@@ -102,7 +153,10 @@ class DeltaLogFiles:
             text = str(self._jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8"))
         finally:
             stream.close()
-        return parse_commit(version, text)
+        try:
+            return parse_commit(version, text)
+        except MalformedCommitError as exc:
+            raise CommitFileError(table_path, str(path), str(exc)) from exc
 
     def own_commit(
         self, table_path: str, after: int, app_id: str, txn_version: int
@@ -119,4 +173,4 @@ class DeltaLogFiles:
         return found, version
 
 
-__all__ = ["CommitFile", "DeltaLogFiles", "commit_file", "parse_commit"]
+__all__ = ["CommitFile", "DeltaLogFiles", "MalformedCommitError", "commit_file", "parse_commit"]

@@ -13,7 +13,8 @@ what each means for apply:
 - :class:`TableError` -- one table cannot go on until someone acts: an incompatible
   schema change (:class:`SchemaChangeError`), a record that does not decode
   (:class:`BadRecordError`), commit metadata that is not ours
-  (:class:`CommitMetadataError`), records whose writer schema is still missing after
+  (:class:`CommitMetadataError`), a commit file that is not a Delta commit
+  (:class:`CommitFileError`), records whose writer schema is still missing after
   the schema topic was read again (:class:`MissingSchemaError`). The table is parked:
   its records go to the dead-letter table (:mod:`apply.dead_letter`) while the other
   tables go on, and
@@ -33,6 +34,7 @@ from runtime.errors import ConfigError, PipelineError, TableError, TransientErro
 
 __all__ = [
     "BadRecordError",
+    "CommitFileError",
     "CommitMetadataError",
     "ConfigError",
     "MissingSchemaError",
@@ -115,3 +117,19 @@ class BadRecordError(TableError):
 
 class CommitMetadataError(TableError):
     """The Delta table's newest apply commit carries metadata this job cannot read."""
+
+
+class CommitFileError(TableError):
+    """A commit file in the Delta table's log is not a Delta commit: written by something
+    that does not follow the protocol, or damaged since. No reader can trust the table's
+    history past it, so the table is parked until its log is mended."""
+
+    def __init__(self, table_path: str, file: str, reason: str) -> None:
+        super().__init__(
+            table_path,
+            f"commit file {file} is not a Delta commit ({reason}): restore the file from a "
+            "backup of the lake, or move the table aside and resync it "
+            "(python -m capture resync SCHEMA.TABLE), then run python -m apply reapply "
+            "SCHEMA.TABLE",
+        )
+        self.file = file

@@ -115,9 +115,10 @@ def identify(conn: ReplicationConnection) -> SourceServer:
 
 def parse_timeline_history(text: str) -> tuple[TimelineSwitch, ...]:
     """A timeline history file (``<parent timeline> <switchpoint> <reason>`` per line,
-    ``#`` comments), as ``TIMELINE_HISTORY`` returns it."""
+    ``#`` comments), as ``TIMELINE_HISTORY`` returns it. Split on ``\n`` alone: the
+    reason can quote a restore point's name, which may hold any character."""
     switches = []
-    for line in text.splitlines():
+    for line in text.split("\n"):
         fields = line.split(maxsplit=2)
         if not fields or fields[0].startswith("#"):
             continue

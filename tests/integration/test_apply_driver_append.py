@@ -59,7 +59,7 @@ def exact_rows(spark: Any, path: str, *extra: str) -> list[tuple[Any, ...]]:
 def written_by_delta_rs(path: str, version: int) -> bool:
     info = next(
         json.loads(line)["commitInfo"]
-        for line in Path(commit_file(path, version)).read_text().splitlines()
+        for line in Path(commit_file(path, version)).read_text().split("\n")
         if "commitInfo" in line
     )
     return "delta-rs" in json.dumps(info)

@@ -54,7 +54,7 @@ pytestmark = pytest.mark.slow
 def newest_txn(path: str, version: int) -> list[dict[str, Any]]:
     """The ``txn`` actions (Delta transaction ids) of one commit of the table at ``path``."""
     log = Path(path, "_delta_log", f"{version:020d}.json").read_text()
-    return [json.loads(line)["txn"] for line in log.splitlines() if '"txn"' in line]
+    return [json.loads(line)["txn"] for line in log.split("\n") if '"txn"' in line]
 
 
 def progress(result: BatchResult) -> dict[tuple[str, int], tuple[Any, ...]]:

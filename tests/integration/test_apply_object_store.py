@@ -182,7 +182,7 @@ def _commits(store: ObjectStore, log_prefix: str) -> dict[int, list[dict[str, An
         found = re.fullmatch(r"(\d{20})\.json", key.rsplit("/", 1)[-1])
         if found:
             text = store.client.get_object(store.bucket, key).decode()
-            commits[int(found.group(1))] = [json.loads(line) for line in text.splitlines()]
+            commits[int(found.group(1))] = [json.loads(line) for line in text.split("\n") if line]
     return commits
 
 

@@ -228,7 +228,9 @@ def _deletion_vectors(path: str) -> tuple[set[str], int]:
     features: set[str] = set()
     vectors = 0
     for commit in sorted(Path(path, "_delta_log").glob("*.json")):
-        for line in commit.read_text().splitlines():
+        for line in commit.read_text().split("\n"):
+            if not line:
+                continue
             action = json.loads(line)
             if "protocol" in action:
                 features = set(action["protocol"].get("readerFeatures", []))

@@ -1,10 +1,21 @@
-"""apply.delta_log: a commit file's commitInfo and txn actions, and where it lives."""
+"""apply.delta_log: a commit file's commitInfo and txn actions, and where it lives; a
+commit file is newline-delimited JSON whose strings carry any character raw."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
-from apply.delta_log import commit_file, parse_commit
+import pyarrow as pa  # type: ignore[import-untyped]
+import pytest
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+
+from apply.delta_log import MalformedCommitError, commit_file, parse_commit
+
+ROOT = Path(__file__).resolve().parents[3]
+FUZZ_RUNS = 20_000
 
 
 def test_a_commit_file_lives_under_the_log_with_twenty_digits() -> None:
@@ -40,3 +51,107 @@ def test_a_commit_without_metrics_or_metadata_reads_as_empty() -> None:
 
     assert (commit.operation, commit.metrics, commit.user_metadata) == ("OPTIMIZE", {}, None)
     assert commit.transactions == {}
+
+
+# Every character str.splitlines breaks a line at besides "\n": JSON lets a string carry
+# each of them raw, and Delta's writers do.
+LINE_BOUNDARIES = "\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
+
+
+def test_every_line_boundary_inside_a_string_stays_in_its_action() -> None:
+    metadata = json.dumps({"state": f"a{LINE_BOUNDARIES}b"}, ensure_ascii=False)
+    stats = json.dumps(
+        {"minValues": {"note": f"x{LINE_BOUNDARIES}"}, "maxValues": {"id": LINE_BOUNDARIES}},
+        ensure_ascii=False,
+    )
+    actions = [
+        {"txn": {"appId": f"apply{LINE_BOUNDARIES}", "version": 3}},
+        {"add": {"path": "part-0.parquet", "stats": stats}},
+        {"commitInfo": {"operation": "MERGE", "userMetadata": metadata}},
+    ]
+    text = "\n".join(json.dumps(a, ensure_ascii=False) for a in actions)
+    assert "\u2028" in text
+    assert "\x85" in text
+
+    commit = parse_commit(5, text)
+
+    assert commit.user_metadata == metadata
+    assert commit.written_by(f"apply{LINE_BOUNDARIES}", 3)
+    assert commit.operation == "MERGE"
+
+
+def test_a_commit_delta_rs_writes_with_line_boundaries_in_keys_stats_and_metadata(
+    tmp_path: Path,
+) -> None:
+    keys = [f"k{c}" for c in LINE_BOUNDARIES]
+    rows = pa.table({"id": keys, "note": [f"{c}note" for c in LINE_BOUNDARIES]})
+    metadata = f"state{LINE_BOUNDARIES}"
+    write_deltalake(
+        str(tmp_path),
+        rows,
+        commit_properties=CommitProperties(
+            custom_metadata={"userMetadata": metadata},
+            app_transactions=[Transaction(f"app{LINE_BOUNDARIES}", 9)],
+        ),
+    )
+    text = Path(commit_file(str(tmp_path), 0)).read_text(encoding="utf-8")
+    assert "\u2028" in text, "delta-rs escaped the characters: this test no longer tests"
+
+    commit = parse_commit(0, text)
+
+    assert commit.user_metadata == metadata
+    assert commit.written_by(f"app{LINE_BOUNDARIES}", 9)
+    assert DeltaTable(str(tmp_path)).to_pyarrow_table().column("id").to_pylist() == keys
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "reason"),
+    [
+        ('{"commitInfo": {}}\n{"add": {"path": "p\u2028', 2, "not JSON"),
+        ('{"commitInfo": {}}\n[1, 2]', 2, "not a JSON object"),
+        ('{"txn": {"appId": 1, "version": 2}}', 1, "a txn action without"),
+        ('{"txn": {"appId": "a", "version": "2"}}', 1, "a txn action without"),
+        ('{"commitInfo": "MERGE"}', 1, "commitInfo is not a JSON object"),
+        ('\n{"commitInfo": {"userMetadata": 4}}', 2, "userMetadata is not a string"),
+        ('{"commitInfo": {"operationMetrics": []}}', 1, "operationMetrics is not"),
+        ("[" * 100_000, 1, "nested too deeply"),
+    ],
+)
+def test_a_line_that_is_not_a_delta_action_names_the_commit_and_line(
+    text: str, line: int, reason: str
+) -> None:
+    with pytest.raises(MalformedCommitError) as raised:
+        parse_commit(8, text)
+
+    assert (raised.value.version, raised.value.line) == (8, line)
+    assert reason in raised.value.reason
+    assert str(raised.value).startswith(f"commit 8, line {line}: ")
+
+
+def test_the_commit_file_fuzzer_finds_nothing(tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "well-formed").write_bytes(b"\x00" + LINE_BOUNDARIES.encode() * 4)
+    (corpus / "any-text").write_bytes(
+        b"\x01" + b'{"commitInfo": {"operation": "WRITE"}}\n{"txn": {}}'
+    )
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tests.fuzz.fuzz_commit_file",
+            f"-runs={FUZZ_RUNS}",
+            "-seed=1",
+            str(corpus),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    output = result.stdout + result.stderr
+    found = output.find("=== Uncaught Python exception")
+    verdict = output[found : found + 4000] if found >= 0 else output[-4000:]
+    assert result.returncode == 0, verdict
+    assert f"Done {FUZZ_RUNS} runs" in result.stderr, verdict

@@ -118,6 +118,10 @@ def test_a_timeline_history_file_is_parsed() -> None:
         '2\t0/9000000\tat restore point "before"\n'
     )
     assert parse_timeline_history(text) == PROMOTED_TWICE.history
+    # A restore point's name is the user's text: a line boundary other than "\n" in it
+    # stays in the reason.
+    named = text.replace('"before"', '"be\u2028fore\x85"')
+    assert parse_timeline_history(named) == PROMOTED_TWICE.history
     assert parse_timeline_history("") == ()
     with pytest.raises(ValueError, match="timeline history"):
         parse_timeline_history("one\t0/1\treason\n")
