@@ -51,6 +51,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 from apply.batch import ApplyContext, applied_state, apply_batch
 from apply.change_log import Dialect, logged_tables, view_sql
 from apply.dead_letter import ErroredTable, discard, errored_tables, parked_offsets
+from apply.driver_merge import DriverTables
 from apply.errors import TableError, UnknownSchemaError
 from apply.feedback import ProgressPublisher, SchemaCatalog
 from apply.fold import Folds, FoldTimer, fold_table
@@ -185,6 +186,7 @@ class ApplyJob:
         self._context_id = transaction_app_id(checkpoint_location(settings))
         # The streaming batches' tables only: reapply and discard read from Delta.
         self._known = KnownTables()
+        self._driver_tables = DriverTables()
         # With the change log: the tables' fold locks and turns (apply.fold).
         self._folds = Folds(settings.lake.fold_every_s) if settings.lake.change_log else None
         self._app_ids = {lane.name: transaction_app_id(lane.checkpoint) for lane in self.lanes}
@@ -202,7 +204,9 @@ class ApplyJob:
             upkeep=TableUpkeep(self._settings.upkeep, self.metrics),
             known=self._known if streaming else None,
             folds=self._folds if streaming else None,
-            driver_append_records=self._settings.lake.driver_append_records,
+            driver_write_records=self._settings.lake.driver_write_records,
+            driver_tables=self._driver_tables if streaming else None,
+            deletion_vectors=self._settings.lake.deletion_vectors,
         )
 
     def close(self) -> None:

@@ -96,6 +96,7 @@ TABLE_PROPERTY = "pgdelta.table"
 """Table property naming the source table, ``schema.table``."""
 KEY_COLUMNS_PROPERTY = "pgdelta.keyColumns"
 """Table property listing the key columns (JSON array of column names)."""
+DELETION_VECTORS_PROPERTY = "delta.enableDeletionVectors"
 
 _TIMESTAMP_NTZ_FEATURE = "timestampNtz"
 _AVRO_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -395,8 +396,13 @@ def ensure_table(
     table: TableId,
     plan: ColumnPlan,
     existing: ExistingTable | None,
+    *,
+    deletion_vectors: bool = False,
 ) -> None:
-    """Create the Delta table, or add the plan's new columns to it.
+    """Create the Delta table, or add the plan's new columns to it. A table is created
+    with deletion vectors only when ``deletion_vectors`` says so, whatever the session's
+    defaults: a table with them takes every batch through Spark's MERGE
+    (:mod:`apply.driver_merge`).
 
     Both are commits of their own, before the batch's MERGE, and both are idempotent: a
     replayed batch finds the table and its columns in place and commits nothing. They
@@ -409,6 +415,7 @@ def ensure_table(
             .addColumns(table_schema(plan.columns))
             .property(TABLE_PROPERTY, str(table))
             .property(KEY_COLUMNS_PROPERTY, json.dumps(list(plan.key_columns)))
+            .property(DELETION_VECTORS_PROPERTY, "true" if deletion_vectors else "false")
         )
         builder.execute()
         return

@@ -5,7 +5,7 @@ rates the log is for, a batch holds a few hundred to a few thousand records, and
 time of a batch was Spark's fixed cost per job (planning, scheduling, a task per
 partition), not the data: four tables' appends took 6 to 10 s on two cores
 (docs/benchmarks.md, "The change log"). So a batch of at most
-``lake.driver_append_records`` records is collected to the driver once
+``lake.driver_write_records`` records is collected to the driver once
 (:mod:`apply.batch.micro_batch`), and each table's part takes the same four steps the
 JVM takes, as plain Python over those records:
 
@@ -347,12 +347,11 @@ def _column(values: list[Any], data_type: DataType) -> Any:
     return array if built == final else array.cast(final)
 
 
-def log_table(
-    changes: Sequence[DecodedChange], columns: Sequence[ColumnSpec], seq: int, order: Sequence[str]
-) -> Any:
-    """The log's rows for ``changes`` as an Arrow table with the log's columns in the
-    log's ``order``: the data columns, then the position, the commit time, the
-    operation and the append's sequence (:func:`apply.change_log.append`)."""
+def change_arrays(
+    changes: Sequence[DecodedChange], columns: Sequence[ColumnSpec]
+) -> dict[str, Any]:
+    """``changes`` as Arrow arrays, one per column of the table: the data columns in the
+    table's types, then the position and the commit time, as Delta holds them."""
     arrays: dict[str, Any] = {
         column.name: _column([change.row[index] for change in changes], column.data_type)
         for index, column in enumerate(columns)
@@ -362,6 +361,16 @@ def log_table(
     )
     arrays[ORDINAL_COLUMN] = pa.array([change.position.ordinal for change in changes], pa.int64())
     arrays[COMMIT_TS_COLUMN] = _column([change.commit_ts for change in changes], TimestampType())
+    return arrays
+
+
+def log_table(
+    changes: Sequence[DecodedChange], columns: Sequence[ColumnSpec], seq: int, order: Sequence[str]
+) -> Any:
+    """The log's rows for ``changes`` as an Arrow table with the log's columns in the
+    log's ``order``: the data columns, then the position, the commit time, the
+    operation and the append's sequence (:func:`apply.change_log.append`)."""
+    arrays = change_arrays(changes, columns)
     arrays[OP_COLUMN] = pa.array([change.op for change in changes], type=pa.string())
     arrays[SEQ_COLUMN] = pa.array([seq] * len(changes), type=pa.int64())
     if sorted(arrays) != sorted(order):
@@ -419,6 +428,7 @@ __all__ = [
     "DecodedRecords",
     "DriverAppendUnavailableError",
     "append_to_log",
+    "change_arrays",
     "decode_records",
     "latest_changes",
     "local_lake",

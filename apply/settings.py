@@ -65,11 +65,13 @@ class LakeSettings(BaseModel):
     root: str = Field(".local/lake", description="Delta tables live at <root>/<schema>/<table>")
     checkpoint_root: str = Field(".local/checkpoints", description="streaming checkpoints")
     deletion_vectors: bool = Field(
-        True,
+        False,
         description=(
-            "deletion vectors on the tables apply creates: a MERGE writes only the changed "
-            "rows; false for readers without the deletionVectors feature, at the cost of "
-            "MERGEs rewriting every file they touch (docs/apply.md, Reading the lake)"
+            "deletion vectors on the tables apply creates: Spark's MERGE then writes only "
+            "the changed rows, but the driver cannot write such a table, so its every batch "
+            "takes a Spark MERGE, and readers need the deletionVectors feature; off, small "
+            "batches are MERGEd from the driver, rewriting the files they touch "
+            "(docs/apply.md, the driver writer)"
         ),
     )
     change_data_feed: bool = Field(
@@ -106,14 +108,15 @@ class LakeSettings(BaseModel):
             "table's fold round sooner"
         ),
     )
-    driver_append_records: int = Field(
+    driver_write_records: int = Field(
         20_000,
         ge=0,
         description=(
-            "with change_log, on a local lake: a micro-batch of at most this many records "
-            "is collected to the driver and each table's changes are appended to its log "
-            "with delta-rs, no Spark job (docs/lake-change-log.md, the append from the "
-            "driver); larger batches, and 0, append on the JVM"
+            "on a local lake: a micro-batch of at most this many records is collected to "
+            "the driver, and each table's changes are written from there with delta-rs, no "
+            "Spark job: MERGEd into a table without deletion vectors, or appended to its "
+            "change log (docs/apply.md, the driver writer); larger batches, batches the "
+            "driver cannot write exactly, and 0 take Spark's MERGE or append"
         ),
     )
 

@@ -22,18 +22,15 @@ The defaults suit one small machine and every setting can be overridden through
 - Delta snapshots rebuilt with 2 tasks (``snapshotPartitions``, Delta's default is 50):
   the table's state is rebuilt after every commit, i.e. every batch, and for the few
   files of a CDC table 50 tasks cost seconds of scheduling on a small machine;
-- deletion vectors on for the tables apply creates
-  (``properties.defaults.enableDeletionVectors``, from ``APPLY_LAKE__DELETION_VECTORS``):
-  a MERGE then marks the rows it replaces as deleted and writes only the changed rows,
-  instead of copying every other row of each file it touches. Changes spread over the
-  key space touch most files in every batch, so without them each batch rewrites about
-  the whole table (docs/benchmarks.md, Apply). Such tables need readers that support the
-  ``deletionVectors`` table feature (Delta reader version 3; Delta Lake 2.3 or later on
-  Spark; delta-rs's ``to_pyarrow_table`` refuses them: docs/apply.md, Reading the lake).
-  Tables created before keep their properties; ``APPLY_LAKE__DELETION_VECTORS=false``
-  turns them off for the tables created from then on. Deleted rows stay in their
-  files until ``OPTIMIZE`` or ``REORG TABLE ... APPLY (PURGE)`` rewrites them; those
-  commits carry no apply metadata and do not disturb :mod:`apply.history`;
+- deletion vectors off by default (``properties.defaults.enableDeletionVectors``, from
+  ``APPLY_LAKE__DELETION_VECTORS``; apply also sets each table's property when it
+  creates the table, :func:`apply.delta_schema.ensure_table`): a small batch is then
+  MERGEd from the driver with delta-rs, which cannot write a table with deletion
+  vectors (:mod:`apply.driver_merge`), and any Delta reader reads the table. With them
+  on, Spark's MERGE marks the rows it replaces as deleted and writes only the changed
+  rows instead of copying every other row of each file it touches, and every batch of
+  such a table takes a Spark MERGE; readers then need the ``deletionVectors`` table
+  feature (Delta reader version 3). Tables created before keep their properties;
 - FAIR scheduling (``spark.scheduler.mode=FAIR``): the tables of a batch are applied
   side by side, each submitting its jobs to a scheduler pool named after it
   (:mod:`apply.table_pool`), and FAIR mode shares the executor cores between those
@@ -94,7 +91,7 @@ DEFAULT_CONF: dict[str, str] = {
     "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
     "spark.databricks.delta.commitStats.collect": "false",
     "spark.databricks.delta.snapshotPartitions": "2",
-    "spark.databricks.delta.properties.defaults.enableDeletionVectors": "true",
+    "spark.databricks.delta.properties.defaults.enableDeletionVectors": "false",
     "spark.sql.streaming.stopGracefullyOnShutdown": "true",
     "spark.scheduler.mode": "FAIR",
 }

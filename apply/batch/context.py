@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from apply.dead_letter import dead_letter_path
+from apply.driver_merge import DriverTables
 from apply.fold import Folds
 from apply.known_tables import KnownTables
 from apply.positions import AppliedState
@@ -43,10 +44,17 @@ class ApplyContext:
     folds: Folds | None = None
     """With the change log (:mod:`apply.change_log`): batches append to each table's
     log, and these folds merge it into the table; None: batches MERGE into the table."""
-    driver_append_records: int = 0
-    """With the change log: a batch of at most this many records is collected to the
-    driver and appended from there with no Spark job (:mod:`apply.driver_append`);
-    0: never."""
+    driver_write_records: int = 0
+    """A batch of at most this many records is collected to the driver, and each table's
+    part is written from there with no Spark job: MERGEd into the table
+    (:mod:`apply.driver_merge`), or appended to its change log
+    (:mod:`apply.driver_append`); 0: never."""
+    driver_tables: DriverTables | None = None
+    """delta-rs's view of the tables the driver MERGEs into, kept between batches; None:
+    every batch MERGEs with Spark."""
+    deletion_vectors: bool = False
+    """Whether the tables apply creates have deletion vectors (only Spark's MERGE writes
+    those: :mod:`apply.driver_merge`)."""
 
     def wrote(self, state: AppliedState) -> bool:
         """Whether ``state`` was committed by this query (so its batch ids compare with

@@ -2,9 +2,10 @@
 time (:mod:`apply.table_pool`), park the errored ones in one commit, and return the
 results the job publishes (:mod:`apply.progress`).
 
-With the change log on, a batch small enough (``ApplyContext.driver_append_records``)
-is also collected to the driver once, right after the survey, so that each table's
-append can run there with no Spark job of its own (:mod:`apply.driver_append`)."""
+A batch small enough (``ApplyContext.driver_write_records``) is also collected to the
+driver once, right after the survey, so that each table's write can run there with no
+Spark job of its own: a MERGE into the table (:mod:`apply.driver_merge`), or with the
+change log an append to the log (:mod:`apply.driver_append`)."""
 
 from __future__ import annotations
 
@@ -95,13 +96,13 @@ def _table_task(
 def _collected(
     records: DataFrame, surveys: Mapping[str, TopicSurvey], context: ApplyContext
 ) -> dict[str, list[CollectedRecord]] | None:
-    """The batch's records in the driver, by topic (one Spark job), when the change log
-    is on, the lake is local and the batch holds at most
-    ``context.driver_append_records`` values; else None."""
-    if context.folds is None or not local_lake(context.lake_root):
+    """The batch's records in the driver, by topic (one Spark job), when the lake is
+    local and the batch holds at most ``context.driver_write_records`` values; else
+    None."""
+    if not local_lake(context.lake_root):
         return None
     values = sum(s.records - s.tombstones for s in surveys.values())
-    if values == 0 or values > context.driver_append_records:
+    if values == 0 or values > context.driver_write_records:
         return None
     found: dict[str, list[CollectedRecord]] = {}
     for row in records.where(sf.col("value").isNotNull()).collect():

@@ -19,6 +19,7 @@ from apply.batch.write import (
     append_from_driver,
     fold_then_merge,
     merge_batch,
+    merge_from_driver,
 )
 from apply.change_log import LOG_UPKEEP, change_log_path, newer_state
 from apply.dead_letter import ErroredTable, release_superseded
@@ -46,7 +47,9 @@ def apply_table(
 ) -> TableResult | None:
     """Apply one topic's records of the batch to its Delta table (module docstring).
     ``collected``: the topic's records, when the batch was small enough to be collected
-    to the driver (:mod:`apply.batch.micro_batch`).
+    to the driver (:mod:`apply.batch.micro_batch`): a table the job knows is then
+    written from there when it can be (:func:`apply.batch.write.merge_from_driver`),
+    else by Spark.
 
     Returns None only for a batch holding nothing but tombstones of a table that has no
     Delta table yet: there is nothing to record them in.
@@ -84,6 +87,27 @@ def apply_table(
         )
         if covered is not None:
             return covered
+    if collected is not None and known is not None:
+        driven = merge_from_driver(
+            spark,
+            batch_id=batch_id,
+            topic_survey=topic_survey,
+            context=context,
+            history=known.history,
+            existing=known.existing,
+            schemas=schemas,
+            records=collected,
+        )
+        if driven is not None:
+            after_commit(
+                spark,
+                context,
+                driven,
+                path=path,
+                existing=known.existing,
+                version_before=known.history.version,
+            )
+            return driven
     if known is None:
         existing = read_existing_table(spark, path, table) if history is not None else None
     if existing is None and not schemas:
@@ -115,7 +139,16 @@ def apply_table(
         context,
         result,
         path=path,
-        existing=existing if not plan.replace and not plan.columns.added else None,
+        # Kept even when this batch created the table, gave it columns or replaced it
+        # (its new shape read once): the table's next batch then knows it and can be
+        # MERGEd from the driver (apply.driver_merge).
+        existing=(
+            existing
+            if existing is not None and not plan.replace and not plan.columns.added
+            else read_existing_table(spark, path, table)
+        )
+        if result.committed
+        else None,
         version_before=-1 if history is None else history.version,
     )
     return result

@@ -6,6 +6,8 @@
   table's log (:mod:`apply.change_log`);
 - :func:`append_from_driver`: the same append for a small batch collected to the
   driver, decoded there and written with delta-rs, no Spark job (:mod:`apply.driver_append`);
+- :func:`merge_from_driver`: the MERGE of a small batch collected to the driver,
+  decoded there and written with delta-rs, no Spark job (:mod:`apply.driver_merge`);
 - :func:`fold_then_merge`: a batch the log cannot take (a TRUNCATE, a replacement), under
   the table's fold lock: the log is folded and emptied first;
 - :func:`after_commit`: what the job keeps of the commit for the next batch
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from pyspark.sql import DataFrame, SparkSession
 
@@ -55,7 +57,8 @@ from apply.driver_append import (
     measure_changes,
     open_log,
 )
-from apply.errors import SchemaChangeError
+from apply.driver_merge import DriverMergeUnavailableError, merge_rows, source_rows
+from apply.errors import SchemaChangeError, TransientError
 from apply.fold import Folds, fold_table
 from apply.history import TableHistory, newest_version, read_history, recover_state
 from apply.known_tables import KnownTable
@@ -158,7 +161,9 @@ def merge_batch(
         prepare_replacement(spark, path, columns, existing)
         version_before = newest_version(spark, path)
     else:
-        ensure_table(spark, path, table, columns, existing)
+        ensure_table(
+            spark, path, table, columns, existing, deletion_vectors=context.deletion_vectors
+        )
         if history is None or columns.added:
             refreshed = read_history(spark, path, name)
             assert refreshed is not None  # ensure_table just wrote the table
@@ -213,12 +218,58 @@ def merge_batch(
         state = replayed_state(spark, path, name, batch_id)
 
     metrics = outcome.metrics
+    return merged_result(
+        topic_survey,
+        batch_id=batch_id,
+        path=path,
+        outcome=outcome,
+        measured=measured,
+        rows=MergedRows(
+            source=_metric(metrics, "numSourceRows"),
+            inserted=_metric(metrics, "numOutputRows" if plan.replace else "numTargetRowsInserted"),
+            updated=_metric(metrics, "numTargetRowsUpdated"),
+            deleted=_metric(metrics, "numTargetRowsDeleted"),
+            truncated=_metric(metrics, "numTargetRowsNotMatchedBySourceDeleted"),
+        ),
+        table_created=columns.create and not plan.replace,
+        columns_added=tuple(column.name for column in columns.added),
+        state=state,
+        writer="",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class MergedRows:
+    """What a MERGE did to the table's rows, from either writer's metrics."""
+
+    source: int
+    inserted: int
+    updated: int
+    deleted: int
+    truncated: int = 0
+
+
+def merged_result(
+    topic_survey: TopicSurvey,
+    *,
+    batch_id: int,
+    path: str,
+    outcome: MergeOutcome,
+    measured: BatchMeasure,
+    rows: MergedRows,
+    table_created: bool,
+    columns_added: tuple[str, ...],
+    state: AppliedState,
+    writer: str,
+) -> TableResult:
+    """What a batch MERGEd into its table reports, from either writer; ``writer`` names
+    the driver's in the log line (empty for Spark's)."""
+    topic = topic_survey.topic
     replays = sum(m.replays for m in measured.partitions.values())
     truncates = sum(m.truncates for m in measured.partitions.values())
-    source_rows = _metric(metrics, "numSourceRows")
     changes = topic_survey.records - topic_survey.tombstones - replays - truncates
     result = TableResult(
-        table=name,
+        table=state.table,
         topic=topic,
         path=path,
         batch_id=batch_id,
@@ -227,25 +278,24 @@ def merge_batch(
         records=topic_survey.records,
         tombstones=topic_survey.tombstones,
         replays=replays,
-        superseded=changes - source_rows if outcome.committed else 0,
+        superseded=changes - rows.source if outcome.committed else 0,
         truncates=truncates,
-        source_rows=source_rows,
-        rows_inserted=_metric(
-            metrics, "numOutputRows" if plan.replace else "numTargetRowsInserted"
-        ),
-        rows_updated=_metric(metrics, "numTargetRowsUpdated"),
-        rows_deleted=_metric(metrics, "numTargetRowsDeleted"),
-        rows_truncated=_metric(metrics, "numTargetRowsNotMatchedBySourceDeleted"),
-        table_created=columns.create and not plan.replace,
-        columns_added=tuple(column.name for column in columns.added),
+        source_rows=rows.source,
+        rows_inserted=rows.inserted,
+        rows_updated=rows.updated,
+        rows_deleted=rows.deleted,
+        rows_truncated=rows.truncated,
+        table_created=table_created,
+        columns_added=columns_added,
         partitions=tuple(sorted((topic, partition) for partition in topic_survey.partitions)),
         state=state,
     )
     log.info(
-        "batch %d to %s: version %d %s, %d records, %d replays, "
+        "batch %d to %s%s: version %d %s, %d records, %d replays, "
         "rows inserted %d, updated %d, deleted %d",
         batch_id,
-        name,
+        state.table,
+        writer,
         result.version,
         "committed" if result.committed else "skipped as already committed",
         result.records,
@@ -278,7 +328,7 @@ def append_batch(
     name = str(table)
     path = table_path(context.lake_root, table)
     log_path = change_log_path(context.lake_root, table)
-    ensure_table(spark, path, table, plan, existing)
+    ensure_table(spark, path, table, plan, existing, deletion_vectors=context.deletion_vectors)
     if log_history is None:
         create_log(spark, log_path, table, plan.columns, plan.key_columns)
         version_before = newest_version(spark, log_path)
@@ -484,6 +534,103 @@ def append_from_driver(
         source_rows=len(changes),
         plan=plan,
         state=state,
+    )
+
+
+def merge_from_driver(
+    spark: SparkSession,
+    *,
+    batch_id: int,
+    topic_survey: TopicSurvey,
+    context: ApplyContext,
+    history: TableHistory,
+    existing: ExistingTable,
+    schemas: Sequence[ValueSchema],
+    records: Sequence[CollectedRecord],
+) -> TableResult | None:
+    """:func:`merge_batch` for a small batch collected to the driver, MERGEd by delta-rs
+    with no Spark job (:mod:`apply.driver_merge`); None when the batch or the table is
+    one that path does not take (its module docstring), and then nothing is written."""
+    topic = topic_survey.topic
+    table = table_of_topic(topic)
+    name = str(table)
+    path = table_path(context.lake_root, table)
+    previous = history.state
+    if len(schemas) != 1 or not local_lake(context.lake_root) or context.driver_tables is None:
+        return None
+    if previous is not None and context.wrote(previous) and batch_id <= previous.batch_id:
+        return None  # a replayed batch: Spark's transaction check decides
+    try:
+        plan = plan_columns(table, existing, schemas)
+    except SchemaChangeError:
+        return None  # a TRUNCATE in the batch may still let the table take it
+    if plan.create or plan.added:
+        return None
+    decoded = decode_records(records, schemas[0], plan.columns)
+    measured = measure_changes(decoded, previous, topic)
+    check_decoded(measured, topic_survey, name)
+    if measured.truncate is not None or measured.unchanged_columns:
+        return None
+    state = advance(
+        previous,
+        name,
+        batch_id,
+        partition_batches(topic_survey, measured),
+        None,
+        txn_app_id=context.txn_app_id,
+    )
+    changes = latest_changes(
+        decoded,
+        previous,
+        topic,
+        key_indexes=[
+            index for index, column in enumerate(plan.columns) if column.name in plan.key_columns
+        ],
+        erased_before=None if previous is None else previous.truncated_at,
+    )
+    if not changes:
+        return None  # only replays or tombstones: Spark commits the state alone
+    try:
+        delta_table = context.driver_tables.at(path, history.version)
+        metrics = merge_rows(
+            delta_table,
+            source_rows(changes, plan.columns),
+            name=name,
+            columns=plan.columns,
+            key_columns=plan.key_columns,
+            app_id=context.txn_app_id,
+            batch_id=batch_id,
+            metadata=encode_state(state),
+        )
+    except (DriverMergeUnavailableError, DriverAppendUnavailableError) as exc:
+        log.warning("batch %d to %s: merged by Spark instead: %s", batch_id, name, exc)
+        return None
+    outcome = own_outcome(spark, path, history.version, context.txn_app_id, batch_id)
+    if not outcome.committed:
+        # delta-rs does not skip a transaction it committed before; the replay check above
+        # keeps it from being asked to, so this is someone else's commit in between.
+        context.driver_tables.forget(path)
+        raise TransientError(
+            f"table {name}: the driver's MERGE of batch {batch_id} is not in the table's "
+            "log after it returned; retry the batch, and make sure one apply job owns each "
+            "table"
+        )
+    return merged_result(
+        topic_survey,
+        batch_id=batch_id,
+        path=path,
+        outcome=outcome,
+        measured=measured,
+        rows=MergedRows(
+            source=len(changes),
+            inserted=int(metrics.get("num_target_rows_inserted", 0)),
+            updated=int(metrics.get("num_target_rows_updated", 0)),
+            deleted=int(metrics.get("num_target_rows_deleted", 0)),
+        ),
+        table_created=False,
+        columns_added=(),
+        state=state,
+        writer=" from the driver",
     )
 
 

@@ -103,7 +103,7 @@ def test_batches_append_the_view_is_fresh_and_folds_catch_the_table_up(
     # Batches small enough go through the driver (apply.driver_append) once the job
     # knows the log; the others through the JVM: both paths in one history.
     ctx = dataclasses.replace(
-        context(tmp_path, schemas), known=KnownTables(), folds=folds, driver_append_records=10_000
+        context(tmp_path, schemas), known=KnownTables(), folds=folds, driver_write_records=10_000
     )
     table = TableId("public", unique_name)
     root = ctx.lake_root

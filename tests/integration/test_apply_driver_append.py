@@ -1,7 +1,8 @@
-"""The append from the driver (apply.driver_append) against the JVM append it stands in
-for: the same batches of every column type, from a real Kafka topic, applied to two
-lakes, one with each path; the logs, the applied states and the folded tables must be
-equal column by column, and the driver's commits must really be delta-rs's.
+"""The driver's writes against Spark's they stand in for: the append to the change log
+(apply.driver_append) and the MERGE into the table (apply.driver_merge). The same
+batches of every column type, from a real Kafka topic, applied to lakes of each path;
+the logs and tables, the applied states and the results must be equal column by column,
+and the driver's commits must really be delta-rs's.
 """
 
 from __future__ import annotations
@@ -11,16 +12,26 @@ import json
 from pathlib import Path
 from typing import Any
 
+import deltalake
 import pytest
 
 from apply.batch import ApplyContext, apply_batch
 from apply.change_log import change_log_path
 from apply.delta_log import commit_file
+from apply.driver_merge import DriverTables
 from apply.fold import Folds, fold_table
 from apply.known_tables import KnownTables
 from apply.tables import TableId, table_path
 from schemas.change_record import ChangeEncoder, TableDescription, build_table_schemas
-from tests.plugins.change_topics import DELETE, INSERT, UPDATE, ChangeTopic, change, context
+from tests.plugins.change_topics import (
+    DELETE,
+    INSERT,
+    TRUNCATE,
+    UPDATE,
+    ChangeTopic,
+    change,
+    context,
+)
 from tests.plugins.column_types import EVERY_TYPE, EVERY_VALUE, EXTREMES
 from tests.plugins.services import Services
 
@@ -80,7 +91,7 @@ def test_the_driver_appends_what_the_jvm_appends(
             lake_root=str(tmp_path / name),
             known=KnownTables(),
             folds=Folds(every_s=0.0),
-            driver_append_records=records,
+            driver_write_records=records,
         )
 
     jvm, driver = lake("jvm", 0), lake("driver", 10_000)
@@ -143,3 +154,101 @@ def test_the_driver_appends_what_the_jvm_appends(
     folded = exact_rows(spark, table_path(driver.lake_root, table))
     assert folded == exact_rows(spark, table_path(jvm.lake_root, table))
     assert sorted(row[0] for row in folded) == [1, 2, 4]
+
+
+def test_the_driver_merges_what_spark_merges(
+    spark: Any, services: Services, unique_name: str, tmp_path: Path
+) -> None:
+    """The table itself, with the change log off: the same batches MERGEd by Spark alone,
+    by the driver where it can (apply.driver_merge), and by the driver into a table with
+    deletion vectors, which it must leave to Spark; tables, states and results equal."""
+    schemas = build_table_schemas(TableDescription("public", unique_name, EVERY_TYPE))
+    enc = ChangeEncoder(schemas)
+    table = TableId("public", unique_name)
+    topic = ChangeTopic(services, unique_name, 2)
+    base = context(tmp_path, schemas)
+
+    def lake(name: str, records: int, *, deletion_vectors: bool = False) -> ApplyContext:
+        return dataclasses.replace(
+            base,
+            lake_root=str(tmp_path / name),
+            known=KnownTables(),
+            driver_tables=DriverTables(),
+            driver_write_records=records,
+            deletion_vectors=deletion_vectors,
+        )
+
+    by_spark, driver = lake("spark", 0), lake("driver", 10_000)
+    with_dvs = lake("dvs", 10_000, deletion_vectors=True)
+    batches = [
+        # The first batch creates the table, with Spark; from the second on the job
+        # knows it.
+        [
+            (0, change(INSERT, 0x100, 0, after={"id": 1, **EVERY_VALUE})),
+            (1, change(INSERT, 0x100, 1, after={"id": 2})),
+            (1, change(INSERT, 0x100, 2, after={"id": 6, "small": 6})),
+        ],
+        [(0, change(INSERT, 0x200, 0, after={"id": 3, **EVERY_VALUE}))],
+        [
+            (1, change(UPDATE, 0x300, 0, after={"id": 2, **EVERY_VALUE, "small": 8})),
+            (1, change(INSERT, 0x300, 2, after={"id": 5, "small": 1})),
+            (1, change(UPDATE, 0x300, 3, after={"id": 5, "small": 2})),
+            (0, change(DELETE, 0x250, 0, before={"id": 3}, before_key_only=True)),
+            (0, change(DELETE, 0x250, 1, before={"id": 77}, before_key_only=True)),
+        ],
+        # Older than the rows they touch, on a partition not yet past them: the position
+        # guard keeps the rows (an update and a delete).
+        [
+            (0, change(UPDATE, 0x280, 0, after={"id": 2, "small": -1})),
+            (0, change(DELETE, 0x280, 1, before={"id": 5}, before_key_only=True)),
+            (0, change(UPDATE, 0x380, 0, after={"id": 1, **EVERY_VALUE, "small": 9})),
+        ],
+        # delta-rs cannot compute statistics of infinite dates: Spark merges these.
+        [(0, change(INSERT, 0x400, 0, after={"id": 4, **EXTREMES}))],
+        [(1, change(DELETE, 0x500, 0, before={"id": 5}, before_key_only=True))],
+        # A TRUNCATE is Spark's.
+        [
+            (1, change(INSERT, 0x600, 0, after={"id": 7})),
+            (0, change(TRUNCATE, 0x600, 1)),
+            (1, change(INSERT, 0x600, 2, after={"id": 8, **EVERY_VALUE})),
+        ],
+        [(1, change(UPDATE, 0x700, 0, after={"id": 8, "small": 3}))],
+    ]
+    from_driver = {1, 2, 3, 5, 7}
+    marks = [topic.mark()]
+    for batch in batches:
+        for partition, item in batch:
+            topic.send(enc, partition, item)
+        marks.append(topic.mark())
+
+    for batch_id in range(len(batches)):
+        records = topic.batch(spark, marks[batch_id], marks[batch_id + 1])
+        expected = apply_batch(records, batch_id, by_spark).applied[0]
+        for ctx in (driver, with_dvs):
+            got = apply_batch(records, batch_id, ctx).applied[0]
+            assert got.state == expected.state, f"batch {batch_id}"
+            assert dataclasses.replace(got, path="", state=None) == dataclasses.replace(
+                expected, path="", state=None
+            ), f"batch {batch_id}"
+            assert written_by_delta_rs(got.path, got.version) is (
+                ctx is driver and batch_id in from_driver
+            ), f"batch {batch_id}"
+            assert exact_rows(spark, got.path) == exact_rows(spark, expected.path), (
+                f"batch {batch_id}"
+            )
+        assert not written_by_delta_rs(expected.path, expected.version)
+    final = exact_rows(spark, table_path(driver.lake_root, table))
+    assert sorted(row[0] for row in final) == [8]
+    # The driver left the table with deletion vectors to Spark for that reason alone.
+    assert "deletionVectors" in (
+        deltalake.DeltaTable(table_path(with_dvs.lake_root, table)).protocol().writer_features or []
+    )
+
+    # Spark replays the last batch: the state covers it, nothing is written.
+    last = topic.batch(spark, marks[-2], marks[-1])
+    replayed = apply_batch(last, len(batches) - 1, driver).applied[0]
+    assert replayed.committed is False
+    # A restarted job (nothing known) reads the driver's commit back as its state.
+    restarted = dataclasses.replace(driver, known=None, driver_tables=None)
+    again = apply_batch(last, len(batches) - 1, restarted).applied[0]
+    assert (again.committed, again.state) == (False, replayed.state)

@@ -94,7 +94,9 @@ def _apply_settings(services: Services, name: str, root: Path) -> ApplySettings:
             control_topic=f"{name}._control",
             schema_topic=f"{name}._schemas",
         ),
-        lake=LakeSettings(root=str(root / "lake"), checkpoint_root=str(root / "cp")),
+        lake=LakeSettings(
+            root=str(root / "lake"), checkpoint_root=str(root / "cp"), deletion_vectors=True
+        ),
         trigger=TriggerSettings(interval="1 second"),
     )
 

@@ -15,16 +15,16 @@ def test_timestamps_are_written_as_int64_micros_by_default() -> None:
     assert conf["spark.sql.parquet.outputTimestampType"] == "TIMESTAMP_MICROS"
 
 
-def test_default_lake_keeps_deletion_vectors_and_no_change_feed() -> None:
+def test_default_lake_has_no_deletion_vectors_and_no_change_feed() -> None:
     conf = session_conf(SparkSettings(), [], LakeSettings())
-    assert conf[DELETION_VECTORS_DEFAULT] == "true"
+    assert conf[DELETION_VECTORS_DEFAULT] == "false"
     assert CHANGE_DATA_FEED_DEFAULT not in conf
 
 
-def test_lake_settings_turn_deletion_vectors_off_and_the_change_feed_on() -> None:
-    lake = LakeSettings(deletion_vectors=False, change_data_feed=True)
+def test_lake_settings_turn_deletion_vectors_and_the_change_feed_on() -> None:
+    lake = LakeSettings(deletion_vectors=True, change_data_feed=True)
     conf = session_conf(SparkSettings(), [], lake)
-    assert conf[DELETION_VECTORS_DEFAULT] == "false"
+    assert conf[DELETION_VECTORS_DEFAULT] == "true"
     assert conf[CHANGE_DATA_FEED_DEFAULT] == "true"
 
 

@@ -13,7 +13,7 @@ def test_defaults_carry_delta_and_small_machine_settings() -> None:
     assert conf["spark.databricks.delta.commitStats.collect"] == "false"
     assert conf["spark.sql.session.timeZone"] == "UTC"
     assert conf["spark.databricks.delta.snapshotPartitions"] == "2"
-    assert conf["spark.databricks.delta.properties.defaults.enableDeletionVectors"] == "true"
+    assert conf["spark.databricks.delta.properties.defaults.enableDeletionVectors"] == "false"
     assert conf["spark.scheduler.mode"] == "FAIR", "tables share the cores (apply.table_pool)"
     assert "spark.jars" not in conf
 

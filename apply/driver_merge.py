@@ -1,0 +1,209 @@
+"""A small micro-batch MERGEd into its Delta table from the driver, with delta-rs.
+
+A batch of a few hundred changes spends its time on Spark's fixed cost per table, not
+on the data: planning, scheduling and a task per partition for every table of the
+batch, seconds each on two cores, so a schema of eleven tables was 40 s behind its
+source at 25 transactions a second (docs/benchmarks.md). delta-rs MERGEs 10 to 100,000
+rows into a 100,000-row table in 37 to 72 ms from one Python process. So a batch the
+driver holds (:mod:`apply.batch.micro_batch`) is decoded, measured and reduced to the
+latest change per key there, by the same functions the change log's append uses
+(:mod:`apply.driver_append`), and each table's rows are MERGEd by delta-rs
+(:func:`merge_rows`) with the rules of :func:`apply.merge.merge_into`:
+
+- matched, the source row is a DELETE and newer than the target -> delete;
+- matched, an INSERT/UPDATE/READ and newer -> every column updated;
+- not matched, not a DELETE -> insert;
+
+where "newer" compares ``(_cdc_commit_lsn, _cdc_ordinal)``, so no replayed or late
+change takes a row back to an older state. The commit carries the batch's applied state
+as ``userMetadata`` and the query's ``txnAppId`` with the batch id as its ``txn``
+action: the commit Spark's MERGE makes, which a restarted job, the control topic,
+``pipeline status`` and ``verify`` read the same way.
+
+What it leaves to Spark's MERGE (:func:`apply.batch.write.merge_from_driver` checks):
+a batch that creates the table or adds columns, a TRUNCATE, an unchanged TOAST value,
+more than one writer schema, a replayed batch id (Spark's transaction check decides),
+and a table this module cannot write exactly (:func:`writable`):
+
+- **deletion vectors**: delta-rs 1.6 reads a table with the ``deletionVectors``
+  feature as unsupported, but its MERGE rewrites such a table's files *without* the
+  rows their vectors hide, bringing deleted rows back (measured here). Only tables
+  whose writer features are all in :data:`WRITABLE_FEATURES` are written;
+- **the change data feed**: Spark writes the change files of a MERGE, which delta-rs
+  does not write the same way;
+- a lake that is not on a local file system: on an object store Delta's Spark writer
+  keeps commits exclusive with a lock in its own JVM, which a second writer bypasses.
+
+Any failure of delta-rs before its commit falls back to Spark's MERGE, which is safe
+even after a delta-rs commit: it carries the same transaction id, which Delta skips.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pyarrow as pa  # type: ignore[import-untyped]
+from deltalake import CommitProperties, DeltaTable, Transaction
+from deltalake.exceptions import CommitFailedError, DeltaError
+
+from apply.delta_schema import COMMIT_LSN_COLUMN, COMMIT_TS_COLUMN, ORDINAL_COLUMN, ColumnSpec
+from apply.driver_append import DecodedChange, change_arrays
+from apply.errors import TransientError
+from schemas.operation import Operation
+
+log = logging.getLogger(__name__)
+
+SOURCE_OP = "__cdc_source_op"
+"""The source rows' operation, a column of the MERGE's source only."""
+
+WRITABLE_FEATURES = frozenset({"appendOnly", "invariants", "timestampNtz"})
+"""Writer features a table may have and still be written from the driver: the ones
+delta-rs writes exactly and apply's tables use (a zone-less timestamp needs
+``timestampNtz``)."""
+
+_CHANGE_DATA_FEED = "delta.enableChangeDataFeed"
+
+
+class DriverMergeUnavailableError(Exception):
+    """This table or batch cannot be MERGEd from the driver; Spark's MERGE takes it."""
+
+
+def _quoted(name: str) -> str:
+    """``name`` as a SQL identifier for delta-rs's predicates (DataFusion lower-cases an
+    unquoted one, and the contract's column names keep their case)."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def writable(table: Any) -> None:
+    """Raise :class:`DriverMergeUnavailableError` unless delta-rs writes ``table`` exactly
+    (module docstring)."""
+    protocol = table.protocol()
+    features = set(protocol.writer_features or ())
+    if protocol.min_writer_version > 7 or not features <= WRITABLE_FEATURES:
+        raise DriverMergeUnavailableError(
+            f"writer features {sorted(features - WRITABLE_FEATURES)} (writer version "
+            f"{protocol.min_writer_version}) that the driver does not write"
+        )
+    if 2 < protocol.min_writer_version < 7:
+        # Versions 3 to 6 imply features (constraints, change data feed, generated
+        # columns, column mapping) apply's tables do not use; the driver leaves them.
+        raise DriverMergeUnavailableError(f"writer version {protocol.min_writer_version}")
+    configuration = table.metadata().configuration
+    if str(configuration.get(_CHANGE_DATA_FEED, "false")).lower() == "true":
+        raise DriverMergeUnavailableError("the change data feed is on")
+
+
+class DriverTables:
+    """delta-rs's view of each table the driver writes, kept between batches: opening a
+    table replays its log from the last checkpoint, while the job already knows that no
+    commit but its own followed (:mod:`apply.known_tables`). Safe for tables written
+    from several threads, one thread per table at a time."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._tables: dict[str, Any] = {}
+
+    def at(self, path: str, version: int) -> Any:
+        """The table at ``path`` as of ``version``, its newest (the caller knows no later
+        commit exists); :class:`DriverMergeUnavailableError` when delta-rs cannot open it
+        there or write it."""
+        with self._lock:
+            table = self._tables.get(path)
+        try:
+            if table is None:
+                table = DeltaTable(path)
+            elif table.version() < version:
+                table.update_incremental()
+        except DeltaError as exc:
+            raise DriverMergeUnavailableError(f"delta-rs cannot open the table: {exc}") from exc
+        if table.version() != version:
+            self.forget(path)
+            raise DriverMergeUnavailableError(
+                f"delta-rs reads version {table.version()}, the job knows {version}"
+            )
+        writable(table)
+        with self._lock:
+            self._tables[path] = table
+        return table
+
+    def forget(self, path: str) -> None:
+        with self._lock:
+            self._tables.pop(path, None)
+
+
+def source_rows(changes: Sequence[DecodedChange], columns: Sequence[ColumnSpec]) -> Any:
+    """The MERGE's source: one row per key (``changes`` hold the latest change of each),
+    with the table's columns and the operation."""
+    if any(column.name == SOURCE_OP for column in columns):
+        raise DriverMergeUnavailableError(f"the table has a column named {SOURCE_OP}")
+    arrays = change_arrays(changes, columns)
+    arrays[SOURCE_OP] = pa.array([change.op for change in changes], type=pa.string())
+    return pa.table(arrays)
+
+
+def merge_rows(
+    table: Any,
+    rows: Any,
+    *,
+    name: str,
+    columns: Sequence[ColumnSpec],
+    key_columns: Sequence[str],
+    app_id: str,
+    batch_id: int,
+    metadata: str,
+) -> Mapping[str, int]:
+    """MERGE ``rows`` (:func:`source_rows`) into ``table`` in one commit carrying
+    ``metadata`` and ``(app_id, batch_id)`` (module docstring); delta-rs's metrics.
+
+    A commit that loses to another writer raises :class:`~apply.errors.TransientError`,
+    as Spark's MERGE does; any other failure of delta-rs raises
+    :class:`DriverMergeUnavailableError`, and the batch takes Spark's MERGE."""
+    s_lsn, t_lsn = f"s.{_quoted(COMMIT_LSN_COLUMN)}", f"t.{_quoted(COMMIT_LSN_COLUMN)}"
+    s_ord, t_ord = f"s.{_quoted(ORDINAL_COLUMN)}", f"t.{_quoted(ORDINAL_COLUMN)}"
+    newer = f"({s_lsn} > {t_lsn} OR ({s_lsn} = {t_lsn} AND {s_ord} > {t_ord}))"
+    is_delete = f"s.{_quoted(SOURCE_OP)} = '{Operation.DELETE.value}'"
+    not_delete = f"s.{_quoted(SOURCE_OP)} <> '{Operation.DELETE.value}'"
+    matches = " AND ".join(f"t.{_quoted(k)} = s.{_quoted(k)}" for k in key_columns)
+    names = [c.name for c in columns] + [COMMIT_LSN_COLUMN, ORDINAL_COLUMN, COMMIT_TS_COLUMN]
+    values = {_quoted(n): f"s.{_quoted(n)}" for n in names}
+    properties = CommitProperties(
+        custom_metadata={"userMetadata": metadata},
+        app_transactions=[Transaction(app_id, batch_id, int(time.time() * 1000))],
+    )
+    try:
+        metrics: Mapping[str, int] = (
+            table.merge(
+                rows,
+                matches,
+                source_alias="s",
+                target_alias="t",
+                commit_properties=properties,
+            )
+            .when_matched_delete(predicate=f"{is_delete} AND {newer}")
+            .when_matched_update(updates=values, predicate=f"{not_delete} AND {newer}")
+            .when_not_matched_insert(updates=values, predicate=not_delete)
+            .execute()
+        )
+    except CommitFailedError as exc:
+        raise TransientError(
+            f"table {name}: another writer committed to it during the driver's MERGE; retry "
+            "the batch, and make sure one apply job owns each table"
+        ) from exc
+    except DeltaError as exc:
+        raise DriverMergeUnavailableError(f"delta-rs did not merge: {exc}") from exc
+    return metrics
+
+
+__all__ = [
+    "SOURCE_OP",
+    "WRITABLE_FEATURES",
+    "DriverMergeUnavailableError",
+    "DriverTables",
+    "merge_rows",
+    "source_rows",
+    "writable",
+]
