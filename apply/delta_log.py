@@ -33,9 +33,11 @@ apply, which never turns that feature on.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import unquote
 
 from pyspark.sql import SparkSession
 
@@ -58,6 +60,9 @@ class CommitFile:
     user_metadata: str | None
     transactions: Mapping[str, int] = field(default_factory=dict)
     """``txn`` actions: application id to the version it committed."""
+    added: tuple[str, ...] = ()
+    """The paths of the data files the commit adds (``add`` actions), relative to the
+    table, URL-encoded as Delta writes them."""
 
     def written_by(self, app_id: str, txn_version: int) -> bool:
         return self.transactions.get(app_id) == txn_version
@@ -82,6 +87,7 @@ def parse_commit(version: int, text: str) -> CommitFile:
     info: dict[str, Any] = {}
     info_line = 0
     transactions: dict[str, int] = {}
+    added: list[str] = []
     for number, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
@@ -104,6 +110,11 @@ def parse_commit(version: int, text: str) -> CommitFile:
                     version, number, "a txn action without a string appId and an integer version"
                 )
             transactions[app_id] = txn_version
+        elif "add" in action:
+            add = _object(action["add"], version, number, "add")
+            if not isinstance(add.get("path"), str):
+                raise MalformedCommitError(version, number, "an add action without a path")
+            added.append(add["path"])
     raw_metrics = info.get("operationMetrics")
     metrics = _object(
         {} if raw_metrics is None else raw_metrics, version, info_line, "operationMetrics"
@@ -117,7 +128,54 @@ def parse_commit(version: int, text: str) -> CommitFile:
         metrics={str(k): str(v) for k, v in metrics.items()},
         user_metadata=user_metadata,
         transactions=transactions,
+        added=tuple(added),
     )
+
+
+def local_path(uri: str) -> str | None:
+    """The local file system path of a lake location: a plain path or a ``file:`` URI;
+    None for any other scheme (an object store)."""
+    if uri.startswith("file:"):
+        return "/" + uri[len("file:") :].lstrip("/")
+    return None if "://" in uri else uri
+
+
+def _fsync(path: str, *, directory: bool = False) -> None:
+    descriptor = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if directory else 0))
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def sync_commits(table_path: str, first: int, last: int) -> int:
+    """Make commits ``first`` to ``last`` of the local table at ``table_path`` durable:
+    the data files each adds, the directories that hold them, each commit file and the
+    log's directory, flushed to disk. Delta's writers (Spark's local log store, delta-rs)
+    rename a commit into place without a flush, so a host crash can take back a commit
+    that apply already reported applied, and capture would have confirmed its changes
+    past the slot. Returns the number of files and directories flushed; 0 for a table
+    that is not local (an object store's put is durable when it returns)."""
+    root = local_path(table_path)
+    if root is None or last < first:
+        return 0
+    directories = {os.path.join(root, "_delta_log")}
+    files = 0
+    for version in range(max(first, 0), last + 1):
+        commit = os.path.join(root, "_delta_log", f"{version:020d}.json")
+        with open(commit, encoding="utf-8") as file:
+            parsed = parse_commit(version, file.read())
+        for added in parsed.added:
+            absolute = local_path(unquote(added)) if ":" in added.split("/")[0] else None
+            data_file = absolute or os.path.join(root, unquote(added))
+            _fsync(data_file)
+            directories.add(os.path.dirname(data_file))
+            files += 1
+        _fsync(commit)
+        files += 1
+    for directory in sorted(directories):
+        _fsync(directory, directory=True)
+    return files + len(directories)
 
 
 def _object(value: object, version: int, line: int, what: str) -> dict[str, Any]:
@@ -173,4 +231,12 @@ class DeltaLogFiles:
         return found, version
 
 
-__all__ = ["CommitFile", "DeltaLogFiles", "MalformedCommitError", "commit_file", "parse_commit"]
+__all__ = [
+    "CommitFile",
+    "DeltaLogFiles",
+    "MalformedCommitError",
+    "commit_file",
+    "local_path",
+    "parse_commit",
+    "sync_commits",
+]

@@ -37,6 +37,7 @@ from apply.change_log import (
     resolve_unchanged,
 )
 from apply.decode import TopicSurvey
+from apply.delta_log import sync_commits
 from apply.delta_schema import (
     ColumnPlan,
     ExistingTable,
@@ -105,7 +106,13 @@ def after_commit(
     """After a table's batch wrote the Delta table at ``path`` (the table, or its change
     log): keep what it committed for the next batch (:mod:`apply.known_tables`), when
     ``existing`` names the columns it wrote to (None: the batch created or changed
-    them, nothing is kept), and run the upkeep the commit made due (:mod:`apply.upkeep`)."""
+    them, nothing is kept), and run the upkeep the commit made due (:mod:`apply.upkeep`).
+
+    On a local lake the batch's commits are flushed to disk first
+    (:func:`apply.delta_log.sync_commits`): the job publishes the state they hold as
+    applied once the batch returns, and capture then lets the slot go past it."""
+    if result.committed:
+        sync_commits(path, version_before + 1, result.version)
     if context.known is not None:
         if result.committed and existing is not None:
             context.known.remember(

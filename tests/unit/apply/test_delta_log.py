@@ -12,7 +12,13 @@ import pyarrow as pa  # type: ignore[import-untyped]
 import pytest
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
-from apply.delta_log import MalformedCommitError, commit_file, parse_commit
+from apply.delta_log import (
+    MalformedCommitError,
+    commit_file,
+    local_path,
+    parse_commit,
+    sync_commits,
+)
 
 ROOT = Path(__file__).resolve().parents[3]
 FUZZ_RUNS = 20_000
@@ -155,3 +161,54 @@ def test_the_commit_file_fuzzer_finds_nothing(tmp_path: Path) -> None:
     verdict = output[found : found + 4000] if found >= 0 else output[-4000:]
     assert result.returncode == 0, verdict
     assert f"Done {FUZZ_RUNS} runs" in result.stderr, verdict
+
+
+def test_a_commit_names_the_data_files_it_adds() -> None:
+    actions = [
+        {"add": {"path": "p%3D1/part-0.parquet", "size": 1}},
+        {"remove": {"path": "part-old.parquet"}},
+        {"add": {"path": "part-1.parquet", "size": 1}},
+    ]
+    commit = parse_commit(3, "\n".join(json.dumps(a) for a in actions))
+
+    assert commit.added == ("p%3D1/part-0.parquet", "part-1.parquet")
+    with pytest.raises(MalformedCommitError, match="an add action without a path"):
+        parse_commit(3, json.dumps({"add": {"size": 1}}))
+
+
+@pytest.mark.parametrize(
+    ("uri", "path"),
+    [
+        ("/lake/public/t", "/lake/public/t"),
+        (".local/lake/public/t", ".local/lake/public/t"),
+        ("file:/lake/public/t", "/lake/public/t"),
+        ("file:///lake/public/t", "/lake/public/t"),
+        ("s3a://bucket/lake/public/t", None),
+    ],
+)
+def test_only_a_local_lake_has_a_local_path(uri: str, path: str | None) -> None:
+    assert local_path(uri) == path
+
+
+def test_every_file_a_commit_adds_and_their_directories_are_flushed(tmp_path: Path) -> None:
+    rows = pa.table({"id": [1, 2, 3], "part": ["a", "b=c", "a"]})
+    write_deltalake(str(tmp_path), rows, partition_by=["part"])
+    write_deltalake(str(tmp_path), rows, mode="append", partition_by=["part"])
+    added = [parse_commit(v, Path(commit_file(str(tmp_path), v)).read_text()).added for v in (0, 1)]
+    assert all(len(files) == 2 for files in added)  # one file per partition, each commit
+
+    # Commit 1: its two data files, the commit, and three directories (two partitions and
+    # the log). Both commits: four data files, two commits, the same three directories.
+    assert sync_commits(str(tmp_path), 1, 1) == 2 + 1 + 3
+    assert sync_commits(f"file:{tmp_path}", 0, 1) == 4 + 2 + 3
+    assert sync_commits(str(tmp_path), 2, 1) == 0
+    assert sync_commits("s3a://bucket/t", 0, 1) == 0
+
+
+def test_a_commit_whose_data_file_is_missing_cannot_be_made_durable(tmp_path: Path) -> None:
+    write_deltalake(str(tmp_path), pa.table({"id": [1]}))
+    (missing,) = parse_commit(0, Path(commit_file(str(tmp_path), 0)).read_text()).added
+    (tmp_path / missing).unlink()
+
+    with pytest.raises(FileNotFoundError):
+        sync_commits(str(tmp_path), 0, 0)
