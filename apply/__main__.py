@@ -26,7 +26,7 @@ from apply.metrics import ApplyMetrics
 from apply.settings import ApplySettings
 from apply.spark_jars import configured_jars
 from apply.spark_session import build_session
-from apply.table_status import format_errored, read_table_statuses
+from apply.table_status import errored_line, format_errored, read_table_statuses
 from runtime import logs
 from runtime.settings_table import settings_table
 from runtime.telemetry import Health, serve
@@ -110,10 +110,8 @@ def _report(job: ApplyJob, arguments: argparse.Namespace) -> int:
         return 0
     if arguments.command == ERRORED:
         for table in job.errored():
-            print(
-                f"{table.table}: {table.records} records parked since batch "
-                f"{table.since_batch}: {table.error}"
-            )
+            error = f"{table.error_kind}: {table.error}"
+            print(errored_line(table.table, table.records, error, table.since_batch))
         return 0
     if arguments.command == DISCARD:
         topic, partition, offset = arguments.record

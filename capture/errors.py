@@ -23,8 +23,27 @@ from __future__ import annotations
 
 from runtime.errors import ConfigError, PipelineError, TableError, TransientError
 
-__all__ = ["ConfigError", "PipelineError", "ProtocolError", "TableError", "TransientError"]
+__all__ = [
+    "ConfigError",
+    "PipelineError",
+    "ProtocolError",
+    "TableError",
+    "TransientError",
+    "with_resync_cure",
+]
 
 
 class ProtocolError(PipelineError):
     """The replication stream carried bytes we cannot decode; stop, confirm nothing more."""
+
+
+def with_resync_cure(table: str, message: str) -> str:
+    """An errored table's message with the cure that releases it: a capture restart alone
+    keeps the table errored; only a resync, which takes effect at the next start, streams
+    it again. Messages that already name the resync are left as they are."""
+    if "python -m capture resync" in message:
+        return message
+    return (
+        f"{message}; once the cause is fixed: python -m capture resync {table}, then restart "
+        "capture (docs/capture.md, resync of an errored table)"
+    )
