@@ -24,6 +24,7 @@ from __future__ import annotations
 from runtime.errors import ConfigError, PipelineError, TableError, TransientError
 
 __all__ = [
+    "SLOT_RESYNC",
     "ConfigError",
     "PipelineError",
     "ProtocolError",
@@ -31,6 +32,23 @@ __all__ = [
     "TransientError",
     "with_resync_cure",
 ]
+
+SLOT_RESYNC = "docs/operations.md, resync after a lost slot"
+"""Where the one procedure for a slot capture cannot trust (lost, dropped, advanced past
+its checkpoint) is written; every message about such a slot points there."""
+
+
+def slot_resync(drop: str | None = None) -> str:
+    """The resync of the whole pipeline, in short, and where it is written in full;
+    ``drop``: the slot to drop first (None when it is already gone)."""
+    dropped = "" if drop is None else f"SELECT pg_drop_replication_slot('{drop}'); "
+    return (
+        f"stop capture and apply; {dropped}delete the lake and every checkpoint of apply's "
+        "queries (apply and apply-* under APPLY_LAKE__CHECKPOINT_ROOT, one per lane); delete "
+        "this pipeline's change, schema and control topics; start capture "
+        "(CAPTURE_SNAPSHOT_MODE=initial snapshots every table anew), then apply "
+        f"({SLOT_RESYNC})"
+    )
 
 
 class ProtocolError(PipelineError):
