@@ -31,7 +31,10 @@ names the closest setting, whether the slip is at the top (`CAPTURE_STREAMNG`,
 word. Below a map setting (`CAPTURE_KAFKA__PRODUCER`, `APPLY_SPARK__CONF`) one more part
 names a single key (`CAPTURE_KAFKA__PRODUCER__ACKS=all`). `python -m pipeline` reads
 both services' variables and checks both. Variables with other prefixes (`CDC_*`, the
-tests' and the demo's) are not looked at.
+tests' and the demo's) are not looked at. On Kubernetes, a Service named `capture-...` or
+`apply-...` would put such names into every pod of its namespace
+(`CAPTURE_METRICS_SERVICE_HOST`); the chart turns service links off
+(`enableServiceLinks: false`), and a pod of your own must too.
 
 `make up` starts a local stack and writes `.local/stack.env`: after
 `set -a; . .local/stack.env; set +a`, `CAPTURE_POSTGRES__DSN`,

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 from collections.abc import Iterator, Mapping
 from types import UnionType
 from typing import Any, Union, get_args, get_origin
@@ -27,6 +28,11 @@ from pydantic import BaseModel
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
 from runtime.errors import ConfigError
+
+_SERVICE_LINK = re.compile(r"_SERVICE_(?:HOST|PORT)(?:_|$)")
+"""What Kubernetes puts in a pod's environment for each Service of its namespace
+(``<NAME>_SERVICE_HOST``, ``<NAME>_SERVICE_PORT``), unless the pod turns service links
+off: no setting ends so."""
 
 
 def _without_none(annotation: Any) -> Any:
@@ -122,6 +128,13 @@ def unknown_variables(settings_cls: type[BaseSettings], environ: Mapping[str, st
         try:
             resolve(settings_cls, variable)
         except LookupError as exc:
+            if _SERVICE_LINK.search(variable.upper()):
+                service = prefix.lower().replace("_", "-")
+                problems.append(
+                    f"{variable} looks like a Kubernetes service link of a Service named "
+                    f"{service}...: set enableServiceLinks: false on the pod"
+                )
+                continue
             closest = difflib.get_close_matches(variable.upper(), names, n=1, cutoff=0.6)
             problems.append(
                 f"{variable} names no setting: did you mean {closest[0]}?"

@@ -39,6 +39,7 @@ NOT_SETTINGS = {
     "CAPTURE_STREAMNG": "a misspelt example",
     "APPLY_LAKE_CHANGE_LOG": "a misspelt example",
     "CAPTURE_POSTGRES__SLOTT": "a misspelt example",
+    "CAPTURE_METRICS_SERVICE_HOST": "an example of a Kubernetes service link",
     # architecture.md names the import-floors test's table of capture's parts.
     "CAPTURE_FLOORS": "tests/unit/architecture/test_import_floors.py",
 }

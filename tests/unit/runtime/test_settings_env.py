@@ -49,6 +49,14 @@ def test_every_setting_and_map_key_is_accepted() -> None:
     assert "APPLY_KAFKA__REGISTRY__URL" in setting_names(ApplySettings)
 
 
+def test_a_kubernetes_service_link_is_named_as_one() -> None:
+    (problem,) = unknown_variables(CaptureSettings, {"CAPTURE_METRICS_SERVICE_HOST": "10.0.0.1"})
+    assert problem == (
+        "CAPTURE_METRICS_SERVICE_HOST looks like a Kubernetes service link of a Service named "
+        "capture-...: set enableServiceLinks: false on the pod"
+    )
+
+
 def test_other_prefixes_are_left_alone_and_a_far_name_points_at_the_reference() -> None:
     check_environment(ApplySettings, {"CAPTURE_STREAMNG": "on", "CDC_POSTGRES_DSN": "x"})
     with pytest.raises(ConfigError) as raised:
