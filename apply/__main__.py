@@ -26,8 +26,9 @@ from apply.metrics import ApplyMetrics
 from apply.settings import ApplySettings
 from apply.spark_jars import configured_jars
 from apply.spark_session import build_session
-from apply.table_status import format_errored, read_table_statuses
+from apply.table_status import errored_line, format_errored, read_table_statuses
 from runtime import logs
+from runtime.settings_env import env_prefix
 from runtime.settings_table import settings_table
 from runtime.telemetry import Health, serve
 
@@ -110,10 +111,8 @@ def _report(job: ApplyJob, arguments: argparse.Namespace) -> int:
         return 0
     if arguments.command == ERRORED:
         for table in job.errored():
-            print(
-                f"{table.table}: {table.records} records parked since batch "
-                f"{table.since_batch}: {table.error}"
-            )
+            error = f"{table.error_kind}: {table.error}"
+            print(errored_line(table.table, table.records, error, table.since_batch))
         return 0
     if arguments.command == DISCARD:
         topic, partition, offset = arguments.record
@@ -166,6 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValidationError as exc:
         print(f"invalid apply settings:\n{exc}", file=sys.stderr)
         return 2
+    except ConfigError as exc:
+        print(f"invalid apply settings: {exc}", file=sys.stderr)
+        return 2
     logs.configure(settings.log)
     if arguments.command == ERRORED and not arguments.from_lake:
         return _errored_from_control_topic(settings, log)
@@ -195,7 +197,9 @@ def main(argv: list[str] | None = None) -> int:
         if arguments.command in (ERRORED, REAPPLY, DISCARD, VIEW):
             return _report(job, arguments)
         # Only the streaming job serves: a one-off command beside it must not take its port.
-        server = serve(settings.metrics, metrics.registry, health)
+        server = serve(
+            settings.metrics, metrics.registry, health, env_prefix=env_prefix(ApplySettings)
+        )
         job.run(stop)
     except ConfigError as exc:
         log.error("configuration error: %s", exc)  # noqa: TRY400

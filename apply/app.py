@@ -52,7 +52,7 @@ from apply.batch import ApplyContext, applied_state, apply_batch
 from apply.change_log import Dialect, logged_tables, view_sql
 from apply.dead_letter import ErroredTable, discard, errored_tables, parked_offsets
 from apply.driver_merge import DriverTables
-from apply.errors import TableError, UnknownSchemaError
+from apply.errors import TableError, UnknownSchemaError, parked_cure
 from apply.feedback import ProgressPublisher, SchemaCatalog
 from apply.fold import Folds, FoldTimer, fold_table
 from apply.kafka_clients import spark_source_options
@@ -140,14 +140,14 @@ def log_results(
         )
     for p in parked:
         log.warning(
-            "batch %d table %s: errored, records=%d parked=%d error=%s; fix the cause, then "
-            "run: python -m apply reapply %s",
+            "batch %d table %s: errored, records=%d parked=%d error=%s: %s; cure: %s",
             batch_id,
             p.table,
             p.records,
             p.parked,
             p.error_kind,
-            p.table,
+            p.error,
+            parked_cure(p.error_kind, p.table),
             extra={"table": p.table, "batch_id": batch_id},
         )
 

@@ -46,7 +46,8 @@ rows the batch writes get null there. A column whose type changed, a changed set
 columns, two names that differ only in case (Delta compares names case-insensitively)
 or a source column named like a metadata column raise
 :class:`~apply.errors.SchemaChangeError`: the lake cannot follow, and the table needs a
-resync or a rename at the source.
+resync (``python -m capture resync SCHEMA.TABLE``, whose TRUNCATE replaces the Delta
+table) or a rename at the source.
 """
 
 from __future__ import annotations
@@ -295,8 +296,9 @@ def plan_columns(
         raise SchemaChangeError(
             name,
             f"key columns changed ({' vs '.join(sorted(map(str, map(list, keys))))}): "
-            "rows can no longer be matched; resync the table (drop the Delta table and "
-            "re-snapshot the source)",
+            "rows can no longer be matched; resync the table: python -m capture resync "
+            f"{name}, then restart capture (the resync's TRUNCATE replaces the Delta table "
+            "and releases it)",
         )
     if not keys:
         raise ValueError("plan_columns needs an existing table or at least one schema")
@@ -315,7 +317,9 @@ def plan_columns(
                     name,
                     f"column {column.name} changed type from {known.data_type.simpleString()} "
                     f"to {column.data_type.simpleString()}: Delta cannot follow; resync the "
-                    "table, or add a new column at the source instead of retyping",
+                    f"table: python -m capture resync {name}, then restart capture (the "
+                    "resync's TRUNCATE replaces the Delta table and releases it), or add a "
+                    "new column at the source instead of retyping",
                 )
     # Each name appears once in this list, so any repeat of a folded name is a clash.
     reserved = ", ".join(field.name for field in METADATA_FIELDS)

@@ -133,3 +133,45 @@ class CommitFileError(TableError):
             "SCHEMA.TABLE",
         )
         self.file = file
+
+
+_REAPPLY = "python -m apply reapply {table}"
+_RESYNC = (
+    "resync it at the source: python -m capture resync {table}, then restart capture; the "
+    "resync's TRUNCATE releases the table by itself (a reapply before the resync fails "
+    "again)"
+)
+_CURES = {
+    SchemaChangeError.__name__: _RESYNC,
+    MissingSchemaError.__name__: (
+        "restart the capture, which publishes its schemas again (or point "
+        "APPLY_KAFKA__REGISTRY__URL at capture's registry), then run " + _REAPPLY
+    ),
+    BadRecordError.__name__: (
+        "inspect the record the error names and fix the producer; one that can never be "
+        "applied is set aside with python -m apply discard {table} TOPIC/PARTITION/OFFSET; "
+        "then run " + _REAPPLY
+    ),
+    CommitMetadataError.__name__: (
+        "restore the table's history from a backup of the lake, then run "
+        + _REAPPLY
+        + "; or "
+        + _RESYNC
+    ),
+    CommitFileError.__name__: (
+        "restore the commit file from a backup of the lake, then run "
+        + _REAPPLY
+        + "; or move the table aside and "
+        + _RESYNC
+    ),
+}
+_DEFAULT_CURE = (
+    "fix the cause the error names (the producer, a foreign table), then run " + _REAPPLY
+)
+
+
+def parked_cure(error_kind: str, table: str) -> str:
+    """What releases a table parked by an error of class ``error_kind`` (its name, as the
+    dead-letter table records it): a schema change needs a resync at the source, which
+    releases the table by itself; the other errors a fix, then ``reapply``."""
+    return _CURES.get(error_kind, _DEFAULT_CURE).format(table=table)

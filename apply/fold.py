@@ -159,7 +159,8 @@ def fold_table(
         raise ConfigError(
             f"table {name}: the fold of its change log up to sequence {through} was skipped "
             f"as written before, but the table holds the log only up to {watermark}: the "
-            f"change log at {log_path} was recreated; resync the table"
+            f"change log at {log_path} was recreated; resync the table: python -m capture "
+            f"resync {name}, then restart capture"
         )
     trim_through = through if empty_log else watermark
     if trim_through is not None:

@@ -431,7 +431,8 @@ def merge_into(
         raise SchemaChangeError(
             table,
             f"the MERGE does not fit the Delta table at {path} ({exc.getCondition()}): was the "
-            "table altered outside apply? Restore its schema or resync the table",
+            "table altered outside apply? Restore its schema, or resync the table: python -m "
+            f"capture resync {table}, then restart capture",
         ) from exc
     return own_outcome(spark, path, version_before, app_id, batch_id)
 

@@ -12,10 +12,11 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
 from runtime.logs import LogSettings
 from runtime.schema_registry import SchemaRegistrySettings
+from runtime.settings_env import ServiceSettings
 from runtime.telemetry import MetricsSettings
 
 
@@ -124,7 +125,13 @@ class LakeSettings(BaseModel):
 class TriggerSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    mode: Literal["processing_time", "available_now"] = "processing_time"
+    mode: Literal["processing_time", "available_now"] = Field(
+        "processing_time",
+        description=(
+            "processing_time: a micro-batch every interval, until stopped; available_now: "
+            "read what the topics hold at start, apply it and exit (a catch-up run)"
+        ),
+    )
     interval: str = Field("5 seconds", description="processing-time trigger interval")
 
 
@@ -178,7 +185,9 @@ class SparkSettings(BaseModel):
         None,
         description=(f"Spark master; unset: the one spark-submit was given, else {LOCAL_MASTER}"),
     )
-    app_name: str = "cdc-apply"
+    app_name: str = Field(
+        "cdc-apply", description="the Spark application's name (spark.app.name), as its UI shows"
+    )
     jars: list[str] | None = Field(
         None,
         description="exact jars for spark.jars; overrides jars_dir",
@@ -193,7 +202,7 @@ class SparkSettings(BaseModel):
     conf: dict[str, str] = Field(default_factory=dict, description="extra Spark confs")
 
 
-class ApplySettings(BaseSettings):
+class ApplySettings(ServiceSettings):
     """Everything the apply job can be told."""
 
     model_config = SettingsConfigDict(

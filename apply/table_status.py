@@ -34,7 +34,7 @@ from typing import Protocol
 from confluent_kafka import Consumer, KafkaError, KafkaException
 from confluent_kafka.cimpl import TopicPartition
 
-from apply.errors import ConfigError, TransientError
+from apply.errors import ConfigError, TransientError, parked_cure
 from apply.kafka_clients import SETTING, STATUS_GROUP, client_conf
 from apply.settings import KafkaSettings
 from runtime.kafka_client import ConnectionErrors
@@ -86,7 +86,15 @@ def format_errored(statuses: Mapping[str, ApplyTableStatus]) -> str:
     errored = [statuses[t] for t in sorted(statuses) if statuses[t].errored]
     if not errored:
         return "no errored table"
-    return "\n".join(f"{s.table}: {s.parked} records parked: {s.error}" for s in errored)
+    return "\n".join(errored_line(s.table, s.parked, s.error or "") for s in errored)
+
+
+def errored_line(table: str, parked: int, error: str, since_batch: int | None = None) -> str:
+    """One errored table as ``python -m apply errored`` prints it, with the cure that fits
+    its error; ``error`` is ``<class>: <message>``, as :func:`table_statuses` writes it."""
+    since = "" if since_batch is None else f" since batch {since_batch}"
+    cure = parked_cure(error.partition(":")[0], table)
+    return f"{table}: {parked} records parked{since}: {error}; cure: {cure}"
 
 
 def read_table_statuses(

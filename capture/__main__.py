@@ -26,6 +26,7 @@ from capture.service import CaptureService
 from capture.settings import CaptureSettings
 from runtime import gc_tuning, logs
 from runtime.retry import run_with_retry
+from runtime.settings_env import env_prefix
 from runtime.settings_table import settings_table
 from runtime.telemetry import Health, serve
 
@@ -50,6 +51,9 @@ def main(argv: list[str] | None = None) -> int:
         settings = CaptureSettings()
     except ValidationError as exc:
         print(f"invalid capture settings:\n{exc}", file=sys.stderr)
+        return 2
+    except ConfigError as exc:
+        print(f"invalid capture settings: {exc}", file=sys.stderr)
         return 2
     logs.configure(settings.log)
     try:
@@ -95,7 +99,9 @@ def main(argv: list[str] | None = None) -> int:
 
     # The messages say what to do; a traceback would bury them, so no log.exception.
     try:
-        server = serve(settings.metrics, metrics.registry, health)
+        server = serve(
+            settings.metrics, metrics.registry, health, env_prefix=env_prefix(CaptureSettings)
+        )
     except ConfigError as exc:
         log.error("configuration error: %s", exc)  # noqa: TRY400
         return 2

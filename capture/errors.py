@@ -23,8 +23,45 @@ from __future__ import annotations
 
 from runtime.errors import ConfigError, PipelineError, TableError, TransientError
 
-__all__ = ["ConfigError", "PipelineError", "ProtocolError", "TableError", "TransientError"]
+__all__ = [
+    "SLOT_RESYNC",
+    "ConfigError",
+    "PipelineError",
+    "ProtocolError",
+    "TableError",
+    "TransientError",
+    "with_resync_cure",
+]
+
+SLOT_RESYNC = "docs/operations.md, resync after a lost slot"
+"""Where the one procedure for a slot capture cannot trust (lost, dropped, advanced past
+its checkpoint) is written; every message about such a slot points there."""
+
+
+def slot_resync(drop: str | None = None) -> str:
+    """The resync of the whole pipeline, in short, and where it is written in full;
+    ``drop``: the slot to drop first (None when it is already gone)."""
+    dropped = "" if drop is None else f"SELECT pg_drop_replication_slot('{drop}'); "
+    return (
+        f"stop capture and apply; {dropped}delete the lake and every checkpoint of apply's "
+        "queries (apply and apply-* under APPLY_LAKE__CHECKPOINT_ROOT, one per lane); delete "
+        "this pipeline's change, schema and control topics; start capture "
+        "(CAPTURE_SNAPSHOT_MODE=initial snapshots every table anew), then apply "
+        f"({SLOT_RESYNC})"
+    )
 
 
 class ProtocolError(PipelineError):
     """The replication stream carried bytes we cannot decode; stop, confirm nothing more."""
+
+
+def with_resync_cure(table: str, message: str) -> str:
+    """An errored table's message with the cure that releases it: a capture restart alone
+    keeps the table errored; only a resync, which takes effect at the next start, streams
+    it again. Messages that already name the resync are left as they are."""
+    if "python -m capture resync" in message:
+        return message
+    return (
+        f"{message}; once the cause is fixed: python -m capture resync {table}, then restart "
+        "capture (docs/capture.md, resync of an errored table)"
+    )

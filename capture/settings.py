@@ -12,10 +12,11 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
 from runtime.logs import LogSettings
 from runtime.schema_registry import SchemaRegistrySettings
+from runtime.settings_env import ServiceSettings
 from runtime.telemetry import MetricsSettings
 
 
@@ -114,7 +115,7 @@ class WalSettings(BaseModel):
     )
 
 
-class CaptureSettings(BaseSettings):
+class CaptureSettings(ServiceSettings):
     """Everything the capture service can be told."""
 
     model_config = SettingsConfigDict(

@@ -20,9 +20,21 @@ HEADER = """\
 
 Both services read their settings from environment variables (and nothing else), once,
 at start. Nested names are joined with `__`; lists and maps are JSON, e.g.
-`CAPTURE_POSTGRES__TABLES='["public.orders","public.customers"]'`. A misspelt name inside
-a group (say `CAPTURE_POSTGRES__SLOTT`) is an error at start rather than a silent default.
-A default below is what the service runs with when its variable is not set.
+`CAPTURE_POSTGRES__TABLES='["public.orders","public.customers"]'`. A default below is
+what the service runs with when its variable is not set.
+
+Every variable that starts with a service's prefix (`CAPTURE_`, `APPLY_`) must name one
+of its settings below: a misspelt name stops the start (exit status 2) with an error that
+names the closest setting, whether the slip is at the top (`CAPTURE_STREAMNG`,
+`APPLY_LAKE_CHANGE_LOG` one underscore short) or inside a group
+(`CAPTURE_POSTGRES__SLOTT`), rather than leaving the service on its defaults without a
+word. Below a map setting (`CAPTURE_KAFKA__PRODUCER`, `APPLY_SPARK__CONF`) one more part
+names a single key (`CAPTURE_KAFKA__PRODUCER__ACKS=all`). `python -m pipeline` reads
+both services' variables and checks both. Variables with other prefixes (`CDC_*`, the
+tests' and the demo's) are not looked at. On Kubernetes, a Service named `capture-...` or
+`apply-...` would put such names into every pod of its namespace
+(`CAPTURE_METRICS_SERVICE_HOST`); the chart turns service links off
+(`enableServiceLinks: false`), and a pod of your own must too.
 
 `make up` starts a local stack and writes `.local/stack.env`: after
 `set -a; . .local/stack.env; set +a`, `CAPTURE_POSTGRES__DSN`,

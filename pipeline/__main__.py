@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from apply.settings import ApplySettings
 from capture.settings import CaptureSettings
+from runtime.errors import ConfigError
 
 COMMANDS = {"status": "where every table and the slot stand", "verify": "lake equals source?"}
 
@@ -39,6 +40,9 @@ def main(argv: list[str] | None = None) -> int:
         apply_settings = ApplySettings()
     except ValidationError as exc:
         print(f"invalid settings:\n{exc}", file=sys.stderr)
+        return 2
+    except ConfigError as exc:
+        print(f"invalid settings: {exc}", file=sys.stderr)
         return 2
     # Imported per command: status must run where pyspark is not even loaded.
     if arguments.command == "status":

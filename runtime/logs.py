@@ -34,7 +34,7 @@ TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
 
 
 class LogSettings(BaseModel):
-    """Log format and cadence (``<PREFIX>_LOG__*``)."""
+    """Log format and cadence (``CAPTURE_LOG__*``, ``APPLY_LOG__*``)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

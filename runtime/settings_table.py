@@ -12,6 +12,7 @@ every default shown with settings built from an empty environment.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Literal, get_args, get_origin
 
 from pydantic import BaseModel
 from pydantic_settings import BaseSettings
@@ -30,7 +31,11 @@ def setting_rows(values: BaseModel, prefix: str) -> Iterator[tuple[str, str, str
             continue
         secret = any(hidden in name for hidden in _HIDDEN)
         shown = "" if value is None or secret else f"`{value}`"
-        yield variable, shown, field.description or ""
+        meaning = field.description or ""
+        if get_origin(field.annotation) is Literal:
+            choices = ", ".join(f"`{choice}`" for choice in get_args(field.annotation))
+            meaning = f"{meaning} (one of {choices})".lstrip()
+        yield variable, shown, meaning
 
 
 def defaults(settings: type[BaseSettings]) -> BaseSettings:

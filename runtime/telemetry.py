@@ -50,7 +50,8 @@ log = logging.getLogger(__name__)
 
 
 class MetricsSettings(BaseModel):
-    """Where the metrics and health endpoint listens (``<PREFIX>_METRICS__*``)."""
+    """Where the metrics and health endpoint listens (``CAPTURE_METRICS__*``,
+    ``APPLY_METRICS__*``)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -308,8 +309,15 @@ class TelemetryServer:
     """``/metrics``, ``/healthz`` and ``/readyz`` on one port, in a daemon thread."""
 
     def __init__(
-        self, settings: MetricsSettings, registry: CollectorRegistry, health: Health
+        self,
+        settings: MetricsSettings,
+        registry: CollectorRegistry,
+        health: Health,
+        *,
+        env_prefix: str = "",
     ) -> None:
+        """``env_prefix``: the service's (``CAPTURE_``, ``APPLY_``), for the message that
+        names the setting to change when the port is taken."""
         try:
             self._server = ThreadingHTTPServer(
                 (settings.host, settings.port), _handler(registry, health)
@@ -317,8 +325,8 @@ class TelemetryServer:
         except OSError as exc:
             raise ConfigError(
                 f"cannot serve metrics on {settings.host}:{settings.port}: {exc.strerror}; "
-                "set <PREFIX>_METRICS__PORT to a free port (0: any) or "
-                "<PREFIX>_METRICS__ENABLED=false"
+                f"set {env_prefix}METRICS__PORT to a free port (0: any) or "
+                f"{env_prefix}METRICS__ENABLED=false"
             ) from exc
         self._server.daemon_threads = True
         self._thread = threading.Thread(
@@ -355,9 +363,10 @@ class TelemetryServer:
 
 
 def serve(
-    settings: MetricsSettings, registry: CollectorRegistry, health: Health
+    settings: MetricsSettings, registry: CollectorRegistry, health: Health, *, env_prefix: str
 ) -> TelemetryServer | None:
-    """Start the endpoint, or nothing when ``settings.enabled`` is false."""
+    """Start the endpoint, or nothing when ``settings.enabled`` is false. ``env_prefix``:
+    the service's, which the message about a taken port names its settings with."""
     if not settings.enabled:
         return None
-    return TelemetryServer(settings, registry, health)
+    return TelemetryServer(settings, registry, health, env_prefix=env_prefix)

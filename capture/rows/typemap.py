@@ -390,7 +390,8 @@ def _parse_decimal(site: _Site, precision: int, scale: int) -> Parse:
             raise site.table_error(
                 f"holds {value.decode()}, which DECIMAL({precision},{scale}) cannot carry: "
                 "make those values NULL or a number, or alter the column to unconstrained "
-                "numeric (published as its text form); then restart the table"
+                "numeric (published as its text form); then run python -m capture resync "
+                f"{site.table} and restart capture"
             )
         whole, _, fraction = value.partition(b".")
         if len(fraction) != scale:
@@ -474,7 +475,8 @@ def _parse_array(
             f"holds a {found}-dimensional array but is published as {dimensions}-dimensional "
             "(its declared dimensions): declare the dimensions its values have (ALTER TABLE "
             f"... ALTER COLUMN {site.column} TYPE {element_name}{'[]' * found}), or store "
-            f"only {dimensions}-dimensional values; then restart the table"
+            f"only {dimensions}-dimensional values; then run python -m capture resync "
+            f"{site.table} and restart capture"
         )
 
     def convert(node: list[Any], level: int) -> list[Any]:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 import psycopg
 from psycopg import sql
 
-from capture.errors import ConfigError, TableError, TransientError
+from capture.errors import ConfigError, TableError, TransientError, slot_resync
 from capture.metrics import CaptureMetrics
 from capture.pgoutput import Relation, ReplicaIdentity
 from capture.rows.typemap import SESSION_SETTINGS, libpq_options
@@ -197,24 +197,25 @@ def check_slot_history(
     applied = sorted(applied_topics)
     if slot is None and applied:
         held = f"the control topic shows applied changes for {', '.join(applied)}"
-        raise ConfigError(_missing_slot(slot_name, held, "those Delta tables", failed_over))
+        raise ConfigError(_missing_slot(slot_name, held, failed_over))
     if slot is None and failed_over and checkpoint is not None:
         held = (
             f"capture streamed it up to {format_lsn(checkpoint)} on the server this one was "
             "promoted from (its last checkpoint on the control topic)"
         )
-        raise ConfigError(_missing_slot(slot_name, held, "the pipeline's Delta tables", True))
+        raise ConfigError(_missing_slot(slot_name, held, True))
     if slot is not None and checkpoint is not None and slot.confirmed_flush > checkpoint:
         raise ConfigError(
             f"replication slot {slot_name} is at {format_lsn(slot.confirmed_flush)}, past the "
             f"{format_lsn(checkpoint)} capture last confirmed: someone else advanced it "
-            "and changes in between may be lost. Resync as for a dropped slot (docs/capture.md)"
+            "and changes in between may be lost. Resync the pipeline: "
+            f"{slot_resync(slot_name)}"
         )
 
 
-def _missing_slot(slot_name: str, held: str, tables: str, failed_over: bool) -> str:
+def _missing_slot(slot_name: str, held: str, failed_over: bool) -> str:
     """Why a missing slot is refused: what the pipeline ``held`` of it, why it is gone,
-    and the resync (deleting ``tables``)."""
+    and the resync."""
     cause = (
         "this server is a promoted standby (its timeline changed since capture's last "
         "checkpoint) with no copy of the slot: before PostgreSQL 17 a standby keeps no "
@@ -227,10 +228,7 @@ def _missing_slot(slot_name: str, held: str, tables: str, failed_over: bool) -> 
     )
     return (
         f"replication slot {slot_name} does not exist, but {held}: {cause}, and a new slot "
-        "would silently skip every change made since. Resync: stop apply, delete "
-        f"{tables} and their checkpoints, delete the change and control topics, then start "
-        "capture again with CAPTURE_SNAPSHOT_MODE=initial, which snapshots every table "
-        "anew (docs/capture.md)"
+        f"would silently skip every change made since. Resync the pipeline: {slot_resync()}"
     )
 
 

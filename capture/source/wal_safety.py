@@ -33,7 +33,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from capture.errors import ConfigError
+from capture.errors import ConfigError, slot_resync
 from capture.metrics import CaptureMetrics
 
 log = logging.getLogger(__name__)
@@ -65,11 +65,7 @@ def slot_lost_error(slot: str, reason: str | None = None) -> SlotLostError:
     cause = _CAUSES.get(reason, f"the server invalidated it (invalidation_reason = {reason})")
     return SlotLostError(
         f"replication slot {slot} was invalidated (wal_status = 'lost'): {cause}. The changes "
-        "in its WAL cannot be streamed any more. Resync: "
-        "stop capture and apply; SELECT pg_drop_replication_slot('"
-        f"{slot}'); delete the Delta tables and apply's checkpoints; delete the change, "
-        "schema and control topics of this pipeline; start capture (CAPTURE_SNAPSHOT_MODE="
-        "initial snapshots every table anew), then apply (docs/operations.md, WAL safety)"
+        f"in its WAL cannot be streamed any more. Resync the pipeline: {slot_resync(slot)}"
     )
 
 

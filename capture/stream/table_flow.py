@@ -343,12 +343,13 @@ class TableFlow:
     def _errored(self, table: str, message: str) -> None:
         if self._states.state(table) is TableState.ERRORED:
             return
-        log.error("table errored: %s", message)
-        self._publish_status(self._states.errored(table, message))
+        status = self._states.errored(table, message)
+        log.error("table errored: %s", status.message)
+        self._publish_status(status)
         # Durable at once: from here on the table's changes are skipped and the slot moves
         # past them, so a restart must find the table errored, never streaming again.
         self._publisher.flush()
-        self._changes.error_table(table, TableError(table, message))
+        self._changes.error_table(table, TableError(table, status.message or message))
         spool = self._held.pop(table, None)
         if spool is not None:
             spool.close()

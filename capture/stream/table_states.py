@@ -52,6 +52,7 @@ import enum
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 
+from capture.errors import with_resync_cure
 from schemas.control import PublicationFilter, SnapshotResume, TableState, TableStatus
 from schemas.lsn import Lsn
 
@@ -218,7 +219,9 @@ class TableStates:
         return self._set(table, _Table(TableState.PENDING, None, reason))
 
     def errored(self, table: str, message: str) -> TableStatus:
-        return self._set(table, _Table(TableState.ERRORED, None, message))
+        """The table errored: its message says what is wrong and ends with the resync that
+        releases it (:func:`~capture.errors.with_resync_cure`)."""
+        return self._set(table, _Table(TableState.ERRORED, None, with_resync_cure(table, message)))
 
     def published_seen(self, table: str, published: PublicationFilter) -> TableStatus:
         """A streaming table whose publication entry was not known (it never had a

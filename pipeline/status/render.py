@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from capture.errors import SLOT_RESYNC
 from pipeline.status.model import PipelineStatus, SlotView, TableView
 from schemas.lsn import Lsn, format_lsn
 
@@ -59,10 +60,13 @@ def _columns(rows: Sequence[Sequence[str]], right: set[int]) -> list[str]:
 
 def _slot_line(slot: SlotView) -> str:
     if not slot.exists:
-        return f"slot {slot.name}: ABSENT (capture never started, or the slot was dropped)"
+        return (
+            f"slot {slot.name}: ABSENT (capture never started, or the slot was dropped: "
+            f"{SLOT_RESYNC})"
+        )
     state = "active" if slot.active else "inactive"
     if slot.lost:
-        state += ", LOST (its WAL is gone: resync, docs/capture.md)"
+        state += f", LOST (its WAL is gone: resync the pipeline, {SLOT_RESYNC})"
     return (
         f"slot {slot.name}: {state}, wal_status {slot.wal_status or _NONE}, "
         f"confirmed {_lsn(slot.confirmed_flush_lsn)}, restart {_lsn(slot.restart_lsn)}, "

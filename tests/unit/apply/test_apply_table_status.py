@@ -31,5 +31,7 @@ def test_errored_lists_only_errored_tables() -> None:
         "public.b": ApplyTableStatus("public.b", True, 2, "BadRecordError: offset 7", 1),
         "public.a": ApplyTableStatus("public.a", False, 0, None, 1),
     }
-    assert format_errored(statuses) == "public.b: 2 records parked: BadRecordError: offset 7"
+    printed = format_errored(statuses)
+    assert printed.startswith("public.b: 2 records parked: BadRecordError: offset 7; cure: ")
+    assert "public.a" not in printed
     assert format_errored({"public.a": statuses["public.a"]}) == "no errored table"

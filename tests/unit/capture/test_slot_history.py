@@ -65,8 +65,9 @@ def test_a_promoted_standby_without_the_slot_is_refused_before_anything_was_appl
     assert "replication slot s does not exist" in message
     assert "capture streamed it up to 1/100" in message
     assert "this server is a promoted standby" in message
-    assert "delete the pipeline's Delta tables" in message
+    assert "delete the lake and every checkpoint of apply's queries" in message
     assert "CAPTURE_SNAPSHOT_MODE=initial" in message
+    assert message.endswith("(docs/operations.md, resync after a lost slot)")
 
 
 def test_a_promoted_standby_without_the_slot_or_a_checkpoint_is_a_fresh_start() -> None:

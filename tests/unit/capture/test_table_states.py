@@ -130,7 +130,11 @@ def test_errored_from_any_state_and_transitions_are_checked() -> None:
     with pytest.raises(ValueError, match="pending, not snapshot"):
         states.snapshot_done("public.t")
     status = states.errored("public.t", "NaN in numeric(5,2)")
-    assert (status.state, status.message) == (TableState.ERRORED, "NaN in numeric(5,2)")
+    assert status.state is TableState.ERRORED
+    assert status.message == (
+        "NaN in numeric(5,2); once the cause is fixed: python -m capture resync public.t, "
+        "then restart capture (docs/capture.md, resync of an errored table)"
+    )
     assert states.route("public.t", Lsn(1)) is Route.SKIP
     with pytest.raises(KeyError):
         states.route("public.unknown", Lsn(1))

@@ -376,6 +376,8 @@ def test_decimal_column_with_a_non_finite_value_is_a_table_error(text: bytes) ->
     assert text.decode() in message
     assert "DECIMAL(10,2)" in message
     assert "unconstrained numeric" in message
+    assert message.endswith("then run python -m capture resync public.t and restart capture")
+    assert "restart the table" not in message, "no such action: the table stays errored"
 
 
 def test_text_keeps_every_character_and_bpchar_padding() -> None:
@@ -591,6 +593,7 @@ def test_array_with_other_dimensions_than_declared_is_a_table_error(
     assert f"holds a {found}-dimensional array" in message
     assert f"published as {declared}-dimensional" in message
     assert f"TYPE int4{'[]' * found}" in message
+    assert message.endswith("then run python -m capture resync public.t and restart capture")
 
 
 def test_array_elements_use_their_own_parsers() -> None:

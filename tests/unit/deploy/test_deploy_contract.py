@@ -1,12 +1,13 @@
 """docker-compose.yml, the Dockerfiles and the Helm chart speak the services' settings.
 
 pydantic-settings reads only the environment variables that match a field: a name whose
-first part matches nothing (``CAPTURE_POSTGRES_DSN``, one underscore short) is silently
-never read, and the service starts on its defaults. So a typo in a deployment file shows
-up as a service quietly talking to 127.0.0.1. These tests walk every variable name the
-deployment files set through the settings models, build the settings from the compose
-values, and check the wiring between the containers: listeners, the DSN's host, the
-topics both services must agree on, the lake volume, and single-replica Recreate.
+first part matches nothing (``CAPTURE_POSTGRES_DSN``, one underscore short) is never
+read. The services refuse such a name at start (runtime.settings_env); these tests find
+it in a deployment file before anyone starts it: they walk every variable name the
+deployment files set through the settings models with the services' own walk, build the
+settings from the compose values, and check the wiring between the containers:
+listeners, the DSN's host, the topics both services must agree on, the lake volume, and
+single-replica Recreate.
 """
 
 from __future__ import annotations
@@ -15,18 +16,17 @@ import json
 import re
 import shlex
 from pathlib import Path
-from types import UnionType
-from typing import Any, Union, get_args, get_origin
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
 import yaml
-from pydantic import BaseModel
 from pydantic_settings import BaseSettings
 
 from apply.settings import ApplySettings, LakeSettings
 from capture.settings import CaptureSettings
 from capture.settings import KafkaSettings as CaptureKafkaSettings
+from runtime.settings_env import env_prefix, is_json, resolve
 from tests.plugins.settings import ApplyFromArguments, CaptureFromArguments
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -47,74 +47,7 @@ SETTING_NAME = re.compile(r"\b(?:CAPTURE|APPLY)_[A-Z0-9_]*[A-Z0-9]\b")
 VALUES_REFERENCE = re.compile(r"\.Values((?:\.[A-Za-z_][A-Za-z0-9_]*)+)")
 
 
-# --- walking the settings models -------------------------------------------------------
-
-
-def _env_prefix(settings_cls: type[BaseSettings]) -> str:
-    return str(settings_cls.model_config.get("env_prefix") or "")
-
-
-def _nested_delimiter(settings_cls: type[BaseSettings]) -> str:
-    delimiter = settings_cls.model_config.get("env_nested_delimiter")
-    assert delimiter, f"{settings_cls.__name__} has no env_nested_delimiter"
-    return str(delimiter)
-
-
-def _without_none(annotation: Any) -> Any:
-    """``X | None`` -> ``X``; anything else unchanged."""
-    if get_origin(annotation) in (Union, UnionType):
-        members = [arg for arg in get_args(annotation) if arg is not type(None)]
-        if len(members) == 1:
-            return members[0]
-    return annotation
-
-
-def _model_of(annotation: Any) -> type[BaseModel] | None:
-    inner = _without_none(annotation)
-    if isinstance(inner, type) and issubclass(inner, BaseModel):
-        return inner
-    return None
-
-
-def _is_json(annotation: Any) -> bool:
-    """pydantic-settings reads lists, dicts and models from the environment as JSON."""
-    inner = _without_none(annotation)
-    return get_origin(inner) in (list, dict) or _model_of(inner) is not None
-
-
-def resolve(settings_cls: type[BaseSettings], env_name: str) -> tuple[tuple[str, ...], Any]:
-    """The field path ``env_name`` sets in ``settings_cls`` and that field's annotation:
-    ``CAPTURE_POSTGRES__DSN`` -> ``(("postgres", "dsn"), str)``.
-
-    Follows pydantic-settings' rules: prefix and names are case-insensitive, ``__``
-    separates nesting levels, and below a ``dict`` field one more part names a single key.
-    Raises LookupError naming the part that no field matches.
-    """
-    prefix = _env_prefix(settings_cls)
-    if not env_name.upper().startswith(prefix.upper()):
-        raise LookupError(f"{env_name} lacks the {prefix} prefix of {settings_cls.__name__}")
-    parts = tuple(p.lower() for p in env_name[len(prefix) :].split(_nested_delimiter(settings_cls)))
-    model: type[BaseModel] | None = settings_cls
-    annotation: Any = None
-    for depth, part in enumerate(parts):
-        if model is None:
-            parent = ".".join(parts[:depth])
-            raise LookupError(f"{env_name}: {parent} is a single setting, it has no {part!r}")
-        field = model.model_fields.get(part)
-        if field is None:
-            raise LookupError(
-                f"{env_name}: {model.__name__} has no field {part!r}; "
-                f"it has {', '.join(sorted(model.model_fields))}"
-            )
-        annotation = field.annotation
-        inner = _without_none(annotation)
-        if get_origin(inner) is dict and depth < len(parts) - 1:
-            if depth == len(parts) - 2:
-                return parts, get_args(inner)[1]
-            mapping = ".".join(parts[: depth + 1])
-            raise LookupError(f"{env_name}: {mapping} is a map, only one key goes below it")
-        model = _model_of(annotation)
-    return parts, annotation
+# --- walking the settings models: the services' own walk (runtime.settings_env) -------
 
 
 def settings_kwargs(settings_cls: type[BaseSettings], env: dict[str, str]) -> dict[str, Any]:
@@ -127,7 +60,7 @@ def settings_kwargs(settings_cls: type[BaseSettings], env: dict[str, str]) -> di
         for part in path[:-1]:
             target = target.setdefault(part, {})
             assert isinstance(target, dict), f"{name} nests below a value already set"
-        target[path[-1]] = json.loads(raw) if _is_json(annotation) else raw
+        target[path[-1]] = json.loads(raw) if is_json(annotation) else raw
     return values
 
 
@@ -364,7 +297,7 @@ def test_every_compose_variable_is_a_setting(compose: dict[str, Any], service: s
     settings_cls = SERVICE_SETTINGS[service]
     env = _environment(compose, service)
     assert env
-    prefix = _env_prefix(settings_cls)
+    prefix = env_prefix(settings_cls)
     assert [k for k in env if not k.startswith(prefix)] == [], f"only {prefix}* settings"
     assert _unknown_names(set(env)) == []
 

@@ -330,6 +330,9 @@ def test_every_pod_meets_pod_security_restricted(helm: Path, values: Path) -> No
         # Only a Spark driver with executor pods calls the API, so only it has a token.
         drives_executors = executor is not None and name.endswith("-apply")
         assert pod["automountServiceAccountToken"] is drives_executors, name
+        if name != "executor template":
+            # A service link's CAPTURE_*/APPLY_* name would stop the service's start.
+            assert pod["enableServiceLinks"] is False, name
 
 
 @pytest.mark.parametrize(

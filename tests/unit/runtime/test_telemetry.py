@@ -96,7 +96,7 @@ def test_the_endpoint_serves_metrics_and_probes_on_a_free_port() -> None:
     Counter("cdc_test_things", "things", registry=registry).inc(3)
     clock = FakeClock()
     health = Health(10.0, clock=clock)
-    server = serve(MetricsSettings(port=0), registry, health)
+    server = serve(MetricsSettings(port=0), registry, health, env_prefix="APPLY_")
     assert server is not None
     try:
         assert server.port > 0
@@ -122,7 +122,10 @@ def test_the_endpoint_serves_metrics_and_probes_on_a_free_port() -> None:
 
 
 def test_disabled_means_no_server() -> None:
-    assert serve(MetricsSettings(enabled=False), CollectorRegistry(), Health(1.0)) is None
+    assert (
+        serve(MetricsSettings(enabled=False), CollectorRegistry(), Health(1.0), env_prefix="")
+        is None
+    )
 
 
 def test_a_taken_port_is_a_config_error_naming_the_setting() -> None:
@@ -130,8 +133,13 @@ def test_a_taken_port_is_a_config_error_naming_the_setting() -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        with pytest.raises(ConfigError, match="METRICS__PORT"):
-            serve(MetricsSettings(port=port), CollectorRegistry(), Health(1.0))
+        with pytest.raises(ConfigError) as raised:
+            serve(MetricsSettings(port=port), CollectorRegistry(), Health(1.0), env_prefix="APPLY_")
+    message = str(raised.value)
+    assert "set APPLY_METRICS__PORT to a free port (0: any) or APPLY_METRICS__ENABLED=false" in (
+        message
+    )
+    assert "<" not in message
 
 
 def test_metric_names_include_series_not_born_yet() -> None:
