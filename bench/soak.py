@@ -37,7 +37,6 @@ from pathlib import Path
 from confluent_kafka import Consumer, TopicPartition
 
 from apply.change_log import CHANGE_LOG_DIR
-from bench.freshness import SEEDED
 from bench.pipeline_run import (
     PREFIX,
     TABLES,
@@ -49,6 +48,7 @@ from bench.pipeline_run import (
     pipeline_run,
     say,
 )
+from bench.scenario import PGBENCH_SEEDED
 from schemas.naming import table_topic
 
 _BATCH_LINE = re.compile(
@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         capture, apply = run.start_pipeline()
         say("waiting for the initial snapshot to be applied")
         deadline = time.monotonic() + 900
-        while not all((run.lake / "public" / t / "_delta_log").exists() for t in SEEDED):
+        while not all((run.lake / "public" / t / "_delta_log").exists() for t in PGBENCH_SEEDED):
             run.check_services()
             if time.monotonic() > deadline:
                 raise SystemExit(f"bench: the lake tables never appeared; logs in {run.root}")
