@@ -83,6 +83,7 @@ from bench.pipeline_run import (
     pgbench,
     pipeline_run,
     say,
+    scenario_trigger,
 )
 from bench.scenario import Group, Scenario, ScenarioWriter, by_group, writes_per_group
 from schemas.headers import COMMIT_LSN
@@ -367,20 +368,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fold-every-s", type=float, help="APPLY_LAKE__FOLD_EVERY_S")
     parser.add_argument("--fold-parallelism", type=int, help="APPLY_LAKE__FOLD_PARALLELISM")
     parser.add_argument("--no-baseline", action="store_true", help="no plain append beside apply")
-    parser.add_argument(
-        "--tables",
-        type=Scenario,
-        choices=list(Scenario),
-        default=Scenario.ELEVEN,
-        metavar="{" + ",".join(s.value for s in Scenario) + "}",
-        help="eleven: pgbench's tables, a probe table and six quiet tables, apply at its "
-        "defaults; pgbench: pgbench's four tables alone",
-    )
-    add_run_arguments(parser, trigger=None)
+    add_run_arguments(parser, tables=Scenario.ELEVEN)
     arguments = parser.parse_args(argv)
     scenario: Scenario = arguments.tables
-    if arguments.trigger is None:
-        arguments.trigger = DEFAULT_TRIGGER if scenario.apply_defaults else "2 seconds"
+    arguments.trigger = scenario_trigger(scenario, arguments.trigger)
 
     topics = [table_topic(PREFIX, "public", t) for t in scenario.tables]
     loads = [load_average()]
@@ -430,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
         window_started = time.monotonic()
         say(f"pgbench at {arguments.rate:.0f} tps for {arguments.seconds} s")
         with Sampler(sample):
-            with ScenarioWriter(run.dsn, arguments.seconds) as writer:
+            with ScenarioWriter(run.dsn, scenario, arguments.seconds) as writer:
                 bench = pgbench(
                     run,
                     seconds=arguments.seconds,

@@ -314,19 +314,48 @@ class PipelineRun:
             service.stop()
 
 
-def add_run_arguments(
-    parser: argparse.ArgumentParser, *, trigger: str | None = "2 seconds"
-) -> None:
-    """The options every pipeline benchmark takes (``trigger``: ``--trigger``'s default)."""
+BENCH_TRIGGER = "2 seconds"
+"""Apply's trigger interval in a run at the benchmark's settings."""
+
+
+def add_run_arguments(parser: argparse.ArgumentParser, *, tables: Scenario | None = None) -> None:
+    """The options every pipeline benchmark takes. With ``tables``, the benchmark runs
+    the scenarios of :mod:`bench.scenario` (``--tables``, that one by default) and
+    ``--trigger``'s default is the scenario's (:func:`scenario_trigger`)."""
     parser.add_argument("--scale", type=int, default=1, help="pgbench -i scale")
     parser.add_argument(
         "--trigger",
-        default=trigger,
-        help=f"apply's trigger interval; {DEFAULT_TRIGGER!r}: apply's own ("
-        f"{TriggerSettings().interval}, APPLY_TRIGGER__INTERVAL unset)",
+        default=None if tables is not None else BENCH_TRIGGER,
+        help=f"apply's trigger interval; {DEFAULT_TRIGGER!r}: apply's own "
+        f"({TriggerSettings().interval}, APPLY_TRIGGER__INTERVAL unset); default: "
+        + (
+            f"{DEFAULT_TRIGGER!r} where the tables' scenario runs apply at its defaults, "
+            f"else {BENCH_TRIGGER}"
+            if tables is not None
+            else BENCH_TRIGGER
+        ),
     )
+    if tables is not None:
+        parser.add_argument(
+            "--tables",
+            type=Scenario,
+            choices=list(Scenario),
+            default=tables,
+            metavar="{" + ",".join(s.value for s in Scenario) + "}",
+            help="eleven: pgbench's tables, a probe table written every 0.2 s and six quiet "
+            "tables every 2 s, apply at its own defaults; pgbench: pgbench's four tables "
+            f"alone (default: {tables.value})",
+        )
     parser.add_argument("--charts", type=Path, help="write PNG charts into this directory")
     parser.add_argument("--keep", action="store_true", help="keep logs and lake")
+
+
+def scenario_trigger(scenario: Scenario, trigger: str | None) -> str:
+    """``--trigger`` as given, else the scenario's: apply's own where the scenario runs
+    apply at its defaults, else :data:`BENCH_TRIGGER`."""
+    if trigger is not None:
+        return trigger
+    return DEFAULT_TRIGGER if scenario.apply_defaults else BENCH_TRIGGER
 
 
 @contextlib.contextmanager

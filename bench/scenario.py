@@ -116,11 +116,13 @@ def _every(table: str, every_s: float, first_s: float, seconds: float) -> list[W
     return writes
 
 
-def schedule(seconds: float) -> list[Write]:
-    """The writes of a window of ``seconds``, in time order: the probe table every
-    :data:`PROBE_EVERY_S` from the start, each quiet table every :data:`QUIET_EVERY_S`,
-    the six staggered evenly over that period; each write updates the next seeded row of
-    its table, wrapping around."""
+def schedule(scenario: Scenario, seconds: float) -> list[Write]:
+    """The writes of a window of ``seconds``, in time order. In the eleven-table scenario,
+    the probe table every :data:`PROBE_EVERY_S` from the start and each quiet table every
+    :data:`QUIET_EVERY_S`, the six staggered evenly over that period; each write updates
+    the next seeded row of its table, wrapping around. The pgbench scenario has none."""
+    if scenario is not Scenario.ELEVEN:
+        return []
     writes = _every(PROBE_TABLE, PROBE_EVERY_S, 0.0, seconds)
     stagger = QUIET_EVERY_S / len(QUIET_TABLES)
     for index, table in enumerate(QUIET_TABLES):
@@ -148,14 +150,15 @@ def create_and_seed(conn: psycopg.Connection[tuple[object, ...]], tables: Iterab
 
 
 class ScenarioWriter:
-    """Runs :func:`schedule` for ``seconds`` on a thread, one autocommit transaction per
-    write, then stops by itself. A write that comes due while the previous one is still
-    running goes right after it: the writer never bursts to catch up a schedule."""
+    """Runs the scenario's :func:`schedule` for ``seconds`` on a thread, one autocommit
+    transaction per write, then stops by itself. A write that comes due while the
+    previous one is still running goes right after it: the writer never bursts to catch
+    up a schedule."""
 
-    def __init__(self, dsn: str, seconds: float) -> None:
+    def __init__(self, dsn: str, scenario: Scenario, seconds: float) -> None:
         self._dsn = dsn
         self._seconds = seconds
-        self._writes = schedule(seconds)
+        self._writes = schedule(scenario, seconds)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="scenario-writer", daemon=True)
         self.done: dict[str, int] = {}
@@ -176,6 +179,8 @@ class ScenarioWriter:
             raise self.failure
 
     def _run(self) -> None:
+        if not self._writes:
+            return
         try:
             with psycopg.connect(self._dsn, autocommit=True) as conn:
                 started = time.monotonic()

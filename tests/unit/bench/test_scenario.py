@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from bench.freshness import Arrivals, Footprint, tables_of
-from bench.pipeline_run import DEFAULT_TRIGGER, PipelineRun
+from bench.pipeline_run import BENCH_TRIGGER, DEFAULT_TRIGGER, PipelineRun, scenario_trigger
 from bench.scenario import (
     PGBENCH_TABLES,
     PROBE_TABLE,
@@ -40,7 +40,7 @@ def test_the_eleven_tables_are_pgbench_s_a_probe_and_six_quiet_ones() -> None:
 def test_the_schedule_writes_the_probe_every_fifth_of_a_second_and_each_quiet_table_every_2_s() -> (
     None
 ):
-    writes = schedule(30)
+    writes = schedule(Scenario.ELEVEN, 30)
     per_table = Counter(w.table for w in writes)
     assert per_table[PROBE_TABLE] == 150
     assert all(per_table[t] == 15 for t in QUIET_TABLES)
@@ -54,14 +54,16 @@ def test_the_schedule_writes_the_probe_every_fifth_of_a_second_and_each_quiet_ta
 
 def test_the_quiet_tables_are_staggered_over_their_period() -> None:
     firsts: dict[str, float] = {}
-    for write in schedule(10):
+    for write in schedule(Scenario.ELEVEN, 10):
         firsts.setdefault(write.table, write.at_s)
     starts = sorted(firsts[t] for t in QUIET_TABLES)
     assert starts == pytest.approx([0.0, 1 / 3, 2 / 3, 1.0, 4 / 3, 5 / 3], abs=1e-6)
 
 
 def test_each_write_updates_the_next_seeded_row_and_wraps_around() -> None:
-    probe = [w.row_id for w in schedule(SEEDED_ROWS * 0.2 + 1) if w.table == PROBE_TABLE]
+    probe = [
+        w.row_id for w in schedule(Scenario.ELEVEN, SEEDED_ROWS * 0.2 + 1) if w.table == PROBE_TABLE
+    ]
     assert probe[:3] == [1, 2, 3]
     assert probe[SEEDED_ROWS - 1] == SEEDED_ROWS
     assert probe[SEEDED_ROWS] == 1
@@ -69,8 +71,12 @@ def test_each_write_updates_the_next_seeded_row_and_wraps_around() -> None:
 
 
 def test_a_window_shorter_than_a_period_still_writes_once_each() -> None:
-    assert Counter(w.table for w in schedule(0.1)) == {PROBE_TABLE: 1, QUIET_TABLES[0]: 1}
-    assert schedule(0) == []
+    assert Counter(w.table for w in schedule(Scenario.ELEVEN, 0.1)) == {
+        PROBE_TABLE: 1,
+        QUIET_TABLES[0]: 1,
+    }
+    assert schedule(Scenario.ELEVEN, 0) == []
+    assert schedule(Scenario.PGBENCH, 30) == [], "pgbench's tables alone: no other writer"
 
 
 def test_latencies_gather_per_group_in_group_order() -> None:
@@ -151,3 +157,10 @@ def test_the_pgbench_run_keeps_the_benchmark_s_settings() -> None:
     assert len(json.loads(env["CAPTURE_POSTGRES__TABLES"])) == 4
     assert "APPLY_TRIGGER__INTERVAL" not in _run(Scenario.PGBENCH, DEFAULT_TRIGGER).service_env()
     assert _run(Scenario.ELEVEN, "1 second").service_env()["APPLY_TRIGGER__INTERVAL"] == "1 second"
+
+
+def test_the_trigger_is_the_scenario_s_unless_given() -> None:
+    assert scenario_trigger(Scenario.ELEVEN, None) == DEFAULT_TRIGGER
+    assert scenario_trigger(Scenario.PGBENCH, None) == BENCH_TRIGGER
+    assert scenario_trigger(Scenario.ELEVEN, "1 second") == "1 second"
+    assert scenario_trigger(Scenario.PGBENCH, DEFAULT_TRIGGER) == DEFAULT_TRIGGER
