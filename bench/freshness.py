@@ -387,7 +387,8 @@ def main(argv: list[str] | None = None) -> int:
         capture, apply = run.start_pipeline()
         say("waiting for the initial snapshot to be applied")
         _wait_for(lambda: run.lag_bytes() is not None, "the slot", run, 300)
-        # pgbench_history starts empty: its lake table appears with the workload.
+        # Unless the scenario seeds it, pgbench_history starts empty: its lake table
+        # appears with the workload.
         _wait_for(
             lambda: all(
                 (run.lake / "public" / t / "_delta_log").exists() for t in scenario.seeded_tables

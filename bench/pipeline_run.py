@@ -193,7 +193,7 @@ class PipelineRun:
         )
         with self.connect() as conn:
             conn.execute("ALTER TABLE pgbench_history REPLICA IDENTITY FULL")
-            create_and_seed(conn, self.scenario.extra_tables)
+            create_and_seed(conn, self.scenario)
 
     def service_env(self) -> dict[str, str]:
         base = {k: v for k, v in os.environ.items() if not k.startswith(("CAPTURE_", "APPLY_"))}

@@ -12,10 +12,15 @@ Apply has a fixed cost per table and micro-batch, which four busy tables hide. T
 
 The seven extra tables have a primary key and :data:`SEEDED_ROWS` rows each; they are
 created and filled before capture starts, so they are in its publication and initial
-snapshot like pgbench's. Their writer (:class:`ScenarioWriter`) runs on a thread with
-one autocommit connection to the run's own local database, for the pgbench window only:
-it stops by itself when the window ends. The **pgbench scenario** is pgbench's four
-tables alone.
+snapshot like pgbench's. ``pgbench_history``, which ``pgbench -i`` leaves empty, gets one
+row too: capture creates a table's topic with its first record, and a topic that does not
+exist when the benchmark starts consuming is never read, so without the row none of
+``pgbench_history``'s changes would count.
+
+The writer of the extra tables (:class:`ScenarioWriter`) runs on a thread with one
+autocommit connection to the run's own local database, for the pgbench window only: it
+stops by itself when the window ends. The **pgbench scenario** is pgbench's four tables
+alone.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from psycopg import sql
 PGBENCH_TABLES = ("pgbench_accounts", "pgbench_branches", "pgbench_tellers", "pgbench_history")
 PGBENCH_SEEDED = ("pgbench_accounts", "pgbench_branches", "pgbench_tellers")
 """The tables ``pgbench -i`` fills (``pgbench_history`` starts empty)."""
+HISTORY = "pgbench_history"
 
 PROBE_TABLE = "bench_probe"
 QUIET_TABLES = tuple(f"bench_quiet_{n}" for n in range(1, 7))
@@ -57,10 +63,16 @@ class Scenario(enum.Enum):
         return (*PGBENCH_TABLES, *self.extra_tables)
 
     @property
+    def seeds_history(self) -> bool:
+        """``pgbench_history`` gets a row before capture starts (:func:`create_and_seed`)."""
+        return self is Scenario.ELEVEN
+
+    @property
     def seeded_tables(self) -> tuple[str, ...]:
         """The tables that have rows before capture starts: the initial snapshot brings
         each to the lake."""
-        return (*PGBENCH_SEEDED, *self.extra_tables)
+        history = (HISTORY,) if self.seeds_history else ()
+        return (*PGBENCH_SEEDED, *history, *self.extra_tables)
 
     @property
     def apply_defaults(self) -> bool:
@@ -130,10 +142,17 @@ def schedule(scenario: Scenario, seconds: float) -> list[Write]:
     return sorted(writes, key=lambda w: w.at_s)
 
 
-def create_and_seed(conn: psycopg.Connection[tuple[object, ...]], tables: Iterable[str]) -> None:
-    """Each table with a primary key and :data:`SEEDED_ROWS` rows (ids 1 to
-    :data:`SEEDED_ROWS`)."""
-    for table in tables:
+def create_and_seed(conn: psycopg.Connection[tuple[object, ...]], scenario: Scenario) -> None:
+    """The scenario's extra tables, each with a primary key and :data:`SEEDED_ROWS` rows
+    (ids 1 to :data:`SEEDED_ROWS`), and its row of ``pgbench_history`` (after ``pgbench
+    -i``)."""
+    if scenario.seeds_history:
+        conn.execute(
+            sql.SQL(
+                "INSERT INTO {} (tid, bid, aid, delta, mtime) VALUES (1, 1, 1, 0, now())"
+            ).format(sql.Identifier("public", HISTORY))
+        )
+    for table in scenario.extra_tables:
         name = sql.Identifier("public", table)
         conn.execute(
             sql.SQL(

@@ -32,7 +32,8 @@ def test_the_eleven_tables_are_pgbench_s_a_probe_and_six_quiet_ones() -> None:
     assert Scenario.ELEVEN.tables[:4] == PGBENCH_TABLES
     assert PROBE_TABLE in Scenario.ELEVEN.seeded_tables
     assert set(QUIET_TABLES) <= set(Scenario.ELEVEN.seeded_tables)
-    assert "pgbench_history" not in Scenario.ELEVEN.seeded_tables, "pgbench -i leaves it empty"
+    assert "pgbench_history" in Scenario.ELEVEN.seeded_tables, "its topic exists from the start"
+    assert "pgbench_history" not in Scenario.PGBENCH.seeded_tables, "pgbench -i leaves it empty"
     assert Scenario.PGBENCH.tables == PGBENCH_TABLES
     assert Scenario.PGBENCH.extra_tables == ()
 
