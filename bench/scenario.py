@@ -215,7 +215,7 @@ class ScenarioWriter:
                         [write.row_id],
                     )
                     self.done[write.table] = self.done.get(write.table, 0) + 1
-        except BaseException as exc:  # raised by join() on the main thread
+        except BaseException as exc:  # raised by __exit__ on the main thread
             self.failure = exc
 
 
