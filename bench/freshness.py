@@ -1,9 +1,10 @@
 """Freshness and footprint of the whole pipeline under a fixed pgbench rate.
 
 ``python -m bench.freshness --rate 100 --seconds 120`` starts a stack of its own with
-pgbench's tables (:mod:`bench.pipeline_run`), capture and apply as processes, waits for
-the initial snapshot to be applied, then runs ``pgbench -R <rate>`` for ``--seconds``
-and prints, for the change records of that window:
+the eleven tables of :mod:`bench.scenario` (:mod:`bench.pipeline_run`), capture and apply
+as processes, waits for the initial snapshot to be applied, then runs ``pgbench -R
+<rate>`` for ``--seconds``, the probe table written every 0.2 s and the six quiet tables
+every 2 s over the same window, and prints, for the change records of that window:
 
 - **commit-to-Kafka**: from the source transaction's commit time (``commit_ts`` in the
   record, PostgreSQL's clock) to the moment a consumer of this program received the
@@ -31,8 +32,18 @@ table holds) and the **freshest view** (a record is visible in the view from the
 commit, to the log or to the table, whose state covers it). ``--no-baseline`` leaves
 out the plain append, so apply is the only Spark driver on the machine.
 
-Footprint over the same window: CPU seconds of each service's process tree per million
-change records, and peak RSS (:class:`bench.pipeline_run.ProcessTree`).
+The eleven-table scenario (``--tables eleven``, the default) runs apply with its own
+defaults for everything, trigger included (5 seconds; ``--trigger`` overrides it), and
+reports commit-to-Delta for the table itself per group of tables (pgbench's, the probe
+table, the quiet tables) besides the overall figure: apply's fixed cost per table, which
+pgbench's four busy tables hide, shows on the quiet ones. ``--tables pgbench`` is
+pgbench's four tables alone, apply at the benchmark's settings (``--trigger``, 2 seconds
+by default, Spark ``local[2]``).
+
+Footprint over the same window (from the start of the workload until the pipeline caught
+up with it): CPU seconds of each service's process tree, per million change records and
+as a share of one core (CPU seconds / the window's seconds), and peak RSS
+(:class:`bench.pipeline_run.ProcessTree`).
 
 Both Spark drivers (apply and the baseline) run at once on the same cores, with
 PostgreSQL, Kafka, capture and pgbench: on a 2-core machine they slow each other, which
@@ -58,7 +69,9 @@ from confluent_kafka import Consumer, Message, TopicPartition
 
 from apply.change_log import CHANGE_LOG_DIR
 from apply.positions import decode_state
+from apply.settings import TriggerSettings
 from bench.pipeline_run import (
+    DEFAULT_TRIGGER,
     PREFIX,
     TABLES,
     PipelineRun,
@@ -70,13 +83,12 @@ from bench.pipeline_run import (
     pgbench,
     pipeline_run,
     say,
+    scenario_trigger,
 )
+from bench.scenario import Group, Scenario, ScenarioWriter, by_group, writes_per_group
 from schemas.headers import COMMIT_LSN
 from schemas.naming import schema_topic, table_topic
 from schemas.reader import ContractReader
-
-SEEDED = ("pgbench_accounts", "pgbench_branches", "pgbench_tellers")
-"""The tables ``pgbench -i`` fills, so the initial snapshot brings them to the lake."""
 
 Record = tuple[str, int, int]
 """(topic, partition, offset) of a change record."""
@@ -272,9 +284,34 @@ def view_latencies_ms(arrivals: Arrivals, table: Visibility, log: Visibility) ->
     return [min(a, b) for a, b in zip(from_log, from_table, strict=True)]
 
 
+def tables_of(arrivals: Arrivals, tables: Iterable[str]) -> list[str]:
+    """Per record of ``arrivals``, in their order (that of :func:`visible_latencies_ms`):
+    its table, from its topic."""
+    by_topic = {table_topic(PREFIX, "public", t): t for t in tables}
+    return [by_topic[topic] for topic, _, _ in arrivals.commit_us]
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """CPU seconds of each service's process tree at the window's start and end, its peak
+    RSS, and the window's length."""
+
+    cpu_before: dict[str, float]
+    cpu_after: dict[str, float]
+    peak_rss: dict[str, int]
+    window_s: float
+
+    def cpu_s(self, service: str) -> float:
+        return self.cpu_after.get(service, 0.0) - self.cpu_before.get(service, 0.0)
+
+    def of_one_core(self, service: str) -> float:
+        """CPU seconds over the window's seconds: 1.0 is one core busy throughout."""
+        return self.cpu_s(service) / self.window_s if self.window_s > 0 else 0.0
 
 
 @dataclass
@@ -302,7 +339,7 @@ def _start_baseline(run: PipelineRun) -> Service:
             "--checkpoint",
             str(run.root / "baseline" / "checkpoint"),
             "--trigger",
-            run.trigger,
+            run.trigger_interval,
         ],
         run.service_env(),
         run.root / "plain_append.log",
@@ -331,12 +368,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fold-every-s", type=float, help="APPLY_LAKE__FOLD_EVERY_S")
     parser.add_argument("--fold-parallelism", type=int, help="APPLY_LAKE__FOLD_PARALLELISM")
     parser.add_argument("--no-baseline", action="store_true", help="no plain append beside apply")
-    add_run_arguments(parser)
+    add_run_arguments(parser, tables=Scenario.ELEVEN)
     arguments = parser.parse_args(argv)
+    scenario: Scenario = arguments.tables
+    arguments.trigger = scenario_trigger(scenario, arguments.trigger)
 
-    topics = [table_topic(PREFIX, "public", t) for t in TABLES]
+    topics = [table_topic(PREFIX, "public", t) for t in scenario.tables]
     loads = [load_average()]
-    with pipeline_run(scale=arguments.scale, trigger=arguments.trigger, keep=arguments.keep) as run:
+    with pipeline_run(
+        scale=arguments.scale, trigger=arguments.trigger, keep=arguments.keep, scenario=scenario
+    ) as run:
         if arguments.change_log:
             run.env_overrides["APPLY_LAKE__CHANGE_LOG"] = "true"
         if arguments.fold_every_s is not None:
@@ -346,9 +387,12 @@ def main(argv: list[str] | None = None) -> int:
         capture, apply = run.start_pipeline()
         say("waiting for the initial snapshot to be applied")
         _wait_for(lambda: run.lag_bytes() is not None, "the slot", run, 300)
-        # pgbench_history starts empty: its lake table appears with the workload.
+        # Unless the scenario seeds it, pgbench_history starts empty: its lake table
+        # appears with the workload.
         _wait_for(
-            lambda: all((run.lake / "public" / t / "_delta_log").exists() for t in SEEDED),
+            lambda: all(
+                (run.lake / "public" / t / "_delta_log").exists() for t in scenario.seeded_tables
+            ),
             "the lake tables",
             run,
             900,
@@ -375,15 +419,21 @@ def main(argv: list[str] | None = None) -> int:
 
         run.sample_services()
         cpu_before = {s.name: s.tree.total_cpu_s for s in (capture, apply) if s.tree}
+        window_started = time.monotonic()
         say(f"pgbench at {arguments.rate:.0f} tps for {arguments.seconds} s")
         with Sampler(sample):
-            bench = pgbench(
-                run, seconds=arguments.seconds, rate=arguments.rate, log=run.root / "pgbench.log"
-            )
-            run.wait_while_running(bench, lambda: loads.append(load_average()))
+            with ScenarioWriter(run.dsn, scenario, arguments.seconds) as writer:
+                bench = pgbench(
+                    run,
+                    seconds=arguments.seconds,
+                    rate=arguments.rate,
+                    log=run.root / "pgbench.log",
+                )
+                run.wait_while_running(bench, lambda: loads.append(load_average()))
             caught_up_s = run.wait_caught_up(600)
             run.sample_services()
             cpu_after = {s.name: s.tree.total_cpu_s for s in (capture, apply) if s.tree}
+            window_s = time.monotonic() - window_started
             peaks = {s.name: s.tree.total_peak_rss for s in (capture, apply) if s.tree}
             ends = _high_watermarks(run.bootstrap, topics)
             if baseline is not None:
@@ -396,7 +446,7 @@ def main(argv: list[str] | None = None) -> int:
             if arguments.change_log:
                 # The table itself takes the last changes at the next fold.
                 _wait_for(
-                    lambda: _table_covers(run.lake, ends),
+                    lambda: _table_covers(run.lake, scenario.tables, ends),
                     "the folds to reach the tables",
                     run,
                     600,
@@ -406,11 +456,14 @@ def main(argv: list[str] | None = None) -> int:
         if len(arrivals) == 0:
             raise SystemExit("bench: no change record arrived during the window")
         kafka_ms = [(arrivals.received_us[r] - c) / 1000 for r, c in arrivals.commit_us.items()]
-        table_visibility = apply_visibility(run.lake)
+        table_visibility = apply_visibility(run.lake, scenario.tables)
         apply_ms = visible_latencies_ms(arrivals, table_visibility)
+        groups_ms = by_group(zip(tables_of(arrivals, scenario.tables), apply_ms, strict=True))
         view_ms = (
             view_latencies_ms(
-                arrivals, table_visibility, apply_visibility(run.lake / CHANGE_LOG_DIR)
+                arrivals,
+                table_visibility,
+                apply_visibility(run.lake / CHANGE_LOG_DIR, scenario.tables),
             )
             if arguments.change_log
             else None
@@ -431,11 +484,11 @@ def main(argv: list[str] | None = None) -> int:
             arrivals,
             kafka_ms,
             apply_ms,
+            groups_ms,
             view_ms,
             plain_ms,
-            cpu_before,
-            cpu_after,
-            peaks,
+            Footprint(cpu_before, cpu_after, peaks, window_s),
+            writes_per_group(writer.done),
             caught_up_s,
             loads,
         )
@@ -485,9 +538,9 @@ def _baseline_covers(checkpoint: Path, ends: dict[tuple[str, int], int]) -> bool
     )
 
 
-def _table_covers(lake: Path, ends: dict[tuple[str, int], int]) -> bool:
+def _table_covers(lake: Path, tables: Iterable[str], ends: dict[tuple[str, int], int]) -> bool:
     """Every table's newest applied state covers ``ends``: the folds caught up."""
-    seen = apply_visibility(lake)
+    seen = apply_visibility(lake, tables)
 
     def newest(key: tuple[str, int]) -> int:
         offsets, _ = seen.get(key, ([], []))
@@ -501,24 +554,37 @@ def _report(
     arrivals: Arrivals,
     kafka_ms: list[float],
     apply_ms: list[float],
+    groups_ms: dict[Group, list[float]],
     view_ms: list[float] | None,
     plain_ms: list[float] | None,
-    cpu_before: dict[str, float],
-    cpu_after: dict[str, float],
-    peaks: dict[str, int],
+    footprint: Footprint,
+    writes: dict[Group, int],
     caught_up_s: float,
     loads: list[tuple[float, float, float]],
 ) -> str:
     def p(values: list[float], q: float) -> str:
         return f"{percentile(values, q):,.0f}"
 
+    scenario: Scenario = arguments.tables
+    trigger = (
+        f"{TriggerSettings().interval} (apply's default)"
+        if arguments.trigger == DEFAULT_TRIGGER
+        else arguments.trigger
+    )
+    tables = (
+        f"{len(scenario.tables)} tables: pgbench's 4, the probe table "
+        f"({writes.get(Group.PROBE, 0):,} writes), {len(scenario.extra_tables) - 1} quiet "
+        f"tables ({writes.get(Group.QUIET, 0):,} writes); apply at its own defaults"
+        if scenario is Scenario.ELEVEN
+        else "pgbench's 4 tables"
+    )
     changes = len(arrivals)
     kafka_p50, kafka_p99 = percentile(kafka_ms, 0.5), percentile(kafka_ms, 0.99)
     lines = [
         f"machine: {machine()}; load average (1 min) during the run: "
         f"{min(x[0] for x in loads):.1f} to {max(x[0] for x in loads):.1f}",
         f"workload: pgbench -R {arguments.rate:.0f} for {arguments.seconds} s, scale "
-        f"{arguments.scale}; trigger {arguments.trigger}; {changes:,} change records; "
+        f"{arguments.scale}; {tables}; trigger {trigger}; {changes:,} change records; "
         f"apply writes {'a change log, folded' if arguments.change_log else 'a MERGE a batch'}"
         f"{'' if plain_ms is not None else '; no plain append beside it'}",
         "",
@@ -529,10 +595,17 @@ def _report(
         f"p99 <= 250: {_met(kafka_p99 <= 250)} |",
     ]
 
-    def row(label: str, values: list[float], p50_target_s: float, p99_target_s: float) -> str:
+    def row(
+        label: str,
+        values: list[float],
+        p50_target_s: float,
+        p99_target_s: float,
+        *,
+        versus_plain: bool = True,
+    ) -> str:
         p50, p99 = percentile(values, 0.5), percentile(values, 0.99)
         versus = ""
-        if plain_ms is not None:
+        if plain_ms is not None and versus_plain:
             versus = (
                 f"; {p50 / percentile(plain_ms, 0.5):.2f}x / "
                 f"{p99 / percentile(plain_ms, 0.99):.2f}x the plain append"
@@ -544,6 +617,17 @@ def _report(
         )
 
     lines.append(row("commit-to-Delta, the table itself", apply_ms, 15, 30))
+    if len(groups_ms) > 1:
+        for group, values in groups_ms.items():
+            lines.append(
+                row(
+                    f"commit-to-Delta, the table itself: {group.value} ({len(values):,} records)",
+                    values,
+                    15,
+                    30,
+                    versus_plain=False,
+                )
+            )
     if view_ms is not None:
         lines.append(row("commit-to-freshest view (table + change log)", view_ms, 5, 15))
     if plain_ms is not None:
@@ -553,14 +637,17 @@ def _report(
         )
     lines += [
         "",
-        "| service | CPU s in window | CPU s per million changes | peak RSS |",
-        "| --- | ---: | ---: | ---: |",
+        f"footprint over the window, from the workload's start until caught up "
+        f"({footprint.window_s:,.1f} s):",
+        "",
+        "| service | CPU s in window | of one core | CPU s per million changes | peak RSS |",
+        "| --- | ---: | ---: | ---: | ---: |",
     ]
     for name in ("capture", "apply"):
-        cpu = cpu_after.get(name, 0.0) - cpu_before.get(name, 0.0)
+        cpu = footprint.cpu_s(name)
         lines.append(
-            f"| {name} | {cpu:,.1f} | {cpu / changes * 1e6:,.0f} | "
-            f"{peaks.get(name, 0) / 1024**2:,.0f} MiB |"
+            f"| {name} | {cpu:,.1f} | {footprint.of_one_core(name):.2f} | "
+            f"{cpu / changes * 1e6:,.0f} | {footprint.peak_rss.get(name, 0) / 1024**2:,.0f} MiB |"
         )
     lines.append("")
     lines.append(f"caught up {caught_up_s:.1f} s after pgbench ended")

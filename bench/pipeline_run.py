@@ -3,9 +3,15 @@
 
 A run starts its own PostgreSQL and Kafka under a temporary directory (never the
 developer's stack), loads pgbench's tables (``pgbench -i``; ``pgbench_history`` has no
-key and gets ``REPLICA IDENTITY FULL``, the documented rule for keyless tables), then
-starts capture and apply as processes, exactly as an operator would (``python -m
-capture``, ``python -m apply``), and waits for the initial snapshot to be in the lake.
+key and gets ``REPLICA IDENTITY FULL``, the documented rule for keyless tables) and its
+scenario's other tables (:mod:`bench.scenario`), then starts capture and apply as
+processes, exactly as an operator would (``python -m capture``, ``python -m apply``), and
+waits for the initial snapshot to be in the lake.
+
+Apply runs with the benchmark's settings (``--trigger``, 2 seconds unless a benchmark says
+otherwise; Spark ``local[2]`` with 2 shuffle partitions), or with its own defaults: the
+trigger alone with ``--trigger default``, everything in a scenario that asks for it
+(:attr:`bench.scenario.Scenario.apply_defaults`).
 
 What it measures, and how:
 
@@ -36,13 +42,17 @@ from pathlib import Path
 
 import psycopg
 
+from apply.settings import TriggerSettings
+from bench.scenario import PGBENCH_TABLES, Scenario, create_and_seed
 from deploy.local import stack
 from deploy.local.postgres import find_bindir
 from deploy.local.service_process import ServiceProcess
 
 PREFIX = "bench"
 SLOT = "bench_slot"
-TABLES = ("pgbench_accounts", "pgbench_branches", "pgbench_tellers", "pgbench_history")
+TABLES = PGBENCH_TABLES
+DEFAULT_TRIGGER = "default"
+"""The ``--trigger`` that leaves apply's own trigger interval (APPLY_TRIGGER__INTERVAL unset)."""
 
 
 def say(text: str) -> None:
@@ -136,14 +146,21 @@ class Service(ServiceProcess):
 
 @dataclass
 class PipelineRun:
-    """A stack, pgbench's tables, and (once :meth:`start_pipeline` ran) the services."""
+    """A stack, its scenario's tables, and (once :meth:`start_pipeline` ran) the services."""
 
     root: Path
     state: stack.StackState
     trigger: str
+    """Apply's trigger interval, or :data:`DEFAULT_TRIGGER`."""
+    scenario: Scenario = Scenario.PGBENCH
     services: list[Service] = field(default_factory=list)
     env_overrides: dict[str, str] = field(default_factory=dict)
     """Settings of the services on top of :meth:`service_env`'s (a benchmark's knob)."""
+
+    @property
+    def trigger_interval(self) -> str:
+        """The interval apply triggers at: :attr:`trigger`, or apply's own default."""
+        return TriggerSettings().interval if self.trigger == DEFAULT_TRIGGER else self.trigger
 
     @property
     def dsn(self) -> str:
@@ -176,15 +193,24 @@ class PipelineRun:
         )
         with self.connect() as conn:
             conn.execute("ALTER TABLE pgbench_history REPLICA IDENTITY FULL")
+            create_and_seed(conn, self.scenario)
 
     def service_env(self) -> dict[str, str]:
         base = {k: v for k, v in os.environ.items() if not k.startswith(("CAPTURE_", "APPLY_"))}
+        tuned: dict[str, str] = {}
+        if self.trigger != DEFAULT_TRIGGER:
+            tuned["APPLY_TRIGGER__INTERVAL"] = self.trigger
+        if not self.scenario.apply_defaults:
+            tuned["APPLY_SPARK__MASTER"] = "local[2]"
+            tuned["APPLY_SPARK__CONF"] = json.dumps(
+                {"spark.sql.shuffle.partitions": "2", "spark.ui.enabled": "false"}
+            )
         return {
             **base,
             "CAPTURE_POSTGRES__DSN": self.dsn,
             "CAPTURE_POSTGRES__SLOT": SLOT,
             "CAPTURE_POSTGRES__PUBLICATION": SLOT,
-            "CAPTURE_POSTGRES__TABLES": json.dumps([f"public.{t}" for t in TABLES]),
+            "CAPTURE_POSTGRES__TABLES": json.dumps([f"public.{t}" for t in self.scenario.tables]),
             "CAPTURE_KAFKA__BOOTSTRAP_SERVERS": self.bootstrap,
             "CAPTURE_KAFKA__TOPIC_PREFIX": PREFIX,
             "CAPTURE_KAFKA__CONTROL_TOPIC": f"{PREFIX}._control",
@@ -197,11 +223,8 @@ class PipelineRun:
             "APPLY_KAFKA__SCHEMA_TOPIC": f"{PREFIX}._schemas",
             "APPLY_LAKE__ROOT": str(self.lake),
             "APPLY_LAKE__CHECKPOINT_ROOT": str(self.root / "checkpoints"),
-            "APPLY_TRIGGER__INTERVAL": self.trigger,
-            "APPLY_SPARK__MASTER": "local[2]",
-            "APPLY_SPARK__CONF": json.dumps(
-                {"spark.sql.shuffle.partitions": "2", "spark.ui.enabled": "false"}
-            ),
+            **tuned,
+            # Not a setting of the measured path: a metrics port could clash on a shared host.
             "APPLY_METRICS__ENABLED": "false",
             **self.env_overrides,
         }
@@ -291,21 +314,60 @@ class PipelineRun:
             service.stop()
 
 
-def add_run_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options every pipeline benchmark takes."""
+BENCH_TRIGGER = "2 seconds"
+"""Apply's trigger interval in a run at the benchmark's settings."""
+
+
+def add_run_arguments(parser: argparse.ArgumentParser, *, tables: Scenario | None = None) -> None:
+    """The options every pipeline benchmark takes. With ``tables``, the benchmark runs
+    the scenarios of :mod:`bench.scenario` (``--tables``, that one by default) and
+    ``--trigger``'s default is the scenario's (:func:`scenario_trigger`)."""
     parser.add_argument("--scale", type=int, default=1, help="pgbench -i scale")
-    parser.add_argument("--trigger", default="2 seconds", help="apply's trigger interval")
+    parser.add_argument(
+        "--trigger",
+        default=None if tables is not None else BENCH_TRIGGER,
+        help=f"apply's trigger interval; {DEFAULT_TRIGGER!r}: apply's own "
+        f"({TriggerSettings().interval}, APPLY_TRIGGER__INTERVAL unset); default: "
+        + (
+            f"{DEFAULT_TRIGGER!r} where the tables' scenario runs apply at its defaults, "
+            f"else {BENCH_TRIGGER}"
+            if tables is not None
+            else BENCH_TRIGGER
+        ),
+    )
+    if tables is not None:
+        parser.add_argument(
+            "--tables",
+            type=Scenario,
+            choices=list(Scenario),
+            default=tables,
+            metavar="{" + ",".join(s.value for s in Scenario) + "}",
+            help="eleven: pgbench's tables, a probe table written every 0.2 s and six quiet "
+            "tables every 2 s, apply at its own defaults; pgbench: pgbench's four tables "
+            f"alone (default: {tables.value})",
+        )
     parser.add_argument("--charts", type=Path, help="write PNG charts into this directory")
     parser.add_argument("--keep", action="store_true", help="keep logs and lake")
 
 
+def scenario_trigger(scenario: Scenario, trigger: str | None) -> str:
+    """``--trigger`` as given, else the scenario's: apply's own where the scenario runs
+    apply at its defaults, else :data:`BENCH_TRIGGER`."""
+    if trigger is not None:
+        return trigger
+    return DEFAULT_TRIGGER if scenario.apply_defaults else BENCH_TRIGGER
+
+
 @contextlib.contextmanager
-def pipeline_run(*, scale: int, trigger: str, keep: bool) -> Iterator[PipelineRun]:
-    """A stack of its own with pgbench's tables, torn down (and deleted unless ``keep``)."""
+def pipeline_run(
+    *, scale: int, trigger: str, keep: bool, scenario: Scenario = Scenario.PGBENCH
+) -> Iterator[PipelineRun]:
+    """A stack of its own with the scenario's tables, torn down (and deleted unless
+    ``keep``)."""
     root = Path(tempfile.mkdtemp(prefix="cdc-bench-"))
     say(f"starting PostgreSQL and Kafka under {root}")
     state = stack.up(root / "stack", env_file=None)
-    run = PipelineRun(root, state, trigger)
+    run = PipelineRun(root, state, trigger, scenario=scenario)
     try:
         run.init_pgbench(scale)
         yield run

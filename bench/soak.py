@@ -37,10 +37,8 @@ from pathlib import Path
 from confluent_kafka import Consumer, TopicPartition
 
 from apply.change_log import CHANGE_LOG_DIR
-from bench.freshness import SEEDED
 from bench.pipeline_run import (
     PREFIX,
-    TABLES,
     Sampler,
     add_run_arguments,
     load_average,
@@ -48,7 +46,9 @@ from bench.pipeline_run import (
     pgbench,
     pipeline_run,
     say,
+    scenario_trigger,
 )
+from bench.scenario import Scenario, ScenarioWriter
 from schemas.naming import table_topic
 
 _BATCH_LINE = re.compile(
@@ -157,27 +157,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--compact-every", type=int, default=100, help="APPLY_UPKEEP__COMPACT_EVERY_COMMITS"
     )
-    add_run_arguments(parser)
+    add_run_arguments(parser, tables=Scenario.PGBENCH)
     arguments = parser.parse_args(argv)
-    topics = [table_topic(PREFIX, "public", t) for t in TABLES]
+    scenario: Scenario = arguments.tables
+    arguments.trigger = scenario_trigger(scenario, arguments.trigger)
+    tables = scenario.tables
+    topics = [table_topic(PREFIX, "public", t) for t in tables]
     loads = [load_average()]
-    with pipeline_run(scale=arguments.scale, trigger=arguments.trigger, keep=arguments.keep) as run:
+    with pipeline_run(
+        scale=arguments.scale, trigger=arguments.trigger, keep=arguments.keep, scenario=scenario
+    ) as run:
         run.env_overrides["APPLY_UPKEEP__COMPACT_EVERY_COMMITS"] = str(arguments.compact_every)
         if arguments.change_log:
             run.env_overrides["APPLY_LAKE__CHANGE_LOG"] = "true"
         capture, apply = run.start_pipeline()
         say("waiting for the initial snapshot to be applied")
         deadline = time.monotonic() + 900
-        while not all((run.lake / "public" / t / "_delta_log").exists() for t in SEEDED):
+        while not all(
+            (run.lake / "public" / t / "_delta_log").exists() for t in scenario.seeded_tables
+        ):
             run.check_services()
             if time.monotonic() > deadline:
                 raise SystemExit(f"bench: the lake tables never appeared; logs in {run.root}")
             time.sleep(1)
         run.wait_caught_up(900)
         samples = Samples()
-        locations = {t: run.lake / "public" / t for t in TABLES}
+        locations = {t: run.lake / "public" / t for t in tables}
         if arguments.change_log:
-            locations |= {f"{t} (log)": run.lake / CHANGE_LOG_DIR / "public" / t for t in TABLES}
+            locations |= {f"{t} (log)": run.lake / CHANGE_LOG_DIR / "public" / t for t in tables}
 
         def sample() -> None:
             run.sample_services()
@@ -191,7 +198,10 @@ def main(argv: list[str] | None = None) -> int:
         seconds = int(arguments.minutes * 60)
         say(f"pgbench at {arguments.rate:.0f} tps for {seconds} s")
         started = time.time()
-        with Sampler(sample, interval_s=arguments.sample_s):
+        with (
+            Sampler(sample, interval_s=arguments.sample_s),
+            ScenarioWriter(run.dsn, scenario, seconds),
+        ):
             bench = pgbench(run, seconds=seconds, rate=arguments.rate, log=run.root / "pgbench.log")
             run.wait_while_running(bench, lambda: loads.append(load_average()))
         ended = time.time()
@@ -243,7 +253,8 @@ def _report(
         f"machine: {machine()}; load average (1 min): {min(x[0] for x in loads):.1f} to "
         f"{max(x[0] for x in loads):.1f}",
         f"workload: pgbench -R {arguments.rate:.0f} for {arguments.minutes:g} min, scale "
-        f"{arguments.scale}; trigger {arguments.trigger}; compaction every "
+        f"{arguments.scale}; tables {arguments.tables.value}; trigger {arguments.trigger}; "
+        "compaction every "
         f"{arguments.compact_every} commits; "
         f"{'change log' if arguments.change_log else 'MERGE a batch'}; {len(batches)} batches",
         "",
