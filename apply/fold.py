@@ -20,10 +20,13 @@ A fold of ``schema.table``:
    instead and leaves the log empty, :mod:`apply.batch`.)
 
 Who folds: :class:`Folds` keeps, per table, a lock and the time of its last fold. The
-table's batch task holds the lock while it appends; :class:`FoldTimer`, a driver thread,
-folds every table whose log has rows and whose last fold is ``every_s`` old, taking the
-lock only when it is free, so a fold never races the table's own batch and a quiet
-table's last changes still reach the table when no batch comes. A fold that fails is
+table's batch task holds the lock while it changes the table itself (creates it, adds
+columns, or takes a batch the log cannot take), and every commit to the log (an append,
+a trim) is made under the log's own lock (:meth:`Folds.log_lock`). :class:`FoldTimer`,
+a driver thread, folds every table whose log has rows and whose last fold is
+``every_s`` old, taking the lock only when it is free, so a fold never races the
+table's own batch and a quiet table's last changes still reach the table when no batch
+comes. A fold that fails is
 logged and retried on the next tick: the log keeps its rows, and the view stays right.
 """
 
@@ -34,6 +37,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -98,11 +102,15 @@ def fold_table(
     default_app_id: str,
     empty_log: bool = False,
     known: KnownTables | None = None,
+    log_lock: AbstractContextManager[object] | None = None,
 ) -> FoldResult | None:
     """Fold the log of ``table`` into the table (module docstring); None when the table
     holds every logged change already. ``empty_log``: trim every folded row, not only
     the previous fold's. ``known``: what the job last wrote to the table and its log
-    (:mod:`apply.known_tables`), read instead of Delta while nothing else committed."""
+    (:mod:`apply.known_tables`), read instead of Delta while nothing else committed.
+    ``log_lock``: held around the trim, the fold's only commit to the log
+    (:meth:`Folds.log_lock`)."""
+    trimming = log_lock if log_lock is not None else nullcontext()
     started = time.monotonic()
     name = str(table)
     path = table_path(lake_root, table)
@@ -120,7 +128,8 @@ def fold_table(
     watermark = None if history.state is None else history.state.log_seq
     if watermark is not None and watermark >= through:
         if empty_log:
-            trim(spark, log_path, through)
+            with trimming:
+                trim(spark, log_path, through)
         return None
     existing = known_table.existing if known_table else read_existing_table(spark, path, table)
     assert existing is not None  # read_history found the table
@@ -164,7 +173,8 @@ def fold_table(
         )
     trim_through = through if empty_log else watermark
     if trim_through is not None:
-        trim(spark, log_path, trim_through)
+        with trimming:
+            trim(spark, log_path, trim_through)
     result = FoldResult(
         table=name,
         through_seq=through,
@@ -198,6 +208,7 @@ class Folds:
         self._clock = clock
         self._guard = threading.Lock()
         self._locks: dict[TableId, threading.Lock] = {}
+        self._log_locks: dict[TableId, threading.Lock] = {}
         self._last_fold: dict[TableId, float] = {}
         self._appends: dict[TableId, int] = {}
         self._folded: dict[TableId, int] = {}
@@ -205,6 +216,17 @@ class Folds:
     def lock(self, table: TableId) -> threading.Lock:
         with self._guard:
             return self._locks.setdefault(table, threading.Lock())
+
+    def log_lock(self, table: TableId) -> threading.Lock:
+        """The lock every commit to the table's change log is made under: a batch's
+        append, from the JVM or the driver, and a fold's trim. Delta's Spark writer on a
+        local file system checks that the next commit file is absent and then renames
+        over it, keeping its own commits exclusive with a lock inside the JVM; delta-rs,
+        another writer, could land its commit in between and be silently replaced. The
+        fold's MERGE into the table (the long part) holds only :meth:`lock`, so an append
+        waits at most for a trim."""
+        with self._guard:
+            return self._log_locks.setdefault(table, threading.Lock())
 
     def appended(self, table: TableId) -> None:
         """The table's log got rows the table may lack."""
@@ -318,6 +340,7 @@ class FoldTimer:
                 table=table,
                 default_app_id=self._default_app_id,
                 known=self._known,
+                log_lock=self._folds.log_lock(table),
             )
             self._folds.folded(table, mark)
             if result is not None and self._upkeep is not None:

@@ -211,17 +211,18 @@ def _apply_table_logged(
         log.warning("tombstones for a table not created yet, nothing to record: %s", name)
         return None
     if collected is not None and known is not None:
-        driven = append_from_driver(
-            spark,
-            batch_id=batch_id,
-            topic_survey=topic_survey,
-            context=context,
-            previous=state,
-            log_history=known.history,
-            existing=known.existing,
-            schemas=schemas,
-            records=collected,
-        )
+        with folds.log_lock(table):
+            driven = append_from_driver(
+                spark,
+                batch_id=batch_id,
+                topic_survey=topic_survey,
+                context=context,
+                previous=state,
+                log_history=known.history,
+                existing=known.existing,
+                schemas=schemas,
+                records=collected,
+            )
         if driven is not None:
             folds.appended(table)
             after_commit(
@@ -265,7 +266,7 @@ def _apply_table_logged(
         # Creating the table or adding columns to it is a commit on the table: not while
         # a fold MERGEs into it.
         ddl = plan.columns.create or bool(plan.columns.added)
-        with folds.lock(table) if ddl else nullcontext():
+        with folds.lock(table) if ddl else nullcontext(), folds.log_lock(table):
             result = append_batch(
                 spark,
                 batch_id=batch_id,

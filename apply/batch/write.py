@@ -670,6 +670,7 @@ def fold_then_merge(
             table=table,
             default_app_id=context.txn_app_id,
             empty_log=True,
+            log_lock=folds.log_lock(table),
         )
     folds.folded(table, mark)
     direct = read_history(spark, path, name)
@@ -687,7 +688,8 @@ def fold_then_merge(
     if log_history is not None and (plan.replace or plan.columns.added):
         # The emptied log takes the table's new columns, so the next append and the
         # freshest view's SQL find them (a retyped column included).
-        reshape_log(spark, log_path, plan.columns.columns)
+        with folds.log_lock(table):
+            reshape_log(spark, log_path, plan.columns.columns)
     # Nothing is kept: the next batch reads the table and its log from Delta.
     after_commit(
         spark,

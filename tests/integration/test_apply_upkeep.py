@@ -113,6 +113,8 @@ def test_upkeep_bounds_files_and_leaves_the_applied_state(
         upkeep=TableUpkeep(
             UpkeepSettings(compact_every_commits=2, vacuum_every_commits=6), observer=metrics
         ),
+        # Spark's MERGE with deletion vectors: the vectors are what upkeep must bound too.
+        deletion_vectors=True,
     )
     path = table_path(ctx.lake_root, TableId("public", unique_name))
 
