@@ -55,7 +55,8 @@ from apply.driver_merge import DriverTables
 from apply.errors import TableError, UnknownSchemaError, parked_cure
 from apply.feedback import ProgressPublisher, SchemaCatalog
 from apply.fold import Folds, FoldTimer, fold_table
-from apply.kafka_clients import spark_source_options
+from apply.held_batch import HeldBatchReader
+from apply.kafka_clients import HELD_GROUP, client_conf, spark_source_options
 from apply.known_tables import KnownTables
 from apply.lanes import DEFAULT_LANE, Lane, checkpoint_of, default_topic_pattern, plan_lanes
 from apply.merge import transaction_app_id
@@ -190,8 +191,13 @@ class ApplyJob:
         # With the change log: the tables' fold locks and turns (apply.fold).
         self._folds = Folds(settings.lake.fold_every_s) if settings.lake.change_log else None
         self._app_ids = {lane.name: transaction_app_id(lane.checkpoint) for lane in self.lanes}
+        self._checkpoints = {lane.name: lane.checkpoint for lane in self.lanes}
+        # A small batch's records read from Kafka in the driver (apply.held_batch).
+        self._held = HeldBatchReader(client_conf(settings.kafka) | {"group.id": HELD_GROUP})
 
-    def _context(self, app_id: str, *, streaming: bool = False) -> ApplyContext:
+    def _context(
+        self, app_id: str, *, streaming: bool = False, checkpoint: str | None = None
+    ) -> ApplyContext:
         with self._catalog_lock:
             schemas = dict(self._catalog.schemas)
         return ApplyContext(
@@ -207,6 +213,8 @@ class ApplyJob:
             driver_write_records=self._settings.lake.driver_write_records,
             driver_tables=self._driver_tables if streaming else None,
             deletion_vectors=self._settings.lake.deletion_vectors,
+            checkpoint=checkpoint,
+            held_reader=self._held if streaming else None,
         )
 
     def close(self) -> None:
@@ -214,6 +222,7 @@ class ApplyJob:
         :meth:`run`, ``reapply`` or ``discard``), or use the job as a context manager."""
         with self._publish_lock:
             self._publisher.close()
+        self._held.close()
 
     def __enter__(self) -> ApplyJob:
         return self
@@ -273,7 +282,9 @@ class ApplyJob:
 
         def attempt() -> BatchResult:
             try:
-                return self._apply_loading_schemas(batch, batch_id, app_id)
+                return self._apply_loading_schemas(
+                    batch, batch_id, app_id, self._checkpoints.get(lane)
+                )
             except TransientError as exc:
                 self.metrics.batch_failures.inc()
                 self.health.transient_failure(str(exc))
@@ -298,15 +309,22 @@ class ApplyJob:
         self.metrics.batch(result, time.monotonic() - started, time.time(), lane)
         return result
 
-    def _apply_loading_schemas(self, batch: DataFrame, batch_id: int, app_id: str) -> BatchResult:
+    def _apply_loading_schemas(
+        self, batch: DataFrame, batch_id: int, app_id: str, checkpoint: str | None
+    ) -> BatchResult:
         try:
-            return apply_batch(batch, batch_id, self._context(app_id, streaming=True))
+            return apply_batch(
+                batch, batch_id, self._context(app_id, streaming=True, checkpoint=checkpoint)
+            )
         except UnknownSchemaError:
             # Capture flushes a schema before the first record using it: read again.
             # A table whose schema is still missing then is parked, alone.
             self._refresh_schemas()
             return apply_batch(
-                batch, batch_id, self._context(app_id, streaming=True), park_missing_schemas=True
+                batch,
+                batch_id,
+                self._context(app_id, streaming=True, checkpoint=checkpoint),
+                park_missing_schemas=True,
             )
 
     def publish_table_statuses(self, tables: Iterable[str]) -> None:

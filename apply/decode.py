@@ -37,7 +37,7 @@ ignored, and a body cut inside a trailing number reads the missing bytes as zero
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -192,6 +192,45 @@ def survey(batch: DataFrame) -> dict[str, TopicSurvey]:
             tally.first_without_header = row["first_offset"]
         else:
             found.add(Fingerprint(int.from_bytes(bytes.fromhex(kind_value), "little")))
+    return _surveys(tallies, fingerprints)
+
+
+def writer_key(value: bytes) -> bytes | None:
+    """:func:`_writer_key` over a value the driver holds: the 8 bytes naming its writer
+    schema, None for a value with neither header."""
+    if len(value) >= HEADER_SIZE and value[: len(MARKER)] == MARKER:
+        return value[len(MARKER) : len(MARKER) + FINGERPRINT_SIZE]
+    magic = registry_framing.MAGIC
+    if len(value) >= registry_framing.HEADER_SIZE and value[: len(magic)] == magic:
+        return _REGISTRY_KEY_PAD + value[len(magic) : registry_framing.HEADER_SIZE]
+    return None
+
+
+def survey_held(records: Iterable[tuple[str, int, int, bytes | None]]) -> dict[str, TopicSurvey]:
+    """:func:`survey` of a batch the driver holds, as ``(topic, partition, offset,
+    value)``: the same surveys, with no Spark job."""
+    tallies: dict[str, dict[int, _Tally]] = {}
+    fingerprints: dict[str, set[Fingerprint]] = {}
+    for topic, partition, offset, value in records:
+        tally = tallies.setdefault(topic, {}).setdefault(partition, _Tally())
+        tally.records += 1
+        tally.next_offset = max(tally.next_offset, offset + 1)
+        found = fingerprints.setdefault(topic, set())
+        if value is None:
+            tally.tombstones += 1
+            continue
+        key = writer_key(value)
+        if key is None:
+            first = tally.first_without_header
+            tally.first_without_header = offset if first is None else min(first, offset)
+        else:
+            found.add(Fingerprint(int.from_bytes(key, "little")))
+    return _surveys(tallies, fingerprints)
+
+
+def _surveys(
+    tallies: Mapping[str, Mapping[int, _Tally]], fingerprints: Mapping[str, set[Fingerprint]]
+) -> dict[str, TopicSurvey]:
     return {
         topic: TopicSurvey(
             topic=topic,

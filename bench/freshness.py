@@ -22,9 +22,11 @@ every 2 s over the same window, and prints, for the change records of that windo
   batch's commit from ``epochId`` in the Delta log.
 
 Targets (issue "Prove it"): commit-to-Kafka p50 <= 50 ms and p99 <= 250 ms;
-commit-to-Delta p50 <= 2x and p99 <= 4x the plain append's. The lake issue's targets:
-the Delta table itself p50 <= 15 s and p99 <= 30 s; the freshest documented way to read
-it p50 <= 5 s and p99 <= 15 s.
+commit-to-Delta p50 <= 2x and p99 <= 4x the plain append's. The lake issue's targets,
+with the eleven-table scenario and every setting at its default: the Delta table itself
+p50 <= 5 s and p99 <= 15 s up to 25 tps, p50 <= 10 s above (the p99 there is held to
+30 s), quiet tables the same; apply's CPU <= 0.3 of one core at 25 tps; the freshest
+view of the change log p50 <= 5 s and p99 <= 15 s.
 
 ``--change-log`` runs apply with ``APPLY_LAKE__CHANGE_LOG=true`` (:mod:`apply.change_log`)
 and reports two apply rows: the **table** (the fold commits carry the applied state the
@@ -616,15 +618,16 @@ def _report(
             f"p99 <= {p99_target_s:g} s: {_met(p99 <= p99_target_s * 1000)}{versus} |"
         )
 
-    lines.append(row("commit-to-Delta, the table itself", apply_ms, 15, 30))
+    table_p50_s, table_p99_s = (5, 15) if arguments.rate <= 25 else (10, 30)
+    lines.append(row("commit-to-Delta, the table itself", apply_ms, table_p50_s, table_p99_s))
     if len(groups_ms) > 1:
         for group, values in groups_ms.items():
             lines.append(
                 row(
                     f"commit-to-Delta, the table itself: {group.value} ({len(values):,} records)",
                     values,
-                    15,
-                    30,
+                    table_p50_s,
+                    table_p99_s,
                     versus_plain=False,
                 )
             )
@@ -649,6 +652,13 @@ def _report(
             f"| {name} | {cpu:,.1f} | {footprint.of_one_core(name):.2f} | "
             f"{cpu / changes * 1e6:,.0f} | {footprint.peak_rss.get(name, 0) / 1024**2:,.0f} MiB |"
         )
+    if arguments.rate <= 25:
+        share = footprint.of_one_core("apply")
+        lines += [
+            "",
+            f"apply's CPU at {arguments.rate:.0f} tps: {share:.2f} of one core; "
+            f"target <= 0.3: {_met(share <= 0.3)}",
+        ]
     lines.append("")
     lines.append(f"caught up {caught_up_s:.1f} s after pgbench ended")
     lines.append(

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from apply.dead_letter import dead_letter_path
 from apply.driver_merge import DriverTables
 from apply.fold import Folds
+from apply.held_batch import HeldBatchReader
 from apply.known_tables import KnownTables
 from apply.positions import AppliedState
 from apply.upkeep import TableUpkeep
@@ -52,6 +53,12 @@ class ApplyContext:
     driver_tables: DriverTables | None = None
     """delta-rs's view of the tables the driver MERGEs into, kept between batches; None:
     every batch MERGEs with Spark."""
+    checkpoint: str | None = None
+    """The streaming query's checkpoint location, whose offset log gives a batch's
+    offset ranges (:mod:`apply.held_batch`); None outside a query."""
+    held_reader: HeldBatchReader | None = None
+    """Reads a small batch's records from Kafka in the driver (:mod:`apply.held_batch`);
+    None: a batch the driver writes is collected through Spark."""
     deletion_vectors: bool = False
     """Whether the tables apply creates have deletion vectors (only Spark's MERGE writes
     those: :mod:`apply.driver_merge`)."""

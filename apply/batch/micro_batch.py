@@ -2,27 +2,29 @@
 time (:mod:`apply.table_pool`), park the errored ones in one commit, and return the
 results the job publishes (:mod:`apply.progress`).
 
-A batch small enough (``ApplyContext.driver_write_records``) is also collected to the
-driver once, right after the survey, so that each table's write can run there with no
-Spark job of its own: a MERGE into the table (:mod:`apply.driver_merge`), or with the
-change log an append to the log (:mod:`apply.driver_append`)."""
+A batch small enough (``ApplyContext.driver_write_records``) is collected to the driver
+first, in one Spark job, and surveyed there (:func:`apply.decode.survey_held`), so that
+each table's write can run there with no Spark job of its own: a MERGE into the table
+(:mod:`apply.driver_merge`), or with the change log an append to the log
+(:mod:`apply.driver_append`). A bigger batch is surveyed by Spark."""
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping, Sequence
 
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as sf
 
 from apply.batch.context import ApplyContext
 from apply.batch.park import Park, park_tables, parsable_schemas
 from apply.batch.read import lake_state, missing_schemas
 from apply.batch.table import apply_table, released
 from apply.dead_letter import ErroredTable, errored_tables
-from apply.decode import RECORD_COLUMNS, TopicSurvey, persisted, survey
+from apply.decode import RECORD_COLUMNS, TopicSurvey, persisted, survey, survey_held
 from apply.driver_append import CollectedRecord, local_lake
 from apply.errors import MissingSchemaError, TableError, UnknownSchemaError
+from apply.held_batch import HeldRecord, batch_ranges
 from apply.progress import BatchResult, TableResult
 from apply.table_pool import SchedulerPools, run_per_table, table_session
 from apply.tables import table_of_topic
@@ -30,6 +32,9 @@ from schemas.registry_framing import registry_id_of
 from schemas.single_object import format_fingerprint
 
 log = logging.getLogger(__name__)
+
+_LIMIT_PARTITIONS = "spark.sql.limit.initialNumPartitions"
+_ALL_PARTITIONS = 1_000_000
 
 
 def _table_name(topic_survey: TopicSurvey) -> str:
@@ -93,22 +98,40 @@ def _table_task(
         )
 
 
-def _collected(
-    records: DataFrame, surveys: Mapping[str, TopicSurvey], context: ApplyContext
-) -> dict[str, list[CollectedRecord]] | None:
-    """The batch's records in the driver, by topic (one Spark job), when the lake is
-    local and the batch holds at most ``context.driver_write_records`` values; else
-    None."""
-    if not local_lake(context.lake_root):
+def _held(records: DataFrame, batch_id: int, context: ApplyContext) -> list[HeldRecord] | None:
+    """The batch's records in the driver, when the lake is local and the batch holds at
+    most ``context.driver_write_records`` records; else None. Read from Kafka by the
+    driver when the query's offset log gives the batch's ranges (:mod:`apply.held_batch`),
+    else with one Spark job reading at most one record more than the bound."""
+    if not local_lake(context.lake_root) or context.driver_write_records <= 0:
         return None
-    values = sum(s.records - s.tombstones for s in surveys.values())
-    if values == 0 or values > context.driver_write_records:
+    reader, checkpoint = context.held_reader, context.checkpoint
+    if reader is not None and checkpoint is not None and batch_ranges(checkpoint, batch_id):
+        return reader.read(checkpoint, batch_id, context.driver_write_records)
+    # A limit reads one partition first and then four times as many in each further job
+    # until it has its rows: four jobs over a batch of 11 topics of 3 partitions. Asked to
+    # read them all at once, it is one job, as a survey is.
+    conf = records.sparkSession.conf
+    before = conf.get(_LIMIT_PARTITIONS, None)
+    conf.set(_LIMIT_PARTITIONS, str(_ALL_PARTITIONS))
+    try:
+        rows = records.limit(context.driver_write_records + 1).collect()
+    finally:
+        if before is None:
+            conf.unset(_LIMIT_PARTITIONS)
+        else:
+            conf.set(_LIMIT_PARTITIONS, before)
+    if len(rows) > context.driver_write_records:
         return None
+    return [(r["topic"], int(r["partition"]), int(r["offset"]), r["value"]) for r in rows]
+
+
+def _by_topic(held: Sequence[HeldRecord]) -> dict[str, list[CollectedRecord]]:
+    """The held records' values by topic (tombstones are counted by the survey alone)."""
     found: dict[str, list[CollectedRecord]] = {}
-    for row in records.where(sf.col("value").isNotNull()).collect():
-        found.setdefault(row["topic"], []).append(
-            CollectedRecord(int(row["partition"]), int(row["offset"]), bytes(row["value"]))
-        )
+    for topic, partition, offset, value in held:
+        if value is not None:
+            found.setdefault(topic, []).append(CollectedRecord(partition, offset, bytes(value)))
     return found
 
 
@@ -133,15 +156,24 @@ def apply_batch(
     # cached: keeping the headers too doubled the cost of the first read. Parking, the
     # rare path, reads the batch again, headers included.
     records = batch.select(*RECORD_COLUMNS)
+    started = time.monotonic()
     with persisted(records):
-        surveys = survey(records)
+        held = _held(records, batch_id, context)
+        surveys = survey(records) if held is None else survey_held(held)
         if not park_missing_schemas:
             for topic in sorted(surveys):
                 missing = missing_schemas(surveys[topic], context)
                 if missing:
                     raise UnknownSchemaError(topic, [format_fingerprint(f) for f in missing])
+        log.info(
+            "batch %d: %d topics surveyed %s in %.2fs",
+            batch_id,
+            len(surveys),
+            "by Spark" if held is None else f"in the driver ({len(held)} records)",
+            time.monotonic() - started,
+        )
         errored = errored_tables(spark, context.dead_letter)
-        collected = _collected(records, surveys, context)
+        collected = None if held is None else _by_topic(held)
         topics = [surveys[topic] for topic in sorted(surveys)]
         futures = run_per_table(
             topics,

@@ -17,6 +17,7 @@ import pytest
 
 from apply.batch import ApplyContext, apply_batch
 from apply.change_log import change_log_path
+from apply.decode import RECORD_COLUMNS, survey, survey_held
 from apply.delta_log import commit_file
 from apply.driver_merge import DriverTables
 from apply.fold import Folds, fold_table
@@ -223,6 +224,8 @@ def test_the_driver_merges_what_spark_merges(
 
     for batch_id in range(len(batches)):
         records = topic.batch(spark, marks[batch_id], marks[batch_id + 1])
+        held = records.select(*RECORD_COLUMNS).collect()
+        assert survey_held(tuple(row) for row in held) == survey(records)
         expected = apply_batch(records, batch_id, by_spark).applied[0]
         for ctx in (driver, with_dvs):
             got = apply_batch(records, batch_id, ctx).applied[0]
