@@ -49,6 +49,7 @@ from apply.delta_schema import (
 )
 from apply.driver_append import (
     CollectedRecord,
+    DecodedChange,
     DriverAppendUnavailableError,
     append_to_log,
     decode_records,
@@ -470,6 +471,64 @@ def _logged_result(
     return result
 
 
+@dataclass(frozen=True, slots=True)
+class DriverPlan:
+    """A table's part of a batch the driver holds, planned once for either driver
+    writer: its columns, the batch's measure, and the latest change per key after the
+    replay filter and the newest applied TRUNCATE."""
+
+    columns: ColumnPlan
+    measured: BatchMeasure
+    changes: Sequence[DecodedChange]
+
+
+def plan_in_driver(
+    *,
+    batch_id: int,
+    topic_survey: TopicSurvey,
+    context: ApplyContext,
+    previous: AppliedState | None,
+    existing: ExistingTable,
+    schemas: Sequence[ValueSchema],
+    records: Sequence[CollectedRecord],
+) -> DriverPlan | None:
+    """The plan both driver writers write (:func:`merge_from_driver`,
+    :func:`append_from_driver`); None for a batch the driver does not take, which
+    Spark then writes: more than one writer schema, a lake that is not local, a
+    replayed batch id (Spark's transaction check decides), new or retyped columns, a
+    TRUNCATE, an unchanged TOAST value, or nothing but replays and tombstones (Spark
+    commits the state alone)."""
+    topic = topic_survey.topic
+    table = table_of_topic(topic)
+    if len(schemas) != 1 or not local_lake(context.lake_root):
+        return None
+    if previous is not None and context.wrote(previous) and batch_id <= previous.batch_id:
+        return None
+    try:
+        plan = plan_columns(table, existing, schemas)
+    except SchemaChangeError:
+        return None  # a TRUNCATE in the batch may still let the table take it
+    if plan.create or plan.added:
+        return None
+    decoded = decode_records(records, schemas[0], plan.columns)
+    measured = measure_changes(decoded, previous, topic)
+    check_decoded(measured, topic_survey, str(table))
+    if measured.truncate is not None or measured.unchanged_columns:
+        return None
+    changes = latest_changes(
+        decoded,
+        previous,
+        topic,
+        key_indexes=[
+            index for index, column in enumerate(plan.columns) if column.name in plan.key_columns
+        ],
+        erased_before=None if previous is None else previous.truncated_at,
+    )
+    if not changes:
+        return None
+    return DriverPlan(columns=plan, measured=measured, changes=changes)
+
+
 def append_from_driver(
     spark: SparkSession,
     *,
@@ -485,38 +544,23 @@ def append_from_driver(
     """:func:`append_batch` for a small batch collected to the driver, with no Spark
     job (:mod:`apply.driver_append`); None when the batch is one that path does not
     take (its module docstring), and then nothing is written."""
-    topic = topic_survey.topic
-    table = table_of_topic(topic)
+    table = table_of_topic(topic_survey.topic)
     name = str(table)
-    if len(schemas) != 1 or not local_lake(context.lake_root):
+    planned = plan_in_driver(
+        batch_id=batch_id,
+        topic_survey=topic_survey,
+        context=context,
+        previous=previous,
+        existing=existing,
+        schemas=schemas,
+        records=records,
+    )
+    if planned is None:
         return None
-    if previous is not None and context.wrote(previous) and batch_id <= previous.batch_id:
-        return None  # a replayed batch: the JVM append's transaction check decides
-    try:
-        plan = plan_columns(table, existing, schemas)
-    except SchemaChangeError:
-        return None  # a TRUNCATE in the batch may still let the table take it
-    if plan.create or plan.added:
-        return None
-    decoded = decode_records(records, schemas[0], plan.columns)
-    measured = measure_changes(decoded, previous, topic)
-    check_decoded(measured, topic_survey, name)
-    if measured.truncate is not None or measured.unchanged_columns:
-        return None
+    plan, measured, changes = planned.columns, planned.measured, planned.changes
     log_path = change_log_path(context.lake_root, table)
     seq = log_history.version + 1
     state = _logged_state(previous, topic_survey, measured, context, batch_id=batch_id, seq=seq)
-    changes = latest_changes(
-        decoded,
-        previous,
-        topic,
-        key_indexes=[
-            index for index, column in enumerate(plan.columns) if column.name in plan.key_columns
-        ],
-        erased_before=None if previous is None else previous.truncated_at,
-    )
-    if not changes:
-        return None  # only replays or tombstones: the JVM commits the state alone
     try:
         delta_log, order = open_log(log_path)
         append_to_log(
@@ -558,26 +602,24 @@ def merge_from_driver(
     """:func:`merge_batch` for a small batch collected to the driver, MERGEd by delta-rs
     with no Spark job (:mod:`apply.driver_merge`); None when the batch or the table is
     one that path does not take (its module docstring), and then nothing is written."""
-    topic = topic_survey.topic
-    table = table_of_topic(topic)
+    table = table_of_topic(topic_survey.topic)
     name = str(table)
     path = table_path(context.lake_root, table)
     previous = history.state
-    if len(schemas) != 1 or not local_lake(context.lake_root) or context.driver_tables is None:
+    if context.driver_tables is None:
         return None
-    if previous is not None and context.wrote(previous) and batch_id <= previous.batch_id:
-        return None  # a replayed batch: Spark's transaction check decides
-    try:
-        plan = plan_columns(table, existing, schemas)
-    except SchemaChangeError:
-        return None  # a TRUNCATE in the batch may still let the table take it
-    if plan.create or plan.added:
+    planned = plan_in_driver(
+        batch_id=batch_id,
+        topic_survey=topic_survey,
+        context=context,
+        previous=previous,
+        existing=existing,
+        schemas=schemas,
+        records=records,
+    )
+    if planned is None:
         return None
-    decoded = decode_records(records, schemas[0], plan.columns)
-    measured = measure_changes(decoded, previous, topic)
-    check_decoded(measured, topic_survey, name)
-    if measured.truncate is not None or measured.unchanged_columns:
-        return None
+    plan, measured, changes = planned.columns, planned.measured, planned.changes
     state = advance(
         previous,
         name,
@@ -586,17 +628,6 @@ def merge_from_driver(
         None,
         txn_app_id=context.txn_app_id,
     )
-    changes = latest_changes(
-        decoded,
-        previous,
-        topic,
-        key_indexes=[
-            index for index, column in enumerate(plan.columns) if column.name in plan.key_columns
-        ],
-        erased_before=None if previous is None else previous.truncated_at,
-    )
-    if not changes:
-        return None  # only replays or tombstones: Spark commits the state alone
     try:
         delta_table = context.driver_tables.at(path, history.version)
         metrics = merge_rows(
@@ -614,8 +645,8 @@ def merge_from_driver(
         return None
     outcome = own_outcome(spark, path, history.version, context.txn_app_id, batch_id)
     if not outcome.committed:
-        # delta-rs does not skip a transaction it committed before; the replay check above
-        # keeps it from being asked to, so this is someone else's commit in between.
+        # delta-rs does not skip a transaction it committed before; plan_in_driver's replay
+        # check keeps it from being asked to, so this is someone else's commit in between.
         context.driver_tables.forget(path)
         raise TransientError(
             f"table {name}: the driver's MERGE of batch {batch_id} is not in the table's "

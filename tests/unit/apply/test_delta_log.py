@@ -4,8 +4,6 @@ commit file is newline-delimited JSON whose strings carry any character raw."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pyarrow as pa  # type: ignore[import-untyped]
@@ -19,8 +17,8 @@ from apply.delta_log import (
     parse_commit,
     sync_commits,
 )
+from tests.plugins.fuzzing import run_fuzzer
 
-ROOT = Path(__file__).resolve().parents[3]
 FUZZ_RUNS = 20_000
 
 
@@ -141,26 +139,7 @@ def test_the_commit_file_fuzzer_finds_nothing(tmp_path: Path) -> None:
     (corpus / "any-text").write_bytes(
         b"\x01" + b'{"commitInfo": {"operation": "WRITE"}}\n{"txn": {}}'
     )
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tests.fuzz.fuzz_commit_file",
-            f"-runs={FUZZ_RUNS}",
-            "-seed=1",
-            str(corpus),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    output = result.stdout + result.stderr
-    found = output.find("=== Uncaught Python exception")
-    verdict = output[found : found + 4000] if found >= 0 else output[-4000:]
-    assert result.returncode == 0, verdict
-    assert f"Done {FUZZ_RUNS} runs" in result.stderr, verdict
+    run_fuzzer("fuzz_commit_file", corpus, FUZZ_RUNS)
 
 
 def test_a_commit_names_the_data_files_it_adds() -> None:

@@ -6,44 +6,16 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from capture.rows import native as native_rows
+from tests.plugins.fuzzing import run_fuzzer
 
 ROOT = Path(__file__).resolve().parents[3]
 VECTORS = Path(__file__).parent / "vectors"
 RUNS = 100_000
-
-
-def _fuzz(harness: str, corpus: Path, *flags: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            f"tests.fuzz.{harness}",
-            f"-runs={RUNS}",
-            "-seed=1",
-            *flags,
-            str(corpus),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-
-
-def _verdict(result: subprocess.CompletedProcess[str]) -> str:
-    """libFuzzer's report from the failure on (the property that broke, its input), or
-    its end."""
-    output = result.stdout + result.stderr
-    found = output.find("=== Uncaught Python exception")
-    return output[found : found + 4000] if found >= 0 else output[-4000:]
 
 
 def test_the_decoder_fuzzer_finds_nothing(tmp_path: Path) -> None:
@@ -56,9 +28,7 @@ def test_the_decoder_fuzzer_finds_nothing(tmp_path: Path) -> None:
                 flag = bytes([1 if vector["in_stream"] else 0])
                 (corpus / f"vector-{seeds}").write_bytes(flag + bytes.fromhex(vector["hex"]))
                 seeds += 1
-    result = _fuzz("fuzz_decoder", corpus)
-    assert result.returncode == 0, _verdict(result)
-    assert f"Done {RUNS} runs" in result.stderr, _verdict(result)
+    run_fuzzer("fuzz_decoder", corpus, RUNS)
 
 
 def test_the_row_encoder_fuzzer_finds_nothing(tmp_path: Path) -> None:
@@ -69,6 +39,4 @@ def test_the_row_encoder_fuzzer_finds_nothing(tmp_path: Path) -> None:
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     dictionary = ROOT / "tests" / "fuzz" / "row_encoder.dict"
-    result = _fuzz("fuzz_row_encoder", corpus, f"-dict={dictionary}")
-    assert result.returncode == 0, _verdict(result)
-    assert f"Done {RUNS} runs" in result.stderr, _verdict(result)
+    run_fuzzer("fuzz_row_encoder", corpus, RUNS, f"-dict={dictionary}")
