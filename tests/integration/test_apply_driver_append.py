@@ -12,7 +12,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import deltalake
 import pytest
 
 from apply.batch import ApplyContext, apply_batch
@@ -160,27 +159,26 @@ def test_the_driver_appends_what_the_jvm_appends(
 def test_the_driver_merges_what_spark_merges(
     spark: Any, services: Services, unique_name: str, tmp_path: Path
 ) -> None:
-    """The table itself, with the change log off: the same batches MERGEd by Spark alone,
-    by the driver where it can (apply.driver_merge), and by the driver into a table with
-    deletion vectors, which it must leave to Spark; tables, states and results equal."""
+    """The table itself, with the change log off: the same batches MERGEd by Spark alone
+    and by the driver where it can (apply.driver_merge); tables, states and results
+    equal. (That the driver leaves a table with deletion vectors to Spark is
+    tests/unit/apply/test_driver_merge.py's.)"""
     schemas = build_table_schemas(TableDescription("public", unique_name, EVERY_TYPE))
     enc = ChangeEncoder(schemas)
     table = TableId("public", unique_name)
     topic = ChangeTopic(services, unique_name, 2)
     base = context(tmp_path, schemas)
 
-    def lake(name: str, records: int, *, deletion_vectors: bool = False) -> ApplyContext:
+    def lake(name: str, records: int) -> ApplyContext:
         return dataclasses.replace(
             base,
             lake_root=str(tmp_path / name),
             known=KnownTables(),
             driver_tables=DriverTables(),
             driver_write_records=records,
-            deletion_vectors=deletion_vectors,
         )
 
     by_spark, driver = lake("spark", 0), lake("driver", 10_000)
-    with_dvs = lake("dvs", 10_000, deletion_vectors=True)
     batches = [
         # The first batch creates the table, with Spark; from the second on the job
         # knows it.
@@ -227,26 +225,17 @@ def test_the_driver_merges_what_spark_merges(
         held = records.select(*RECORD_COLUMNS).collect()
         assert survey_held(tuple(row) for row in held) == survey(records)
         expected = apply_batch(records, batch_id, by_spark).applied[0]
-        for ctx in (driver, with_dvs):
-            got = apply_batch(records, batch_id, ctx).applied[0]
-            assert got.state == expected.state, f"batch {batch_id}"
-            # Equal but for where the lake is (the states compared above).
-            assert dataclasses.replace(got, path="", state=expected.state) == dataclasses.replace(
-                expected, path=""
-            ), f"batch {batch_id}"
-            assert written_by_delta_rs(got.path, got.version) is (
-                ctx is driver and batch_id in from_driver
-            ), f"batch {batch_id}"
-            assert exact_rows(spark, got.path) == exact_rows(spark, expected.path), (
-                f"batch {batch_id}"
-            )
+        got = apply_batch(records, batch_id, driver).applied[0]
+        assert got.state == expected.state, f"batch {batch_id}"
+        # Equal but for where the lake is (the states compared above).
+        assert dataclasses.replace(got, path="", state=expected.state) == dataclasses.replace(
+            expected, path=""
+        ), f"batch {batch_id}"
+        assert written_by_delta_rs(got.path, got.version) is (batch_id in from_driver)
         assert not written_by_delta_rs(expected.path, expected.version)
+        assert exact_rows(spark, got.path) == exact_rows(spark, expected.path), f"batch {batch_id}"
     final = exact_rows(spark, table_path(driver.lake_root, table))
     assert sorted(row[0] for row in final) == [8]
-    # The driver left the table with deletion vectors to Spark for that reason alone.
-    assert "deletionVectors" in (
-        deltalake.DeltaTable(table_path(with_dvs.lake_root, table)).protocol().writer_features or []
-    )
 
     # Spark replays the last batch: the state covers it, nothing is written.
     last = topic.batch(spark, marks[-2], marks[-1])

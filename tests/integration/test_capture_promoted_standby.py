@@ -223,7 +223,8 @@ def _refused_after_failover(
             assert f"the control topic shows applied changes for {topic}" in refusal
         else:
             assert "capture streamed it up to" in refusal
-        assert "Resync: stop apply" in refusal
+        assert "Resync the pipeline: stop capture and apply" in refusal
+        assert "apply and apply-* under APPLY_LAKE__CHECKPOINT_ROOT" in refusal
         assert "CAPTURE_SNAPSHOT_MODE=initial" in refusal
         # It streamed once, from the old primary, and never from the new one.
         assert log.count(f"streaming slot {unique_name} from") == 1, log[-4000:]

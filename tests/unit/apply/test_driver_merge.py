@@ -1,0 +1,114 @@
+"""apply.driver_merge: which tables the driver writes, and its MERGE's rules, against
+tables delta-rs itself writes (the comparison with Spark's MERGE on every column type is
+tests/integration/test_apply_driver_append.py's)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa  # type: ignore[import-untyped]
+import pytest
+from deltalake import DeltaTable, write_deltalake
+from pyspark.sql.types import LongType, StringType
+
+from apply.delta_log import commit_file, parse_commit
+from apply.delta_schema import ColumnSpec
+from apply.driver_append import DecodedChange
+from apply.driver_merge import (
+    DriverMergeUnavailableError,
+    DriverTables,
+    merge_rows,
+    source_rows,
+    writable,
+)
+from apply.positions import Position
+from schemas.lsn import Lsn
+
+COLUMNS = (ColumnSpec("id", LongType(), key=True), ColumnSpec("Note", StringType()))
+
+
+def table_rows(rows: list[tuple[int, str, int, int]]) -> pa.Table:
+    ids, notes, lsns, ordinals = zip(*rows, strict=True)
+    return pa.table(
+        {
+            "id": pa.array(ids, pa.int64()),
+            "Note": pa.array(notes, pa.string()),
+            "_cdc_commit_lsn": pa.array(lsns, pa.int64()),
+            "_cdc_ordinal": pa.array(ordinals, pa.int64()),
+            "_cdc_commit_ts": pa.array([0] * len(ids), pa.timestamp("us", tz="UTC")),
+        }
+    )
+
+
+def changed(op: str, key: int, note: str | None, lsn: int, ordinal: int) -> DecodedChange:
+    return DecodedChange(0, 0, op, Position(Lsn(lsn), ordinal), 0, (), (key, note))
+
+
+@pytest.mark.parametrize(
+    ("configuration", "refused"),
+    [
+        ({}, None),
+        ({"delta.enableDeletionVectors": "true"}, "deletionVectors"),
+        ({"delta.enableChangeDataFeed": "true"}, "writer version 4"),
+    ],
+)
+def test_only_a_table_delta_rs_writes_exactly_is_written_from_the_driver(
+    tmp_path: Path, configuration: dict[str, str], refused: str | None
+) -> None:
+    write_deltalake(str(tmp_path), table_rows([(1, "a", 10, 0)]), configuration=configuration)
+    table = DeltaTable(str(tmp_path))
+    if refused is None:
+        writable(table)
+        assert DriverTables().at(str(tmp_path), 0).version() == 0
+    else:
+        with pytest.raises(DriverMergeUnavailableError, match=refused):
+            writable(table)
+        with pytest.raises(DriverMergeUnavailableError):
+            DriverTables().at(str(tmp_path), 0)
+
+
+def test_a_table_read_at_another_version_than_the_job_knows_is_left_to_spark(
+    tmp_path: Path,
+) -> None:
+    write_deltalake(str(tmp_path), table_rows([(1, "a", 10, 0)]))
+    write_deltalake(str(tmp_path), table_rows([(2, "b", 11, 0)]), mode="append")
+    with pytest.raises(DriverMergeUnavailableError, match="reads version 1, the job knows 0"):
+        DriverTables().at(str(tmp_path), 0)
+
+
+def test_the_merge_applies_newer_changes_only_and_commits_state_and_transaction(
+    tmp_path: Path,
+) -> None:
+    write_deltalake(str(tmp_path), table_rows([(1, "a", 10, 0), (2, "b", 10, 1), (3, "c", 30, 0)]))
+    changes = [
+        changed("UPDATE", 1, "a2", 20, 0),  # newer: updated
+        changed("DELETE", 2, None, 20, 1),  # newer: deleted
+        changed("DELETE", 3, None, 20, 2),  # older than the row: the row stays
+        changed("INSERT", 4, "d", 20, 3),  # new: inserted
+        changed("DELETE", 5, None, 20, 4),  # nothing to delete
+    ]
+    metrics = merge_rows(
+        DriverTables().at(str(tmp_path), 0),
+        source_rows(changes, COLUMNS),
+        name="public.t",
+        columns=COLUMNS,
+        key_columns=("id",),
+        app_id="app",
+        batch_id=7,
+        metadata='{"state": 1}',
+    )
+
+    assert (
+        metrics["num_target_rows_inserted"],
+        metrics["num_target_rows_updated"],
+        metrics["num_target_rows_deleted"],
+    ) == (1, 1, 1)
+    found = DeltaTable(str(tmp_path)).to_pyarrow_table().to_pylist()
+    assert sorted((r["id"], r["Note"], r["_cdc_commit_lsn"]) for r in found) == [
+        (1, "a2", 20),
+        (3, "c", 30),
+        (4, "d", 20),
+    ]
+    commit = parse_commit(1, Path(commit_file(str(tmp_path), 1)).read_text())
+    assert (commit.operation, commit.user_metadata) == ("MERGE", '{"state": 1}')
+    assert commit.written_by("app", 7)
