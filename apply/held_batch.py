@@ -110,11 +110,11 @@ class HeldBatchReader:
         self._lock = threading.Lock()
         self._consumer: Consumer | None = None
 
-    def read(self, checkpoint: str, batch_id: int, limit: int) -> list[HeldRecord] | None:
-        """The batch's records, or None when the batch is Spark's to read (module
-        docstring)."""
-        ranges = batch_ranges(checkpoint, batch_id)
-        if ranges is None or sum(r.end - r.start for r in ranges) > limit:
+    def read(self, ranges: tuple[OffsetRange, ...], limit: int) -> list[HeldRecord] | None:
+        """The records of a batch's ``ranges`` (:func:`batch_ranges`), or None when the
+        batch is Spark's to read: more than ``limit`` records, or a read that fails
+        (module docstring)."""
+        if sum(r.end - r.start for r in ranges) > limit:
             return None
         if not ranges:
             return []

@@ -2,8 +2,10 @@
 time (:mod:`apply.table_pool`), park the errored ones in one commit, and return the
 results the job publishes (:mod:`apply.progress`).
 
-A batch small enough (``ApplyContext.driver_write_records``) is collected to the driver
-first, in one Spark job, and surveyed there (:func:`apply.decode.survey_held`), so that
+A batch small enough (``ApplyContext.driver_write_records``) is held in the driver
+first, read from Kafka there over the ranges of the query's offset log
+(:mod:`apply.held_batch`) or else collected in one Spark job, and surveyed there
+(:func:`apply.decode.survey_held`), so that
 each table's write can run there with no Spark job of its own: a MERGE into the table
 (:mod:`apply.driver_merge`), or with the change log an append to the log
 (:mod:`apply.driver_append`). A bigger batch is surveyed by Spark."""
@@ -106,8 +108,9 @@ def _held(records: DataFrame, batch_id: int, context: ApplyContext) -> list[Held
     if not local_lake(context.lake_root) or context.driver_write_records <= 0:
         return None
     reader, checkpoint = context.held_reader, context.checkpoint
-    if reader is not None and checkpoint is not None and batch_ranges(checkpoint, batch_id):
-        return reader.read(checkpoint, batch_id, context.driver_write_records)
+    ranges = None if checkpoint is None else batch_ranges(checkpoint, batch_id)
+    if reader is not None and ranges:
+        return reader.read(ranges, context.driver_write_records)
     # A limit reads one partition first and then four times as many in each further job
     # until it has its rows: four jobs over a batch of 11 topics of 3 partitions. Asked to
     # read them all at once, it is one job, as a survey is.

@@ -11,7 +11,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
-from apply.held_batch import HeldBatchReader
+from apply.held_batch import HeldBatchReader, batch_ranges
 from tests.plugins.services import Services
 
 
@@ -50,7 +50,9 @@ def test_the_driver_reads_exactly_the_batchs_records(
     )
     reader = HeldBatchReader({"bootstrap.servers": bootstrap, "group.id": unique_name})
     try:
-        held = reader.read(str(checkpoint), 7, limit=13)
+        ranges = batch_ranges(str(checkpoint), 7)
+        assert ranges is not None
+        held = reader.read(ranges, limit=13)
         expected = [
             (topic, partition, offset, sent[(topic, partition)][offset])
             for topic, partition, start, end in ((a, 0, 2, 7), (b, 0, 0, 3), (b, 1, 5, 10))
@@ -60,9 +62,9 @@ def test_the_driver_reads_exactly_the_batchs_records(
         assert sorted(held, key=lambda r: (r[0], r[1], r[2])) == expected
         assert any(value is None for *_, value in held)
         # The same batch again (Spark replays it after a crash): the same records.
-        assert sorted(reader.read(str(checkpoint), 7, limit=13) or []) == sorted(held)
+        assert sorted(reader.read(ranges, limit=13) or []) == sorted(held)
         # One record over the bound, or a batch the log does not give: Spark's.
-        assert reader.read(str(checkpoint), 7, limit=12) is None
-        assert reader.read(str(checkpoint), 6, limit=100) is None
+        assert reader.read(ranges, limit=12) is None
+        assert batch_ranges(str(checkpoint), 6) is None
     finally:
         reader.close()
