@@ -75,6 +75,7 @@ from apply.decode import COMMIT_LSN, ORDINAL, decode_positions
 from apply.delta_schema import ValueSchema
 from apply.errors import TransientError
 from apply.positions import Position, TopicPartition
+from apply.table_lock import TABLE_LOCKS
 from schemas.lsn import Lsn
 
 log = logging.getLogger(__name__)
@@ -218,7 +219,10 @@ def _position(value: Row | None) -> Position | None:
 
 
 def _ensure(spark: SparkSession, path: str) -> None:
-    DeltaTable.createIfNotExists(spark).location(path).addColumns(DEAD_LETTER_SCHEMA).execute()
+    # Every commit to the dead-letter table holds its lock (apply.table_lock), as every
+    # commit to a lake table does: tables' tasks release parked records in parallel.
+    with TABLE_LOCKS.held(path):
+        DeltaTable.createIfNotExists(spark).location(path).addColumns(DEAD_LETTER_SCHEMA).execute()
 
 
 def _records(batch: DataFrame, request: ParkRequest, batch_id: int) -> DataFrame:
@@ -280,12 +284,13 @@ def park(
             "batch_id": batch_id,
             "parked": {table: n for table, n in sorted(written.items()) if n},
         }
-        (
-            new.write.format("delta")
-            .mode("append")
-            .option("userMetadata", json.dumps(metadata, separators=(",", ":")))
-            .save(path)
-        )
+        with TABLE_LOCKS.held(path):
+            (
+                new.write.format("delta")
+                .mode("append")
+                .option("userMetadata", json.dumps(metadata, separators=(",", ":")))
+                .save(path)
+            )
         return written
     finally:
         new.unpersist()
@@ -352,7 +357,8 @@ def _update(
     commit that rewrote the same files (a parking append never does)."""
     for attempt in range(_RELEASE_ATTEMPTS):
         try:
-            DeltaTable.forPath(spark, path).update(condition, values)
+            with TABLE_LOCKS.held(path):
+                DeltaTable.forPath(spark, path).update(condition, values)
         except _RELEASE_CONFLICTS as exc:
             if attempt + 1 == _RELEASE_ATTEMPTS:
                 raise TransientError(

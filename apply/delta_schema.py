@@ -80,6 +80,7 @@ from pyspark.sql.types import (
 )
 
 from apply.errors import SchemaChangeError, TableError
+from apply.table_lock import TABLE_LOCKS
 from apply.tables import TableId
 from schemas.change_record import VALUE_RECORD
 from schemas.single_object import Fingerprint, format_fingerprint
@@ -411,7 +412,10 @@ def ensure_table(
     Both are commits of their own, before the batch's MERGE, and both are idempotent: a
     replayed batch finds the table and its columns in place and commits nothing. They
     run while no transaction id is set, so they never consume the batch's ``txnVersion``.
+    The caller holds the table's lock (:mod:`apply.table_lock`).
     """
+    if plan.create or plan.added:
+        TABLE_LOCKS.require(path, "a table's creation or new columns")
     if plan.create:
         builder = (
             DeltaTable.createIfNotExists(spark)
@@ -448,7 +452,9 @@ def prepare_replacement(
     cannot set. Idempotent commits of their own, before the replacement, like the
     evolution in :func:`ensure_table`: should the replacement not follow, the next
     attempt plans against the new key and replaces again, or, when the types now fit,
-    merges the same batch with its TRUNCATE, which leaves the same rows."""
+    merges the same batch with its TRUNCATE, which leaves the same rows. The caller
+    holds the table's lock (:mod:`apply.table_lock`)."""
+    TABLE_LOCKS.require(path, "a replacement's table features and key columns")
     adds_timestamp_ntz = any(_contains_timestamp_ntz(column.data_type) for column in plan.columns)
     if adds_timestamp_ntz and not existing.has_timestamp_ntz:
         DeltaTable.forPath(spark, path).addFeatureSupport(_TIMESTAMP_NTZ_FEATURE)

@@ -53,6 +53,7 @@ from deltalake.exceptions import CommitFailedError, DeltaError
 from apply.delta_schema import COMMIT_LSN_COLUMN, COMMIT_TS_COLUMN, ORDINAL_COLUMN, ColumnSpec
 from apply.driver_append import DecodedChange, change_arrays
 from apply.errors import TransientError
+from apply.table_lock import TABLE_LOCKS
 from schemas.operation import Operation
 
 log = logging.getLogger(__name__)
@@ -149,6 +150,7 @@ def merge_rows(
     table: Any,
     rows: Any,
     *,
+    path: str,
     name: str,
     columns: Sequence[ColumnSpec],
     key_columns: Sequence[str],
@@ -161,7 +163,9 @@ def merge_rows(
 
     A commit that loses to another writer raises :class:`~apply.errors.TransientError`,
     as Spark's MERGE does; any other failure of delta-rs raises
-    :class:`DriverMergeUnavailableError`, and the batch takes Spark's MERGE."""
+    :class:`DriverMergeUnavailableError`, and the batch takes Spark's MERGE. The caller
+    holds the lock of the table at ``path`` (:mod:`apply.table_lock`)."""
+    TABLE_LOCKS.require(path, f"the driver's MERGE of batch {batch_id}")
     s_lsn, t_lsn = f"s.{_quoted(COMMIT_LSN_COLUMN)}", f"t.{_quoted(COMMIT_LSN_COLUMN)}"
     s_ord, t_ord = f"s.{_quoted(ORDINAL_COLUMN)}", f"t.{_quoted(ORDINAL_COLUMN)}"
     newer = f"({s_lsn} > {t_lsn} OR ({s_lsn} = {t_lsn} AND {s_ord} > {t_ord}))"

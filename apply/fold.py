@@ -50,6 +50,7 @@ from apply.history import TableHistory, read_history
 from apply.known_tables import KnownTable, KnownTables
 from apply.merge import merge_into, merge_source
 from apply.positions import encode_state
+from apply.table_lock import TABLE_LOCKS, TableLock
 from apply.table_pool import POOL_PROPERTY, table_session
 from apply.tables import TableId, table_path
 from apply.upkeep import TableUpkeep
@@ -207,26 +208,23 @@ class Folds:
         self.every_s = every_s
         self._clock = clock
         self._guard = threading.Lock()
-        self._locks: dict[TableId, threading.Lock] = {}
-        self._log_locks: dict[TableId, threading.Lock] = {}
         self._last_fold: dict[TableId, float] = {}
         self._appends: dict[TableId, int] = {}
         self._folded: dict[TableId, int] = {}
 
-    def lock(self, table: TableId) -> threading.Lock:
-        with self._guard:
-            return self._locks.setdefault(table, threading.Lock())
+    @staticmethod
+    def lock(path: str) -> TableLock:
+        """The lock of the table at ``path``, which its direct batches and its folds
+        share: the table's lock (:mod:`apply.table_lock`)."""
+        return TABLE_LOCKS.lock(path)
 
-    def log_lock(self, table: TableId) -> threading.Lock:
-        """The lock every commit to the table's change log is made under: a batch's
-        append, from the JVM or the driver, and a fold's trim. Delta's Spark writer on a
-        local file system checks that the next commit file is absent and then renames
-        over it, keeping its own commits exclusive with a lock inside the JVM; delta-rs,
-        another writer, could land its commit in between and be silently replaced. The
-        fold's MERGE into the table (the long part) holds only :meth:`lock`, so an append
-        waits at most for a trim."""
-        with self._guard:
-            return self._log_locks.setdefault(table, threading.Lock())
+    @staticmethod
+    def log_lock(path: str) -> TableLock:
+        """The lock every commit to the change log at ``path`` is made under: a batch's
+        append, from the JVM or the driver, and a fold's trim; the log's own table lock
+        (:mod:`apply.table_lock`). The fold's MERGE into the table (the long part) holds
+        only :meth:`lock`, so an append waits at most for a trim."""
+        return TABLE_LOCKS.lock(path)
 
     def appended(self, table: TableId) -> None:
         """The table's log got rows the table may lack."""
@@ -321,7 +319,7 @@ class FoldTimer:
         fold committed."""
         if self._stop.is_set() and not every:
             return 0
-        lock = self._folds.lock(table)
+        lock = self._folds.lock(table_path(self._lake_root, table))
         if not lock.acquire(blocking=every):
             return 0  # its batch is applying it: the next tick folds it
         # Thread-local: the fold's jobs go to the folds' pool; the caller's pool is put
@@ -340,7 +338,7 @@ class FoldTimer:
                 table=table,
                 default_app_id=self._default_app_id,
                 known=self._known,
-                log_lock=self._folds.log_lock(table),
+                log_lock=self._folds.log_lock(change_log_path(self._lake_root, table)),
             )
             self._folds.folded(table, mark)
             if result is not None and self._upkeep is not None:

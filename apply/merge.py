@@ -81,6 +81,7 @@ from apply.delta_schema import (
 )
 from apply.errors import SchemaChangeError, TransientError
 from apply.positions import AppliedState, Position
+from apply.table_lock import TABLE_LOCKS
 from schemas.lsn import Lsn
 from schemas.operation import Operation
 
@@ -385,7 +386,9 @@ def merge_into(
     metadata: str,
 ) -> MergeOutcome:
     """Step 4 of the module docstring: one MERGE, one commit (or none for a batch id
-    committed before). ``truncate`` is the newest TRUNCATE of this batch."""
+    committed before). ``truncate`` is the newest TRUNCATE of this batch. The caller
+    holds the table's lock (:mod:`apply.table_lock`)."""
+    TABLE_LOCKS.require(path, f"the MERGE of batch {batch_id}")
     s_lsn, s_ordinal = sf.col(f"s.{COMMIT_LSN}"), sf.col(f"s.{ORDINAL}")
     t_lsn, t_ordinal = sf.col(f"t.{COMMIT_LSN_COLUMN}"), sf.col(f"t.{ORDINAL_COLUMN}")
     newer = (s_lsn > t_lsn) | ((s_lsn == t_lsn) & (s_ordinal > t_ordinal))
@@ -467,7 +470,9 @@ def replace_table(
     per key from the batch's TRUNCATE on; deletes leave no row) in one commit, with the
     same transaction id and metadata as a MERGE: an overwrite with ``overwriteSchema``.
     Only for a batch whose TRUNCATE erases every row the table holds from before it
-    (:mod:`apply.superseded`); table properties are kept."""
+    (:mod:`apply.superseded`); table properties are kept. The caller holds the table's
+    lock (:mod:`apply.table_lock`)."""
+    TABLE_LOCKS.require(path, f"the replacement of batch {batch_id}")
     row = sf.col(ROW)
     rows = source.frame.where(sf.col(OP) != sf.lit(Operation.DELETE.value)).select(
         *[row[c.name].cast(c.data_type).alias(c.name) for c in plan.columns],

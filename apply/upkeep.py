@@ -70,6 +70,7 @@ from pyspark.errors import PySparkException
 from pyspark.sql import SparkSession
 
 from apply.settings import UpkeepSettings
+from apply.table_lock import TABLE_LOCKS
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +166,9 @@ def _session_conf(spark: SparkSession, key: str, value: str) -> Iterator[None]:
 
 
 def compact(spark: SparkSession, path: str, target_file_size_mb: int) -> str:
-    """OPTIMIZE the Delta table at ``path``; what it did, for the log."""
+    """OPTIMIZE the Delta table at ``path``; what it did, for the log. The caller holds
+    the table's lock (:mod:`apply.table_lock`)."""
+    TABLE_LOCKS.require(path, "OPTIMIZE")
     with _session_conf(spark, MAX_FILE_SIZE_CONF, str(target_file_size_mb * 1024 * 1024)):
         row = DeltaTable.forPath(spark, path).optimize().executeCompaction().head()
     metrics = None if row is None else row["metrics"]
@@ -186,7 +189,9 @@ def _quoted(path: str) -> str:
 
 def vacuum(spark: SparkSession, path: str) -> str:
     """VACUUM the Delta table at ``path`` with its own retention: LITE (files the log
-    says were removed), or the full listing when LITE cannot see them all."""
+    says were removed), or the full listing when LITE cannot see them all. The caller
+    holds the table's lock (:mod:`apply.table_lock`): a VACUUM commits too."""
+    TABLE_LOCKS.require(path, "VACUUM")
     try:
         spark.sql(f"VACUUM delta.{_quoted(path)} LITE").collect()
     except PySparkException as exc:

@@ -168,6 +168,12 @@ def main(argv: list[str] | None = None) -> int:
         "--max-offsets", type=int, help="apply's maxOffsetsPerTrigger (default: none)"
     )
     parser.add_argument(
+        "--driver-write-records",
+        type=int,
+        help="apply's APPLY_LAKE__DRIVER_WRITE_RECORDS: batches up to this many records are "
+        "written from the driver (default: apply's own)",
+    )
+    parser.add_argument(
         "--change-log",
         action="store_true",
         help="apply with APPLY_LAKE__CHANGE_LOG=true: caught up means logged (the "
@@ -182,6 +188,10 @@ def main(argv: list[str] | None = None) -> int:
     with pipeline_run(scale=arguments.scale, trigger=arguments.trigger, keep=arguments.keep) as run:
         if arguments.max_offsets is not None:
             run.env_overrides["APPLY_KAFKA__MAX_OFFSETS_PER_TRIGGER"] = str(arguments.max_offsets)
+        if arguments.driver_write_records is not None:
+            run.env_overrides["APPLY_LAKE__DRIVER_WRITE_RECORDS"] = str(
+                arguments.driver_write_records
+            )
         if arguments.change_log:
             run.env_overrides["APPLY_LAKE__CHANGE_LOG"] = "true"
         run.start_pipeline()

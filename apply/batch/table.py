@@ -31,6 +31,7 @@ from apply.fold import Folds
 from apply.history import TableHistory, read_history
 from apply.progress import TableResult
 from apply.superseded import measure_supersession
+from apply.table_lock import TABLE_LOCKS
 from apply.tables import table_of_topic, table_path
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,36 @@ def apply_table(
             folds=context.folds,
             collected=collected,
         )
+    # One writer per table (apply.table_lock): held across the whole write, the DDL
+    # before the MERGE and the upkeep after it included.
+    with TABLE_LOCKS.held(path):
+        return _apply_table_merged(
+            spark,
+            batch,
+            batch_id,
+            topic_survey,
+            context,
+            schemas=schemas,
+            collected=collected,
+        )
+
+
+def _apply_table_merged(
+    spark: SparkSession,
+    batch: DataFrame,
+    batch_id: int,
+    topic_survey: TopicSurvey,
+    context: ApplyContext,
+    *,
+    schemas: list[ValueSchema],
+    collected: Sequence[CollectedRecord] | None,
+) -> TableResult | None:
+    """:func:`apply_table` without the change log: the batch MERGEd into the table, from
+    the driver when it can be, else by Spark; under the table's lock."""
+    topic = topic_survey.topic
+    table = table_of_topic(topic)
+    name = str(table)
+    path = table_path(context.lake_root, table)
     known = context.known.current(spark, path) if context.known is not None else None
     existing: ExistingTable | None = None
     if known is not None:
@@ -211,7 +242,7 @@ def _apply_table_logged(
         log.warning("tombstones for a table not created yet, nothing to record: %s", name)
         return None
     if collected is not None and known is not None:
-        with folds.log_lock(table):
+        with folds.log_lock(log_path):
             driven = append_from_driver(
                 spark,
                 batch_id=batch_id,
@@ -225,14 +256,15 @@ def _apply_table_logged(
             )
         if driven is not None:
             folds.appended(table)
-            after_commit(
-                spark,
-                context,
-                driven,
-                path=log_path,
-                existing=known.existing,
-                version_before=known.history.version,
-            )
+            with folds.log_lock(log_path):  # the log's upkeep commits too
+                after_commit(
+                    spark,
+                    context,
+                    driven,
+                    path=log_path,
+                    existing=known.existing,
+                    version_before=known.history.version,
+                )
             return driven
     plan = plan_batch(batch, topic, table=table, existing=existing, schemas=schemas, previous=state)
     decoded = (
@@ -249,7 +281,7 @@ def _apply_table_logged(
             # in the table.
             if context.known is not None:
                 context.known.forget(log_path)
-            with folds.lock(table):
+            with folds.lock(path):
                 return fold_then_merge(
                     spark,
                     batch_id=batch_id,
@@ -266,7 +298,7 @@ def _apply_table_logged(
         # Creating the table or adding columns to it is a commit on the table: not while
         # a fold MERGEs into it.
         ddl = plan.columns.create or bool(plan.columns.added)
-        with folds.lock(table) if ddl else nullcontext(), folds.log_lock(table):
+        with folds.lock(path) if ddl else nullcontext(), folds.log_lock(log_path):
             result = append_batch(
                 spark,
                 batch_id=batch_id,
@@ -280,21 +312,22 @@ def _apply_table_logged(
                 measured=measured,
             )
     folds.appended(table)
-    after_commit(
-        spark,
-        context,
-        result,
-        path=log_path,
-        # Kept even when this batch created the log or the table, or gave the table
-        # columns (their new shape read once): the table's next batch then knows both and
-        # can append from the driver (apply.driver_append).
-        existing=(
-            existing
-            if existing is not None and not plan.columns.added
-            else read_existing_table(spark, path, table)
-        ),
-        version_before=-1 if log_history is None else log_history.version,
-    )
+    with folds.log_lock(log_path):  # the log's upkeep commits too
+        after_commit(
+            spark,
+            context,
+            result,
+            path=log_path,
+            # Kept even when this batch created the log or the table, or gave the table
+            # columns (their new shape read once): the table's next batch then knows both and
+            # can append from the driver (apply.driver_append).
+            existing=(
+                existing
+                if existing is not None and not plan.columns.added
+                else read_existing_table(spark, path, table)
+            ),
+            version_before=-1 if log_history is None else log_history.version,
+        )
     return result
 
 

@@ -633,6 +633,7 @@ def merge_from_driver(
         metrics = merge_rows(
             delta_table,
             source_rows(changes, plan.columns),
+            path=path,
             name=name,
             columns=plan.columns,
             key_columns=plan.key_columns,
@@ -701,7 +702,7 @@ def fold_then_merge(
             table=table,
             default_app_id=context.txn_app_id,
             empty_log=True,
-            log_lock=folds.log_lock(table),
+            log_lock=folds.log_lock(log_path),
         )
     folds.folded(table, mark)
     direct = read_history(spark, path, name)
@@ -719,7 +720,7 @@ def fold_then_merge(
     if log_history is not None and (plan.replace or plan.columns.added):
         # The emptied log takes the table's new columns, so the next append and the
         # freshest view's SQL find them (a retyped column included).
-        with folds.log_lock(table):
+        with folds.log_lock(log_path):
             reshape_log(spark, log_path, plan.columns.columns)
     # Nothing is kept: the next batch reads the table and its log from Delta.
     after_commit(

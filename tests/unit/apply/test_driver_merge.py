@@ -22,6 +22,7 @@ from apply.driver_merge import (
     writable,
 )
 from apply.positions import Position
+from apply.table_lock import TABLE_LOCKS, UnheldTableLockError
 from schemas.lsn import Lsn
 
 COLUMNS = (ColumnSpec("id", LongType(), key=True), ColumnSpec("Note", StringType()))
@@ -87,16 +88,18 @@ def test_the_merge_applies_newer_changes_only_and_commits_state_and_transaction(
         changed("INSERT", 4, "d", 20, 3),  # new: inserted
         changed("DELETE", 5, None, 20, 4),  # nothing to delete
     ]
-    metrics = merge_rows(
-        DriverTables().at(str(tmp_path), 0),
-        source_rows(changes, COLUMNS),
-        name="public.t",
-        columns=COLUMNS,
-        key_columns=("id",),
-        app_id="app",
-        batch_id=7,
-        metadata='{"state": 1}',
-    )
+    with TABLE_LOCKS.held(str(tmp_path)):
+        metrics = merge_rows(
+            DriverTables().at(str(tmp_path), 0),
+            source_rows(changes, COLUMNS),
+            path=str(tmp_path),
+            name="public.t",
+            columns=COLUMNS,
+            key_columns=("id",),
+            app_id="app",
+            batch_id=7,
+            metadata='{"state": 1}',
+        )
 
     assert (
         metrics["num_target_rows_inserted"],
@@ -112,3 +115,20 @@ def test_the_merge_applies_newer_changes_only_and_commits_state_and_transaction(
     commit = parse_commit(1, Path(commit_file(str(tmp_path), 1)).read_text())
     assert (commit.operation, commit.user_metadata) == ("MERGE", '{"state": 1}')
     assert commit.written_by("app", 7)
+
+
+def test_a_merge_without_the_table_lock_is_refused_and_commits_nothing(tmp_path: Path) -> None:
+    write_deltalake(str(tmp_path), table_rows([(1, "a", 10, 0)]))
+    with pytest.raises(UnheldTableLockError, match="without its table lock"):
+        merge_rows(
+            DriverTables().at(str(tmp_path), 0),
+            source_rows([changed("UPDATE", 1, "b", 20, 0)], COLUMNS),
+            path=str(tmp_path) + "/",
+            name="public.t",
+            columns=COLUMNS,
+            key_columns=("id",),
+            app_id="app",
+            batch_id=1,
+            metadata="{}",
+        )
+    assert DeltaTable(str(tmp_path)).version() == 0
