@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -350,6 +350,14 @@ def read_existing_table(spark: SparkSession, path: str, table: TableId) -> Exist
     delta = DeltaTable.forPath(spark, path)
     detail = delta.detail().select("properties").head()
     properties: dict[str, str] = (detail[0] if detail is not None else None) or {}
+    return existing_table(path, table, properties, delta.toDF().schema.fields)
+
+
+def existing_table(
+    path: str, table: TableId, properties: Mapping[str, str], fields: Sequence[StructField]
+) -> ExistingTable:
+    """The apply-created table at ``path`` from its properties and schema, however they
+    were read (Spark, or delta-rs in the driver: :mod:`apply.driver_merge`)."""
     if properties.get(TABLE_PROPERTY) != str(table):
         raise TableError(
             str(table),
@@ -359,7 +367,6 @@ def read_existing_table(spark: SparkSession, path: str, table: TableId) -> Exist
         )
     key_columns = tuple(json.loads(properties.get(KEY_COLUMNS_PROPERTY, "[]")))
     metadata = {field.name for field in METADATA_FIELDS}
-    fields = delta.toDF().schema.fields
     return ExistingTable(
         columns=tuple(
             ColumnSpec(field.name, field.dataType, key=field.name in key_columns)
@@ -395,6 +402,19 @@ def table_schema(columns: Sequence[ColumnSpec]) -> StructType:
     )
 
 
+def table_properties(
+    table: TableId, key_columns: Sequence[str], *, deletion_vectors: bool
+) -> dict[str, str]:
+    """The properties apply gives a table it creates, whichever writer creates it: the
+    table it mirrors, its key, and deletion vectors on or off explicitly, whatever the
+    session's defaults."""
+    return {
+        TABLE_PROPERTY: str(table),
+        KEY_COLUMNS_PROPERTY: json.dumps(list(key_columns)),
+        DELETION_VECTORS_PROPERTY: "true" if deletion_vectors else "false",
+    }
+
+
 def ensure_table(
     spark: SparkSession,
     path: str,
@@ -421,10 +441,10 @@ def ensure_table(
             DeltaTable.createIfNotExists(spark)
             .location(path)
             .addColumns(table_schema(plan.columns))
-            .property(TABLE_PROPERTY, str(table))
-            .property(KEY_COLUMNS_PROPERTY, json.dumps(list(plan.key_columns)))
-            .property(DELETION_VECTORS_PROPERTY, "true" if deletion_vectors else "false")
         )
+        properties = table_properties(table, plan.key_columns, deletion_vectors=deletion_vectors)
+        for key, value in properties.items():
+            builder = builder.property(key, value)
         builder.execute()
         return
     if not plan.added:

@@ -364,6 +364,16 @@ def change_arrays(
     return arrays
 
 
+def table_arrow_types(columns: Sequence[ColumnSpec]) -> dict[str, Any]:
+    """The Arrow type of each column of a table with ``columns``, as :func:`change_arrays`
+    builds them: the data columns, then the position and the commit time."""
+    types = {column.name: _arrow_types(column.data_type)[1] for column in columns}
+    types[COMMIT_LSN_COLUMN] = pa.int64()
+    types[ORDINAL_COLUMN] = pa.int64()
+    types[COMMIT_TS_COLUMN] = _arrow_types(TimestampType())[1]
+    return types
+
+
 def log_table(
     changes: Sequence[DecodedChange], columns: Sequence[ColumnSpec], seq: int, order: Sequence[str]
 ) -> Any:
@@ -435,4 +445,5 @@ __all__ = [
     "log_table",
     "measure_changes",
     "open_log",
+    "table_arrow_types",
 ]

@@ -40,6 +40,7 @@ even after a delta-rs commit: it carries the same transaction id, which Delta sk
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -49,11 +50,24 @@ from typing import Any
 import pyarrow as pa  # type: ignore[import-untyped]
 from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.exceptions import CommitFailedError, DeltaError
+from pyspark.sql.types import StructType
 
-from apply.delta_schema import COMMIT_LSN_COLUMN, COMMIT_TS_COLUMN, ORDINAL_COLUMN, ColumnSpec
-from apply.driver_append import DecodedChange, change_arrays
+from apply.delta_schema import (
+    COMMIT_LSN_COLUMN,
+    COMMIT_TS_COLUMN,
+    ORDINAL_COLUMN,
+    ColumnPlan,
+    ColumnSpec,
+    ExistingTable,
+    existing_table,
+    table_properties,
+)
+from apply.driver_append import DecodedChange, change_arrays, table_arrow_types
 from apply.errors import TransientError
+from apply.history import TableHistory, newest_state
+from apply.known_tables import KnownTable
 from apply.table_lock import TABLE_LOCKS
+from apply.tables import TableId
 from schemas.operation import Operation
 
 log = logging.getLogger(__name__)
@@ -67,6 +81,11 @@ delta-rs writes exactly and apply's tables use (a zone-less timestamp needs
 ``timestampNtz``)."""
 
 _CHANGE_DATA_FEED = "delta.enableChangeDataFeed"
+
+
+_FIRST_PAGE = 20
+"""Commits read first for the newest apply state (:func:`apply.history.read_history`'s
+page)."""
 
 
 class DriverMergeUnavailableError(Exception):
@@ -134,6 +153,60 @@ class DriverTables:
     def forget(self, path: str) -> None:
         with self._lock:
             self._tables.pop(path, None)
+
+    def read(self, path: str, table: TableId) -> KnownTable | None:
+        """What a batch needs of the table at ``path`` before it writes, read by delta-rs
+        with no Spark job: its newest version, the state of its newest apply commit
+        (:mod:`apply.history`) and its columns and key; None when there is no table yet.
+        The first batch after a start, or after someone else's commit, is then written
+        from the driver too. :class:`DriverMergeUnavailableError` when delta-rs cannot
+        read or write the table (Spark reads it then)."""
+        try:
+            if not DeltaTable.is_deltatable(path):
+                return None
+            delta_table = DeltaTable(path)
+            writable(delta_table)
+            page = delta_table.history(_FIRST_PAGE)
+            state = newest_state(str(table), page)
+            if state is None and len(page) == _FIRST_PAGE:
+                state = newest_state(str(table), delta_table.history())
+            schema = StructType.fromJson(json.loads(delta_table.schema().to_json()))
+        except DeltaError as exc:
+            raise DriverMergeUnavailableError(f"delta-rs cannot read the table: {exc}") from exc
+        existing = existing_table(
+            path, table, dict(delta_table.metadata().configuration), schema.fields
+        )
+        with self._lock:
+            self._tables[path] = delta_table
+        return KnownTable(TableHistory(delta_table.version(), state), existing)
+
+    def create(self, path: str, table: TableId, plan: ColumnPlan) -> ExistingTable:
+        """Create the table at ``path`` with ``plan``'s columns in one delta-rs commit,
+        with the properties :func:`apply.delta_schema.ensure_table` gives a table
+        (deletion vectors off: the driver writes only such tables); idempotent, as
+        Spark's creation is. What the table then is, for the batch's MERGE."""
+        TABLE_LOCKS.require(path, "a table's creation")
+        schema = pa.schema(
+            [pa.field(name, arrow) for name, arrow in table_arrow_types(plan.columns).items()]
+        )
+        try:
+            created = DeltaTable.create(
+                path,
+                schema,
+                mode="ignore",
+                configuration=table_properties(table, plan.key_columns, deletion_vectors=False),
+                raise_if_key_not_exists=False,
+            )
+        except DeltaError as exc:
+            raise DriverMergeUnavailableError(f"delta-rs did not create the table: {exc}") from exc
+        fields = StructType.fromJson(json.loads(created.schema().to_json())).fields
+        existing = existing_table(path, table, dict(created.metadata().configuration), fields)
+        if existing.columns != plan.columns:
+            # Someone created it first (mode "ignore"), with other columns: Spark plans it.
+            raise DriverMergeUnavailableError("the table was created with other columns")
+        with self._lock:
+            self._tables[path] = created
+        return existing
 
 
 def source_rows(changes: Sequence[DecodedChange], columns: Sequence[ColumnSpec]) -> Any:

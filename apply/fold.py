@@ -147,18 +147,19 @@ def fold_table(
         unchanged_columns=frozenset(),
     )
     app_id = fold_app_id(logged.txn_app_id or default_app_id)
-    outcome = merge_into(
-        spark,
-        path=path,
-        table=name,
-        source=source,
-        plan=plan,
-        truncate=None,
-        version_before=history.version,
-        app_id=app_id,
-        batch_id=through,
-        metadata=encode_state(replace(logged, log_seq=through)),
-    )
+    with TABLE_LOCKS.held(path):  # taken again when the caller holds it (reentrant)
+        outcome = merge_into(
+            spark,
+            path=path,
+            table=name,
+            source=source,
+            plan=plan,
+            truncate=None,
+            version_before=history.version,
+            app_id=app_id,
+            batch_id=through,
+            metadata=encode_state(replace(logged, log_seq=through)),
+        )
     if known is not None:
         if outcome.committed:
             folded = replace(logged, log_seq=through)

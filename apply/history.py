@@ -17,8 +17,9 @@ maintenance on tables that also receive changes, or resync such a table.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from delta.tables import DeltaTable
 from pyspark.sql import Row, SparkSession
@@ -40,10 +41,15 @@ class TableHistory:
     """The state in the newest apply commit; None when no MERGE has committed yet."""
 
 
-def _newest_state(table: str, rows: Iterable[Row]) -> AppliedState | None:
+def newest_state(table: str, rows: Iterable[Row | Mapping[str, Any]]) -> AppliedState | None:
+    """The state of the newest commit among ``rows`` (newest first, each with its
+    ``version`` and ``userMetadata``, as Spark's or delta-rs's history gives them) that
+    holds one."""
     for row in rows:
         try:
-            state = decode_state(row["userMetadata"])
+            # delta-rs's history leaves the key out of a commit without metadata.
+            metadata = row.get("userMetadata") if isinstance(row, Mapping) else row["userMetadata"]
+            state = decode_state(metadata)
         except StateFormatError as exc:
             raise CommitMetadataError(table, f"version {row['version']}: {exc}") from exc
         if state is not None:
@@ -58,9 +64,9 @@ def read_history(spark: SparkSession, path: str, table: str) -> TableHistory | N
         return None
     delta = DeltaTable.forPath(spark, path)
     page = delta.history(_FIRST_PAGE).select("version", "userMetadata").collect()
-    state = _newest_state(table, page)
+    state = newest_state(table, page)
     if state is None and len(page) == _FIRST_PAGE:
-        state = _newest_state(table, delta.history().select("version", "userMetadata").collect())
+        state = newest_state(table, delta.history().select("version", "userMetadata").collect())
     return TableHistory(version=int(page[0]["version"]), state=state)
 
 

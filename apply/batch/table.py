@@ -26,6 +26,7 @@ from apply.dead_letter import ErroredTable, release_superseded
 from apply.decode import TopicSurvey, decode_topic, persisted
 from apply.delta_schema import ExistingTable, ValueSchema, parse_value_schema, read_existing_table
 from apply.driver_append import CollectedRecord
+from apply.driver_merge import DriverMergeUnavailableError
 from apply.errors import TableError
 from apply.fold import Folds
 from apply.history import TableHistory, read_history
@@ -106,10 +107,21 @@ def _apply_table_merged(
     name = str(table)
     path = table_path(context.lake_root, table)
     known = context.known.current(spark, path) if context.known is not None else None
+    # A batch held in the driver reads the table there too (no Spark job), when the job
+    # does not know it: the first batch after a start, or after another commit.
+    read_in_driver = False
+    if known is None and collected is not None and context.driver_tables is not None:
+        try:
+            known = context.driver_tables.read(path, table)
+            read_in_driver = True
+        except DriverMergeUnavailableError as exc:
+            log.debug("batch %d: table %s is read by Spark: %s", batch_id, name, exc)
     existing: ExistingTable | None = None
     if known is not None:
         history: TableHistory | None = known.history
         existing = known.existing
+    elif read_in_driver:
+        history = None  # no table yet: the driver creates it
     else:
         history = read_history(spark, path, name)
     if history is not None and history.state is not None:
@@ -118,14 +130,14 @@ def _apply_table_merged(
         )
         if covered is not None:
             return covered
-    if collected is not None and known is not None:
+    if collected is not None and (known is not None or read_in_driver):
         driven = merge_from_driver(
             spark,
             batch_id=batch_id,
             topic_survey=topic_survey,
             context=context,
-            history=known.history,
-            existing=known.existing,
+            history=history,
+            existing=existing,
             schemas=schemas,
             records=collected,
         )
@@ -133,13 +145,13 @@ def _apply_table_merged(
             after_commit(
                 spark,
                 context,
-                driven,
+                driven.result,
                 path=path,
-                existing=known.existing,
-                version_before=known.history.version,
+                existing=driven.existing,
+                version_before=driven.version_before,
             )
-            return driven
-    if known is None:
+            return driven.result
+    if known is None and not read_in_driver:
         existing = read_existing_table(spark, path, table) if history is not None else None
     if existing is None and not schemas:
         log.warning("tombstones for a table not created yet, nothing to record: %s", name)

@@ -488,16 +488,18 @@ def plan_in_driver(
     topic_survey: TopicSurvey,
     context: ApplyContext,
     previous: AppliedState | None,
-    existing: ExistingTable,
+    existing: ExistingTable | None,
     schemas: Sequence[ValueSchema],
     records: Sequence[CollectedRecord],
+    creates: bool = False,
 ) -> DriverPlan | None:
     """The plan both driver writers write (:func:`merge_from_driver`,
     :func:`append_from_driver`); None for a batch the driver does not take, which
     Spark then writes: more than one writer schema, a lake that is not local, a
     replayed batch id (Spark's transaction check decides), new or retyped columns, a
     TRUNCATE, an unchanged TOAST value, or nothing but replays and tombstones (Spark
-    commits the state alone)."""
+    commits the state alone). ``creates``: a table that does not exist yet (``existing``
+    None) is planned too, for the writer that creates it."""
     topic = topic_survey.topic
     table = table_of_topic(topic)
     if len(schemas) != 1 or not local_lake(context.lake_root):
@@ -508,7 +510,7 @@ def plan_in_driver(
         plan = plan_columns(table, existing, schemas)
     except SchemaChangeError:
         return None  # a TRUNCATE in the batch may still let the table take it
-    if plan.create or plan.added:
+    if (plan.create and not creates) or plan.added:
         return None
     decoded = decode_records(records, schemas[0], plan.columns)
     measured = measure_changes(decoded, previous, topic)
@@ -588,25 +590,38 @@ def append_from_driver(
     )
 
 
+@dataclass(frozen=True, slots=True)
+class DriverMerged:
+    """A batch the driver MERGEd (:func:`merge_from_driver`), and the table it wrote."""
+
+    result: TableResult
+    existing: ExistingTable
+    version_before: int
+    """The table's version before the batch; -1 when the batch created it."""
+
+
 def merge_from_driver(
     spark: SparkSession,
     *,
     batch_id: int,
     topic_survey: TopicSurvey,
     context: ApplyContext,
-    history: TableHistory,
-    existing: ExistingTable,
+    history: TableHistory | None,
+    existing: ExistingTable | None,
     schemas: Sequence[ValueSchema],
     records: Sequence[CollectedRecord],
-) -> TableResult | None:
+) -> DriverMerged | None:
     """:func:`merge_batch` for a small batch collected to the driver, MERGEd by delta-rs
     with no Spark job (:mod:`apply.driver_merge`); None when the batch or the table is
-    one that path does not take (its module docstring), and then nothing is written."""
+    one that path does not take (its module docstring), and then nothing is written.
+    ``history`` and ``existing`` None: the table does not exist yet, and the driver
+    creates it first (one commit, as Spark's creation is), unless the tables the job
+    creates have deletion vectors. The caller holds the table's lock."""
     table = table_of_topic(topic_survey.topic)
     name = str(table)
     path = table_path(context.lake_root, table)
-    previous = history.state
-    if context.driver_tables is None:
+    previous = None if history is None else history.state
+    if context.driver_tables is None or (history is None and context.deletion_vectors):
         return None
     planned = plan_in_driver(
         batch_id=batch_id,
@@ -616,6 +631,7 @@ def merge_from_driver(
         existing=existing,
         schemas=schemas,
         records=records,
+        creates=history is None,
     )
     if planned is None:
         return None
@@ -629,7 +645,13 @@ def merge_from_driver(
         txn_app_id=context.txn_app_id,
     )
     try:
-        delta_table = context.driver_tables.at(path, history.version)
+        if history is None:
+            existing = context.driver_tables.create(path, table, plan)
+            delta_table, version_before = context.driver_tables.at(path, 0), 0
+        else:
+            delta_table = context.driver_tables.at(path, history.version)
+            version_before = history.version
+        assert existing is not None  # read by the caller, or created just now
         metrics = merge_rows(
             delta_table,
             source_rows(changes, plan.columns),
@@ -644,7 +666,7 @@ def merge_from_driver(
     except (DriverMergeUnavailableError, DriverAppendUnavailableError) as exc:
         log.warning("batch %d to %s: merged by Spark instead: %s", batch_id, name, exc)
         return None
-    outcome = own_outcome(spark, path, history.version, context.txn_app_id, batch_id)
+    outcome = own_outcome(spark, path, version_before, context.txn_app_id, batch_id)
     if not outcome.committed:
         # delta-rs does not skip a transaction it committed before; plan_in_driver's replay
         # check keeps it from being asked to, so this is someone else's commit in between.
@@ -654,7 +676,7 @@ def merge_from_driver(
             "log after it returned; retry the batch, and make sure one apply job owns each "
             "table"
         )
-    return merged_result(
+    result = merged_result(
         topic_survey,
         batch_id=batch_id,
         path=path,
@@ -666,10 +688,15 @@ def merge_from_driver(
             updated=int(metrics.get("num_target_rows_updated", 0)),
             deleted=int(metrics.get("num_target_rows_deleted", 0)),
         ),
-        table_created=False,
+        table_created=history is None,
         columns_added=(),
         state=state,
         writer=" from the driver",
+    )
+    return DriverMerged(
+        result=result,
+        existing=existing,
+        version_before=-1 if history is None else history.version,
     )
 
 

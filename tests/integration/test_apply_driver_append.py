@@ -180,8 +180,8 @@ def test_the_driver_merges_what_spark_merges(
 
     by_spark, driver = lake("spark", 0), lake("driver", 10_000)
     batches = [
-        # The first batch creates the table, with Spark; from the second on the job
-        # knows it.
+        # The first batch creates the table: the driver with delta-rs, as Spark does
+        # (then MERGEs into it); from the second on the job knows it.
         [
             (0, change(INSERT, 0x100, 0, after={"id": 1, **EVERY_VALUE})),
             (1, change(INSERT, 0x100, 1, after={"id": 2})),
@@ -213,7 +213,7 @@ def test_the_driver_merges_what_spark_merges(
         ],
         [(1, change(UPDATE, 0x700, 0, after={"id": 8, "small": 3}))],
     ]
-    from_driver = {1, 2, 3, 5, 7}
+    from_driver = {0, 1, 2, 3, 5, 7}
     marks = [topic.mark()]
     for batch in batches:
         for partition, item in batch:
@@ -244,4 +244,8 @@ def test_the_driver_merges_what_spark_merges(
     # A restarted job (nothing known) reads the driver's commit back as its state.
     restarted = dataclasses.replace(driver, known=None, driver_tables=None)
     again = apply_batch(last, len(batches) - 1, restarted).applied[0]
+    assert (again.committed, again.state) == (False, replayed.state)
+    # So does one that reads the table in the driver (apply.driver_merge.DriverTables.read).
+    read_by_driver = dataclasses.replace(driver, known=KnownTables(), driver_tables=DriverTables())
+    again = apply_batch(last, len(batches) - 1, read_by_driver).applied[0]
     assert (again.committed, again.state) == (False, replayed.state)

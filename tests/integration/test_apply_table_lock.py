@@ -10,6 +10,7 @@ and every row either wrote must be in the table.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from pathlib import Path
 from typing import Any
@@ -99,7 +100,7 @@ def test_a_driver_merge_and_spark_commits_racing_on_one_table_lose_nothing(
     assert operations.count("MERGE") == ROUNDS
     assert operations.count("WRITE") == ROUNDS, "a Spark commit was replaced"
     writers = [op for op in operations if op in {"MERGE", "WRITE"}]
-    turns = sum(1 for a, b in zip(writers, writers[1:], strict=False) if a != b)
+    turns = sum(1 for a, b in itertools.pairwise(writers) if a != b)
     assert turns >= 3, f"the writers did not race, they took turns {turns} times: {writers}"
     keys = sorted(row["id"] for row in spark.read.format("delta").load(path).collect())
     assert keys == [DRIVER_KEYS + i for i in range(ROUNDS)] + [

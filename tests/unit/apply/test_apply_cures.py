@@ -27,6 +27,7 @@ from apply.errors import BadRecordError, ConfigError, SchemaChangeError, parked_
 from apply.history import TableHistory
 from apply.merge import MergeSource
 from apply.progress import ParkedTable
+from apply.table_lock import TABLE_LOCKS
 from apply.table_status import errored_line, format_errored, table_statuses
 from apply.tables import TableId
 from schemas import column_type as ct
@@ -198,7 +199,7 @@ def test_a_merge_that_does_not_fit_the_table_names_the_resync(
         create=False,
     )
     source = MergeSource(frame=MagicMock(), unchanged_columns=())
-    with pytest.raises(SchemaChangeError) as raised:
+    with pytest.raises(SchemaChangeError) as raised, TABLE_LOCKS.held("/lake/public/orders"):
         merge.merge_into(
             MagicMock(),
             path="/lake/public/orders",

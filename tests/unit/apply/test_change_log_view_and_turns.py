@@ -70,7 +70,7 @@ def test_a_table_is_folded_when_its_turn_came_and_it_has_logged_changes() -> Non
     assert folds.due() == [a, b]
     folds.folded(a, folds.mark(a))
     assert folds.due() == [b]
-    assert folds.lock(a) is folds.lock(a)
+    assert folds.lock("/lake/public/a") is folds.lock("/lake/public/a/")
 
 
 def test_an_append_during_a_fold_stays_due() -> None:

@@ -12,7 +12,7 @@ from deltalake import DeltaTable, write_deltalake
 from pyspark.sql.types import LongType, StringType
 
 from apply.delta_log import commit_file, parse_commit
-from apply.delta_schema import ColumnSpec
+from apply.delta_schema import ColumnPlan, ColumnSpec
 from apply.driver_append import DecodedChange
 from apply.driver_merge import (
     DriverMergeUnavailableError,
@@ -21,8 +21,10 @@ from apply.driver_merge import (
     source_rows,
     writable,
 )
-from apply.positions import Position
+from apply.errors import TableError
+from apply.positions import AppliedState, Position, encode_state
 from apply.table_lock import TABLE_LOCKS, UnheldTableLockError
+from apply.tables import TableId
 from schemas.lsn import Lsn
 
 COLUMNS = (ColumnSpec("id", LongType(), key=True), ColumnSpec("Note", StringType()))
@@ -132,3 +134,53 @@ def test_a_merge_without_the_table_lock_is_refused_and_commits_nothing(tmp_path:
             metadata="{}",
         )
     assert DeltaTable(str(tmp_path)).version() == 0
+
+
+def test_the_driver_creates_a_table_as_spark_would_and_reads_it_back(tmp_path: Path) -> None:
+    path = str(tmp_path / "public" / "t")
+    table = TableId("public", "t")
+    plan = ColumnPlan(columns=COLUMNS, added=(), key_columns=("id",), create=True)
+    tables = DriverTables()
+    assert tables.read(path, table) is None
+    with pytest.raises(UnheldTableLockError):
+        tables.create(path, table, plan)
+    with TABLE_LOCKS.held(path):
+        existing = tables.create(path, table, plan)
+        assert tables.create(path, table, plan) == existing  # idempotent: no second commit
+        merge_rows(
+            tables.at(path, 0),
+            source_rows([changed("INSERT", 1, "a", 20, 0)], COLUMNS),
+            path=path,
+            name="public.t",
+            columns=COLUMNS,
+            key_columns=("id",),
+            app_id="app",
+            batch_id=3,
+            metadata=encode_state(
+                AppliedState("public.t", {}, None, None, None, batch_id=3, txn_app_id="app")
+            ),
+        )
+    assert (existing.columns, existing.key_columns, existing.has_timestamp_ntz) == (
+        COLUMNS,
+        ("id",),
+        False,
+    )
+    created = DeltaTable(path)
+    assert created.version() == 1
+    assert created.metadata().configuration == {
+        "pgdelta.table": "public.t",
+        "pgdelta.keyColumns": '["id"]',
+        "delta.enableDeletionVectors": "false",
+    }
+    known = DriverTables().read(path, table)
+    assert known is not None
+    assert known.existing == existing
+    assert known.history.version == 1
+    assert known.history.state is not None
+    assert (known.history.state.batch_id, known.history.state.txn_app_id) == (3, "app")
+
+
+def test_a_table_apply_did_not_create_is_refused_when_read_in_the_driver(tmp_path: Path) -> None:
+    write_deltalake(str(tmp_path), table_rows([(1, "a", 10, 0)]))
+    with pytest.raises(TableError, match="apply did not create"):
+        DriverTables().read(str(tmp_path), TableId("public", "t"))
