@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -12,6 +13,7 @@ import matplotlib.pyplot as plt
 
 if TYPE_CHECKING:
     from bench.freshness import Timeline
+    from bench.lake_soak import Sample
 
 
 def freshness_charts(
@@ -134,3 +136,73 @@ def soak_charts(
     plt.close(figure)
     written.append(lag_png)
     return written
+
+
+def lake_soak_charts(
+    directory: Path, samples: list[Sample], wall_s: list[float], cpu_s: list[float]
+) -> list[Path]:
+    """``lake-soak-cost.png`` (each commit's wall time and CPU, with a rolling median),
+    ``lake-soak-files.png`` (live files and data files on disk) and ``lake-soak-log.png``
+    (``_delta_log`` bytes and files, the newest checkpoint), all over the commits."""
+    directory.mkdir(parents=True, exist_ok=True)
+    commits = [s.commit for s in samples]
+    written = []
+
+    cost_png = directory / "lake-soak-cost.png"
+    figure, (wall, cpu) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
+    numbers = list(range(1, len(wall_s) + 1))
+    for axis, values, label in ((wall, wall_s, "wall"), (cpu, cpu_s, "CPU (driver + JVM)")):
+        axis.plot(numbers, [v * 1000 for v in values], ".", markersize=1, alpha=0.3)
+        axis.plot(numbers, [v * 1000 for v in _rolling_median(values, 100)], color="tab:red")
+        axis.set_yscale("log")
+        axis.set_ylabel(f"commit {label}, ms")
+        axis.grid(True, which="both", alpha=0.3)
+    wall.set_title("a day of commits on one table: each commit, and the median of 100")
+    cpu.set_xlabel("commit")
+    figure.tight_layout()
+    figure.savefig(cost_png, dpi=100)
+    plt.close(figure)
+    written.append(cost_png)
+
+    files_png = directory / "lake-soak-files.png"
+    figure, (live, disk) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
+    live.plot(commits, [s.live_files for s in samples], label="live (newest version)")
+    live.plot(commits, [s.data_files for s in samples], label="on disk")
+    live.set_ylabel("data files")
+    live.legend()
+    live.grid(True, alpha=0.3)
+    live.set_title("data files: compaction bounds the live ones, VACUUM the rest")
+    disk.plot(commits, [s.data_bytes / 1024**2 for s in samples], color="tab:green")
+    disk.set_ylabel("data on disk, MiB")
+    disk.set_xlabel("commit")
+    disk.grid(True, alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(files_png, dpi=100)
+    plt.close(figure)
+    written.append(files_png)
+
+    log_png = directory / "lake-soak-log.png"
+    figure, (size, count) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
+    size.plot(commits, [s.log.bytes / 1024**2 for s in samples], label="log directory (_delta_log)")
+    size.plot(
+        commits, [s.log.checkpoint_bytes / 1024**2 for s in samples], label="newest checkpoint"
+    )
+    size.set_ylabel("MiB")
+    size.legend()
+    size.grid(True, alpha=0.3)
+    size.set_title("the log: commits and checkpoints kept for the log retention")
+    count.plot(commits, [s.log.files for s in samples], label="log directory files")
+    count.plot(commits, [s.checkpoint_removes for s in samples], label="checkpoint tombstones")
+    count.set_xlabel("commit")
+    count.legend()
+    count.grid(True, alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(log_png, dpi=100)
+    plt.close(figure)
+    written.append(log_png)
+    return written
+
+
+def _rolling_median(values: list[float], width: int) -> list[float]:
+    """The median of each value and the ``width - 1`` before it."""
+    return [statistics.median(values[max(0, i - width + 1) : i + 1]) for i in range(len(values))]
