@@ -65,7 +65,7 @@ from enum import Enum
 from typing import Protocol
 
 from delta.tables import DeltaTable
-from py4j.protocol import Py4JError
+from py4j.protocol import Py4JError, Py4JJavaError
 from pyspark.errors import PySparkException
 from pyspark.sql import SparkSession
 
@@ -187,6 +187,22 @@ def _quoted(path: str) -> str:
     return "`" + path.replace("`", "``") + "`"
 
 
+def error_condition(exc: Exception) -> str | None:
+    """The Spark error condition of ``exc``. Delta raises VACUUM LITE's refusal as a
+    ``DeltaIllegalStateException``, which PySpark does not convert: it arrives as a
+    ``Py4JJavaError`` whose Java exception carries the condition (measured: caught as a
+    ``PySparkException`` only, the refusal failed every later vacuum of the table)."""
+    if isinstance(exc, PySparkException):
+        return exc.getCondition()
+    if isinstance(exc, Py4JJavaError):
+        try:
+            condition = exc.java_exception.getErrorClass()
+        except (Py4JError, AttributeError):
+            return None  # not a Spark error: it names no condition
+        return None if condition is None else str(condition)
+    return None
+
+
 def vacuum(spark: SparkSession, path: str) -> str:
     """VACUUM the Delta table at ``path`` with its own retention: LITE (files the log
     says were removed), or the full listing when LITE cannot see them all. The caller
@@ -194,8 +210,8 @@ def vacuum(spark: SparkSession, path: str) -> str:
     TABLE_LOCKS.require(path, "VACUUM")
     try:
         spark.sql(f"VACUUM delta.{_quoted(path)} LITE").collect()
-    except PySparkException as exc:
-        if exc.getCondition() != _CANNOT_VACUUM_LITE:
+    except (PySparkException, Py4JJavaError) as exc:
+        if error_condition(exc) != _CANNOT_VACUUM_LITE:
             raise
         DeltaTable.forPath(spark, path).vacuum()
         return "listed every file (the log no longer reaches the previous vacuum)"

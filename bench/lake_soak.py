@@ -16,14 +16,14 @@ batch's state as ``userMetadata`` and the ``txn`` action), then
 :func:`apply.batch.write.after_commit` (the commits flushed, the table remembered, the
 upkeep due: OPTIMIZE every ``compact_every_commits``, VACUUM LITE every
 ``vacuum_every_commits``). Spark (a local session built by
-:func:`apply.spark_session.build_session`) does what apply does with it: creates the
-table, runs the upkeep, and MERGEs the batch after a commit that is not the job's own
-(upkeep's), which apply takes through Spark. That batch is the only one Spark's source
-is asked for, so the bench builds it as a DataFrame only then (apply's own
-:class:`apply.known_tables.KnownTables` says so); every other batch gets a frame that
-fails any Spark job reading it, so a batch leaving the driver's route can never be
-written from an empty frame unnoticed. Every ``--restart-every`` commits the job's
-memory is dropped (a new :class:`~apply.known_tables.KnownTables` and
+:func:`apply.spark_session.build_session`) does what apply does with it: MERGEs the
+load (a batch Spark's source hands over, so the bench builds it as a DataFrame) and runs
+the upkeep. Every later batch is the driver's, the one after an upkeep commit or a
+restart included (the driver then reads the table with delta-rs,
+:meth:`apply.driver_merge.DriverTables.read`); each gets a frame that fails any Spark
+job reading it, so a batch leaving the driver's route can never be written from an
+empty frame unnoticed. Every ``--restart-every`` commits the job's memory is dropped (a
+new :class:`~apply.known_tables.KnownTables` and
 :class:`~apply.driver_merge.DriverTables`): the next batch reads the table from Delta
 as a restarted job does.
 
@@ -533,9 +533,7 @@ class Soak:
         held = self._held(changes)
         survey = survey_held(held)[TOPIC]
         collected = [CollectedRecord(p, o, v) for _, p, o, v in held]
-        known = self.context.known
-        assert known is not None
-        by_spark = batch_id == 0 or known.current(self.spark, self.path) is None
+        by_spark = batch_id == 0
         frame = self._frame(held) if by_spark else self.refusing
         wall, cpu, jvm = time.perf_counter(), time.process_time(), _cpu_s(self.jvm_pids)
         result = apply_table(

@@ -10,6 +10,7 @@ refuses time travel to the versions before).
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +21,9 @@ from apply.history import recover_state
 from apply.merge import transaction_app_id
 from apply.metrics import ApplyMetrics
 from apply.settings import UpkeepSettings
+from apply.table_lock import TABLE_LOCKS
 from apply.tables import TableId, table_path
-from apply.upkeep import TableUpkeep
+from apply.upkeep import TableUpkeep, vacuum
 from schemas import column_type as ct
 from schemas.change_record import (
     Change,
@@ -190,3 +192,37 @@ def test_upkeep_bounds_files_and_leaves_the_applied_state(
     for operation, runs in (("compact", 2), ("vacuum", 1)):
         labels = {"table": table, "operation": operation, "outcome": "done"}
         assert done("cdc_apply_upkeep_runs_total", labels) == runs
+
+
+def test_a_vacuum_lite_refused_for_a_cleaned_log_lists_every_file(
+    spark: Any, tmp_path: Path
+) -> None:
+    """VACUUM LITE finds the files to delete in the commits since the previous vacuum;
+    when the log no longer holds them (expired commits cleaned, here by delta-rs behind
+    its checkpoint), Delta refuses it, and upkeep lists every file instead."""
+    import pyarrow as pa  # type: ignore[import-untyped]  # noqa: PLC0415
+    from deltalake import write_deltalake  # noqa: PLC0415
+
+    path = str(tmp_path / "cleaned")
+    rows = pa.table({"id": pa.array([1], pa.int64())})
+    write_deltalake(
+        path,
+        rows,
+        configuration={
+            "delta.logRetentionDuration": "interval 1 second",
+            "delta.deletedFileRetentionDuration": "interval 0 seconds",
+            "delta.checkpointInterval": "2",
+        },
+    )
+    # Each overwrite removes the files before it: files a vacuum may delete.
+    for _ in range(3):
+        write_deltalake(path, rows, mode="overwrite")
+    time.sleep(1.5)  # the first commits' retention passes; the next checkpoint cleans them
+    for _ in range(3):
+        write_deltalake(path, rows, mode="overwrite")
+    assert not Path(path, "_delta_log", "00000000000000000000.json").exists()
+    with TABLE_LOCKS.held(path):
+        outcome = vacuum(spark, path)
+    assert outcome.startswith("listed every file")
+    data_files = [p for p in Path(path).iterdir() if p.suffix == ".parquet"]
+    assert len(data_files) == 1, "every removed file is deleted, the live one kept"
