@@ -13,7 +13,6 @@ from pyspark.sql.types import LongType, StringType
 
 from apply.delta_log import commit_file, parse_commit
 from apply.delta_schema import ColumnSpec
-from apply.driver_append import DecodedChange
 from apply.driver_merge import (
     DriverMergeUnavailableError,
     DriverTables,
@@ -21,6 +20,7 @@ from apply.driver_merge import (
     source_rows,
     writable,
 )
+from apply.driver_plan import DecodedChange
 from apply.positions import Position
 from apply.table_lock import TABLE_LOCKS, UnheldTableLockError
 from schemas.lsn import Lsn
