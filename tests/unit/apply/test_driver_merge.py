@@ -1,6 +1,6 @@
 """apply.driver_merge: which tables the driver writes, and its MERGE's rules, against
 tables delta-rs itself writes (the comparison with Spark's MERGE on every column type is
-tests/integration/test_apply_driver_append.py's)."""
+tests/integration/test_apply_driver_merge.py's)."""
 
 from __future__ import annotations
 
