@@ -7,8 +7,7 @@ Spark (``--from-lake`` reads the dead-letter table instead); ``python -m apply r
 ``python -m apply discard <schema.table> <topic>/<partition>/<offset>`` sets aside a
 parked record that can never be applied (docs/apply.md, errored tables).
 ``python -m apply jars`` prints the jars for ``spark-submit --jars`` (docs/apply.md,
-running it). ``python -m apply view <schema.table>`` prints the SQL of a table's freshest
-view, for Spark SQL, DuckDB or delta-rs (docs/lake-change-log.md)."""
+running it)."""
 
 from __future__ import annotations
 
@@ -32,14 +31,7 @@ from runtime.settings_env import env_prefix
 from runtime.settings_table import settings_table
 from runtime.telemetry import Health, serve
 
-RUN, ERRORED, REAPPLY, DISCARD, JARS, VIEW = (
-    "run",
-    "errored",
-    "reapply",
-    "discard",
-    "jars",
-    "view",
-)
+RUN, ERRORED, REAPPLY, DISCARD, JARS = ("run", "errored", "reapply", "discard", "jars")
 
 
 def record_coordinates(text: str) -> tuple[str, int, int]:
@@ -90,25 +82,10 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
         type=record_coordinates,
         help="the record as the error names it: <topic>/<partition>/<offset>",
     )
-    view = commands.add_parser(
-        VIEW,
-        help="print the SQL that reads a table with its change log's newer changes",
-    )
-    view.add_argument("table", help="schema.table")
-    view.add_argument(
-        "--dialect",
-        choices=("spark", "duckdb", "datafusion"),
-        default="spark",
-        help="spark: delta.`<path>`; duckdb: delta_scan('<path>'); datafusion (delta-rs "
-        "QueryBuilder): the table registered as t and its log as l",
-    )
     return parser.parse_args(argv)
 
 
 def _report(job: ApplyJob, arguments: argparse.Namespace) -> int:
-    if arguments.command == VIEW:
-        print(job.view_sql(arguments.table, arguments.dialect))
-        return 0
     if arguments.command == ERRORED:
         for table in job.errored():
             error = f"{table.error_kind}: {table.error}"
@@ -194,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         health = Health(settings.metrics.not_ready_after_s)
         metrics = ApplyMetrics(health=health)
         job = ApplyJob(settings, spark, metrics=metrics, health=health)
-        if arguments.command in (ERRORED, REAPPLY, DISCARD, VIEW):
+        if arguments.command in (ERRORED, REAPPLY, DISCARD):
             return _report(job, arguments)
         # Only the streaming job serves: a one-off command beside it must not take its port.
         server = serve(

@@ -9,11 +9,13 @@ each query's Delta ``txnAppId`` is derived from its checkpoint location, so a re
 batch is skipped by Delta. The queries' ``foreachBatch`` calls run on their own driver
 threads, so the schema catalog and the control-topic producer are shared under locks.
 
-At start the job re-publishes the progress recorded in every Delta table it finds under
-the lake root, and the offsets of the records parked in the dead-letter table: if it
-died between a commit and its publish, capture still learns about it. Stopping
-(SIGTERM) stops the query; a batch cut short is replayed on restart and Delta's
-transaction ids make the replay harmless.
+At start, before anything else touches the tables, the job folds what a log of the
+retired change log still holds into its table (:mod:`apply.retired_log`); then it
+re-publishes the progress recorded in every Delta table it finds under the lake root,
+and the offsets of the records parked in the dead-letter table: if it died between a
+commit and its publish, capture still learns about it. Stopping (SIGTERM) stops the
+query; a batch cut short is replayed on restart and Delta's transaction ids make the
+replay harmless.
 
 A batch that fails with a :class:`~apply.errors.TransientError` is retried in place a
 few times with backoff (a retried batch is idempotent, :mod:`apply.batch`); after that
@@ -49,12 +51,10 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
 from apply.batch import ApplyContext, applied_state, apply_batch
-from apply.change_log import Dialect, logged_tables, view_sql
 from apply.dead_letter import ErroredTable, discard, errored_tables, parked_offsets
 from apply.driver_merge import DriverTables
 from apply.errors import TableError, UnknownSchemaError, parked_cure
 from apply.feedback import ProgressPublisher, SchemaCatalog
-from apply.fold import Folds, FoldTimer, fold_table
 from apply.held_batch import HeldBatchReader
 from apply.kafka_clients import HELD_GROUP, client_conf, spark_source_options
 from apply.known_tables import KnownTables
@@ -63,10 +63,11 @@ from apply.merge import transaction_app_id
 from apply.metrics import ApplyMetrics
 from apply.progress import BatchResult, ParkedTable, TableResult, batch_progress, recovered_progress
 from apply.reapply import ReapplyOutcome, reapply_app_id, reapply_table
+from apply.retired_log import fold_retired_logs
 from apply.settings import ApplySettings, KafkaSettings
 from apply.table_pool import POOL_PROPERTY
 from apply.table_status import now_micros, table_statuses
-from apply.tables import TableId, table_of_segments, table_of_topic
+from apply.tables import table_of_segments, table_of_topic
 from apply.upkeep import TableUpkeep
 from runtime.errors import TransientError
 from runtime.retry import Backoff, call_with_retry, run_with_retry
@@ -188,8 +189,6 @@ class ApplyJob:
         # The streaming batches' tables only: reapply and discard read from Delta.
         self._known = KnownTables()
         self._driver_tables = DriverTables()
-        # With the change log: the tables' fold locks and turns (apply.fold).
-        self._folds = Folds(settings.lake.fold_every_s) if settings.lake.change_log else None
         self._app_ids = {lane.name: transaction_app_id(lane.checkpoint) for lane in self.lanes}
         self._checkpoints = {lane.name: lane.checkpoint for lane in self.lanes}
         # A small batch's records read from Kafka in the driver (apply.held_batch).
@@ -209,7 +208,6 @@ class ApplyJob:
             default_txn_app_id=self._context_id,
             upkeep=TableUpkeep(self._settings.upkeep, self.metrics),
             known=self._known if streaming else None,
-            folds=self._folds if streaming else None,
             driver_write_records=self._settings.lake.driver_write_records,
             driver_tables=self._driver_tables if streaming else None,
             deletion_vectors=self._settings.lake.deletion_vectors,
@@ -358,7 +356,6 @@ class ApplyJob:
             except ValueError:
                 continue  # not a folder apply writes (the dead-letter table's, say)
             try:
-                # The newer of the table's state and its change log's (apply.change_log).
                 state = applied_state(self._spark, self._settings.lake.root, table_id)
             except TableError as exc:
                 # Its records are parked (the dead-letter offsets below cover them).
@@ -400,16 +397,8 @@ class ApplyJob:
         progress of its partitions (:mod:`apply.reapply`)."""
         self._refresh_schemas()
         context = self._context(reapply_app_id(self._context_id))
-        if self._settings.lake.change_log:
-            # Reapply merges into the table: it must first hold everything the log does.
-            schema, _, name = table.partition(".")
-            fold_table(
-                self._spark,
-                lake_root=self._settings.lake.root,
-                table=TableId(schema, name),
-                default_app_id=self._context_id,
-                empty_log=True,
-            )
+        # Reapply merges into the table: it must first hold what a retired log holds.
+        self.fold_retired_logs()
         try:
             outcome = reapply_table(self._spark, table, context)
         finally:
@@ -422,11 +411,13 @@ class ApplyJob:
             self._publish(recovered_progress(list(states.values()), {table: parked.get(table, {})}))
         return outcome
 
-    def view_sql(self, table: str, dialect: Dialect) -> str:
-        """The freshest view of ``table`` (``schema.table``) for ``dialect``: what
-        ``python -m apply view`` prints."""
-        schema, _, name = table.partition(".")
-        return view_sql(self._spark, self._settings.lake.root, TableId(schema, name), dialect)
+    def fold_retired_logs(self) -> None:
+        """Fold what the retired change log left in the lake into the tables
+        (:mod:`apply.retired_log`); raises :class:`~apply.errors.RetiredChangeLogError`
+        when a log's changes cannot be folded."""
+        fold_retired_logs(
+            self._spark, lake_root=self._settings.lake.root, default_app_id=self._context_id
+        )
 
     def run(self, stop: threading.Event) -> None:
         """Start every lane's query and wait until ``stop`` is set or a query ends; the
@@ -435,10 +426,12 @@ class ApplyJob:
         self._stop = stop
         if not self._read_schemas_at_start(stop):
             return
+        # Before the progress is re-published and the queries start: a logged change
+        # counted as applied, so the slot may be past changes only a log holds.
+        self.fold_retired_logs()
         republished = self.republish_recorded_progress()
         log.info("re-published %d applied-progress messages from Delta", republished)
         queries: list[tuple[Lane, StreamingQuery]] = []
-        timer = self._fold_timer()
         try:
             for lane in self.lanes:
                 queries.append((lane, self._start(lane)))
@@ -459,41 +452,15 @@ class ApplyJob:
                 if active is not None:  # else the last one ended just now: asked again
                     active.awaitTermination(1)
         finally:
-            if timer is not None:
-                timer.stop()
             for _, query in queries:
                 if query.isActive:
                     query.stop()
             self.health.stopped("an apply streaming query has stopped")
-        if timer is not None and each_ends and all(q.exception() is None for _, q in queries):
-            # available_now: the job ends caught up, its tables included, not only its logs.
-            timer.fold_due(every=True)
         for lane, query in queries:
             error = query.exception()
             if error is not None:
                 where = "" if lane.is_default else f" of lane {lane.name}"
                 raise RuntimeError(f"the apply query{where} failed: {error}")
-
-    def _fold_timer(self) -> FoldTimer | None:
-        """With the change log: the thread that folds the tables' logs, started with
-        every log found in the lake pending, so changes logged before a restart reach
-        their tables too (apply.fold)."""
-        if self._folds is None:
-            return None
-        for table in logged_tables(self._spark, self._settings.lake.root):
-            self._folds.appended(table)
-        timer = FoldTimer(
-            self._spark,
-            self._folds,
-            lake_root=self._settings.lake.root,
-            default_app_id=self._context_id,
-            upkeep=TableUpkeep(self._settings.upkeep, self.metrics),
-            observer=self.metrics,
-            known=self._known,
-            parallelism=self._settings.lake.fold_parallelism,
-        )
-        timer.start()
-        return timer
 
     def _start(self, lane: Lane) -> StreamingQuery:
         settings = self._settings

@@ -6,8 +6,8 @@ batch, seconds each on two cores, so a schema of eleven tables was 40 s behind i
 source at 25 transactions a second (docs/benchmarks.md). delta-rs MERGEs 10 to 100,000
 rows into a 100,000-row table in 37 to 72 ms from one Python process. So a batch the
 driver holds (:mod:`apply.batch.micro_batch`) is decoded, measured and reduced to the
-latest change per key there, by the same functions the change log's append uses
-(:mod:`apply.driver_append`), and each table's rows are MERGEd by delta-rs
+latest change per key there (:mod:`apply.driver_plan`), and each table's rows are
+MERGEd by delta-rs
 (:func:`merge_rows`) with the rules of :func:`apply.merge.merge_into`:
 
 - matched, the source row is a DELETE and newer than the target -> delete;
@@ -62,7 +62,7 @@ from apply.delta_schema import (
     existing_table,
     table_properties,
 )
-from apply.driver_append import DecodedChange, change_arrays, table_arrow_types
+from apply.driver_plan import DecodedChange, change_arrays, table_arrow_types
 from apply.errors import TransientError
 from apply.history import TableHistory, newest_state
 from apply.known_tables import KnownTable

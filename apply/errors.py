@@ -20,6 +20,9 @@ what each means for apply:
   tables go on, and
   ``python -m apply reapply <schema.table>`` applies them once the cause is fixed.
 - :class:`ConfigError` -- the job was started wrong; fatal, with what to change.
+  :class:`RetiredChangeLogError` is one: a change log left by the retired change log
+  holds changes its table lacks, and the fold at start that puts them there failed
+  (:mod:`apply.retired_log`).
 
 Foreign exceptions (Py4J, Spark, Delta) are translated at the boundary with
 ``raise X(...) from exc`` so the original stays attached. Messages name the table, the
@@ -39,6 +42,7 @@ __all__ = [
     "ConfigError",
     "MissingSchemaError",
     "PipelineError",
+    "RetiredChangeLogError",
     "SchemaChangeError",
     "TableError",
     "TransientError",
@@ -92,6 +96,23 @@ class MissingSchemaError(TableError):
         super().__init__(table, f"records of {topic} name " + "; and ".join(causes))
         self.topic = topic
         self.fingerprints = fingerprints
+
+
+class RetiredChangeLogError(ConfigError):
+    """A retired change log's changes cannot be folded into their table at start
+    (:mod:`apply.retired_log`); the job must not stream past them."""
+
+    def __init__(self, table: str, log_path: str, cause: str) -> None:
+        super().__init__(
+            f"table {table}: the retired change log at {log_path} holds changes the table "
+            f"lacks, which the job folds into the table before it starts, but {cause}. Fix "
+            "the cause and start the job again: the log is kept and nothing is lost. If the "
+            "table was recreated or resynced since the log was written, the log is "
+            f"superseded: resync the table (python -m capture resync {table}, then restart "
+            f"capture) and move {log_path} out of the lake"
+        )
+        self.table = table
+        self.log_path = log_path
 
 
 class SchemaChangeError(TableError):

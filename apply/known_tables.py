@@ -51,9 +51,8 @@ class KnownTables:
         self, spark: SparkSession, path: str, *, passing: frozenset[str] = frozenset()
     ) -> KnownTable | None:
         """The entry for ``path`` while no commit followed it, or only commits whose
-        operation is in ``passing`` (ones that change neither the state nor the columns,
-        e.g. a change log's trims, :mod:`apply.change_log`), the entry then moved to the
-        newest version; else None, and the entry is dropped."""
+        operation is in ``passing`` (ones that change neither the state nor the columns),
+        the entry then moved to the newest version; else None, and the entry is dropped."""
         with self._lock:
             known = self._tables.get(path)
         if known is None:

@@ -15,18 +15,13 @@ in PromQL (the recording rule in deploy/prometheus/alerts.yaml).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Collection, Iterable
-from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
 
 from apply.lanes import DEFAULT_LANE
 from apply.progress import BatchResult, TableResult
 from runtime.telemetry import Health, MetricSet
-
-if TYPE_CHECKING:
-    from apply.fold import FoldResult
 
 PREFIX = "cdc_apply_"
 _DURATION_BUCKETS = (0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
@@ -113,23 +108,6 @@ class ApplyMetrics(MetricSet):
             buckets=_DURATION_BUCKETS,
             labels=("operation",),
         )
-        self.folds = self.counter(
-            "folds",
-            "change-log folds the job ran (apply.fold), per table and outcome (done; "
-            "empty: the table held every logged change; failed: retried on the next tick)",
-            ["table", "outcome"],
-        )
-        self.fold_duration = self.histogram(
-            "fold_duration_seconds",
-            "time one fold of a table's change log into the table took",
-            buckets=_DURATION_BUCKETS,
-        )
-        self.table_lag = self.gauge(
-            "table_lag_seconds",
-            "with the change log, at the table's last fold: the fold's time minus the newest "
-            "commit time the table itself holds (lag_seconds is the log's)",
-            ["table"],
-        )
         self._errored: set[str] = set()
 
     def batch(
@@ -164,16 +142,6 @@ class ApplyMetrics(MetricSet):
                 self._errored.discard(table)
             self.table_errored.labels(table).set(1 if table in waiting else 0)
         self.errored_tables.set(len(self._errored))
-
-    def fold(
-        self, table: str, result: FoldResult | None, duration_s: float, *, failed: bool
-    ) -> None:
-        """One fold of ``table``'s change log ran (:class:`apply.fold.FoldObserver`)."""
-        outcome = "failed" if failed else ("empty" if result is None else "done")
-        self.folds.labels(table, outcome).inc()
-        self.fold_duration.observe(duration_s)
-        if result is not None and result.commit_ts is not None:
-            self.table_lag.labels(table).set(max(0.0, time.time() - result.commit_ts / 1e6))
 
     def upkeep(self, table: str, operation: str, duration_s: float, *, failed: bool) -> None:
         """One upkeep operation on ``table`` ran (:class:`apply.upkeep.UpkeepObserver`)."""

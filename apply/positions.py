@@ -87,9 +87,10 @@ class AppliedState:
     """The ``txnAppId`` of the query (lane, :mod:`apply.lanes`) whose batch ``batch_id``
     is; None in commits written before lanes existed, all by the default lane."""
     log_seq: int | None = None
-    """With the change log (:mod:`apply.change_log`): in a log commit, the sequence
-    number of the rows it appended; in a table commit, the sequence the table holds every
-    logged change up to (the fold's watermark). None without a change log."""
+    """Written by the retired change log (:mod:`apply.retired_log`): in a log commit, the
+    sequence number of the rows it appended; in a table commit, the sequence the table
+    holds every logged change up to (the fold's watermark). Read at start to fold what a
+    log holds; :func:`advance` drops it, since no batch writes a log any more."""
 
     def applied_position(self, topic: str, partition: int) -> Position | None:
         progress = self.partitions.get((topic, partition))

@@ -8,8 +8,9 @@ configuration suits one small machine (few shuffle partitions, UI off); anything
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic_settings import SettingsConfigDict
@@ -82,42 +83,15 @@ class LakeSettings(BaseModel):
             "creates, for jobs that read row-level changes from the lake"
         ),
     )
-    change_log: bool = Field(
-        False,
-        description=(
-            "each micro-batch appends a table's changes to its change log at "
-            "<root>/_change-log/<schema>/<table> instead of MERGEing them, and the job folds "
-            "the log into the table every fold_every_s: the freshest view (python -m apply "
-            "view) is a batch behind, the table itself a fold (docs/lake-change-log.md)"
-        ),
-    )
-    fold_every_s: float = Field(
-        10.0,
-        gt=0,
-        description=(
-            "with change_log: how often a table with logged changes is folded into its "
-            "Delta table, one MERGE each time; shorter keeps the table fresher, at a MERGE "
-            "per table per fold"
-        ),
-    )
-    fold_parallelism: int = Field(
-        2,
-        ge=1,
-        description=(
-            "with change_log: how many tables are folded at the same time; a fold of a few "
-            "rows is mostly fixed latency, so two at a time on two cores bring each "
-            "table's fold round sooner"
-        ),
-    )
     driver_write_records: int = Field(
         20_000,
         ge=0,
         description=(
             "on a local lake: a micro-batch of at most this many records is collected to "
             "the driver, and each table's changes are written from there with delta-rs, no "
-            "Spark job: MERGEd into a table without deletion vectors, or appended to its "
-            "change log (docs/apply.md, the driver writer); larger batches, batches the "
-            "driver cannot write exactly, and 0 take Spark's MERGE or append"
+            "Spark job: MERGEd into a table without deletion vectors (docs/apply.md, the "
+            "driver writer); larger batches, batches the driver cannot write exactly, and 0 "
+            "take Spark's MERGE"
         ),
     )
 
@@ -208,6 +182,20 @@ class ApplySettings(ServiceSettings):
     model_config = SettingsConfigDict(
         env_prefix="APPLY_", env_nested_delimiter="__", extra="forbid", frozen=True
     )
+    retired_settings: ClassVar[Mapping[str, str]] = {
+        "LAKE__CHANGE_LOG": (
+            "the change log is retired: the Delta table itself is fresh, a small batch "
+            "MERGEd from the driver within seconds of its commit, and at start the job "
+            "folds what a log left in the lake still holds into its table "
+            "(docs/lake-change-log.md); unset it"
+        ),
+        "LAKE__FOLD_EVERY_S": (
+            "it folded the change log, which is retired (docs/lake-change-log.md); unset it"
+        ),
+        "LAKE__FOLD_PARALLELISM": (
+            "it folded the change log, which is retired (docs/lake-change-log.md); unset it"
+        ),
+    }
 
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     lake: LakeSettings = Field(default_factory=LakeSettings)

@@ -1,13 +1,13 @@
 """One writer per Delta table at a time: the lock every commit the job makes is made under.
 
 Two writers commit to apply's tables from one process: delta-rs in the driver
-(:mod:`apply.driver_merge`, :mod:`apply.driver_append`) and Delta's Spark writer
-(MERGE, replace, append, trim, OPTIMIZE, VACUUM, DDL). Each keeps its own commits
+(:mod:`apply.driver_merge`) and Delta's Spark writer (MERGE, replace, append,
+OPTIMIZE, VACUUM, DDL). Each keeps its own commits
 exclusive, but not against the other: on a local file system Delta's Spark writer
 checks that the next commit file is absent and then renames its own over that name, so
 a delta-rs commit landing between the check and the rename is silently replaced, and
-its rows and applied state are lost with it. So every commit to a table (or to its
-change log, a Delta table of its own) is made while holding that table's lock
+its rows and applied state are lost with it. So every commit to a table is made while
+holding that table's lock
 (:meth:`TableLocks.held`), and each function that commits checks that the calling
 thread holds it (:meth:`TableLocks.require`): a path that forgot the lock fails on its
 first run, in every test that takes it, instead of once in a million commits.

@@ -19,11 +19,7 @@ order ``--phases`` gives, apply restarted between them:
 - ``FAIR``: FAIR scheduling and one pool per table (the default,
   :mod:`apply.table_pool`), one streaming query for every table;
 - ``LANE``: as ``FAIR``, with ``big`` in a lane of its own (``APPLY_LANES``), so the
-  small tables are applied by a query of their own;
-- ``LOG``: as ``FAIR``, with the change log on (``APPLY_LAKE__CHANGE_LOG``,
-  :mod:`apply.change_log`): batches append, a timer folds each log into its table. The
-  phase reports the tables themselves (after their folds) and, apart, the freshest
-  view (table or log, whichever shows the record first).
+  small tables are applied by a query of their own.
 
 A restart that changes the lanes re-reads the topics once into new checkpoints; before
 each later phase one change is written to every table and the phase starts only once
@@ -47,12 +43,10 @@ import threading
 import time
 from dataclasses import dataclass
 
-from apply.change_log import CHANGE_LOG_DIR
 from bench.freshness import (
     ArrivalWatcher,
     apply_visibility,
     percentile,
-    view_latencies_ms,
     visible_latencies_ms,
 )
 from bench.pipeline_run import (
@@ -77,9 +71,6 @@ class Phase:
     big_ms: list[float]
     changes: int
     load: float
-    small_view_ms: list[float] | None = None
-    """``LOG`` only: the freshest view (table or change log)."""
-    big_view_ms: list[float] | None = None
 
 
 def _tables(small: int) -> list[str]:
@@ -165,26 +156,11 @@ def _phase(run: PipelineRun, args: argparse.Namespace, mode: str) -> Phase:
             [ms for r, ms in pairs if r[0] == big_topic],
         )
 
-    if mode != "LOG":
-        small, big = split(visible_latencies_ms(arrivals, apply_visibility(run.lake, tables)))
-        return Phase(mode, small, big, len(records), load)
-    # Caught up means logged; the tables themselves follow with their folds.
-    deadline = time.monotonic() + 300
-    while True:
-        table_visibility = apply_visibility(run.lake, tables)
-        try:
-            small, big = split(visible_latencies_ms(arrivals, table_visibility))
-            break
-        except SystemExit:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(2)
-    log_visibility = apply_visibility(run.lake / CHANGE_LOG_DIR, tables)
-    small_view, big_view = split(view_latencies_ms(arrivals, table_visibility, log_visibility))
-    return Phase(mode, small, big, len(records), load, small_view, big_view)
+    small, big = split(visible_latencies_ms(arrivals, apply_visibility(run.lake, tables)))
+    return Phase(mode, small, big, len(records), load)
 
 
-MODES = ("FIFO", "FAIR", "LANE", "LOG")
+MODES = ("FIFO", "FAIR", "LANE")
 
 
 def _configure(run: PipelineRun, mode: str) -> None:
@@ -197,10 +173,6 @@ def _configure(run: PipelineRun, mode: str) -> None:
         run.env_overrides["APPLY_LANES"] = json.dumps({"big": ["public.big"]})
     else:
         run.env_overrides.pop("APPLY_LANES", None)
-    if mode == "LOG":
-        run.env_overrides["APPLY_LAKE__CHANGE_LOG"] = "true"
-    else:
-        run.env_overrides.pop("APPLY_LAKE__CHANGE_LOG", None)
 
 
 def _phases(text: str) -> list[str]:
@@ -245,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         type=_phases,
         default=["FIFO", "FAIR"],
         help=(
-            "the phases in order, comma-separated, of FIFO, FAIR, LANE, LOG (later phases "
+            "the phases in order, comma-separated, of FIFO, FAIR, LANE (later phases "
             "run on a table the earlier ones have updated: run both orders)"
         ),
     )
@@ -295,12 +267,6 @@ def main(argv: list[str] | None = None) -> int:
             f"| {phase.mode} | {phase.changes:,} | {spread(phase.small_ms)} | "
             f"{spread(phase.big_ms)} | {phase.load:.1f} |"
         )
-        if phase.small_view_ms is not None and phase.big_view_ms is not None:
-            lines.append(
-                f"| {phase.mode}, freshest view | {phase.changes:,} | "
-                f"{spread(phase.small_view_ms)} | {spread(phase.big_view_ms)} | "
-                f"{phase.load:.1f} |"
-            )
     last = phases[-1]
     lines.append("")
     for phase in phases[:-1]:

@@ -25,14 +25,9 @@ Targets (issue "Prove it"): commit-to-Kafka p50 <= 50 ms and p99 <= 250 ms;
 commit-to-Delta p50 <= 2x and p99 <= 4x the plain append's. The lake issue's targets,
 with the eleven-table scenario and every setting at its default: the Delta table itself
 p50 <= 5 s and p99 <= 15 s up to 25 tps, p50 <= 10 s above (the p99 there is held to
-30 s), quiet tables the same; apply's CPU <= 0.3 of one core at 25 tps; the freshest
-view of the change log p50 <= 5 s and p99 <= 15 s.
-
-``--change-log`` runs apply with ``APPLY_LAKE__CHANGE_LOG=true`` (:mod:`apply.change_log`)
-and reports two apply rows: the **table** (the fold commits carry the applied state the
-table holds) and the **freshest view** (a record is visible in the view from the first
-commit, to the log or to the table, whose state covers it). ``--no-baseline`` leaves
-out the plain append, so apply is the only Spark driver on the machine.
+30 s), quiet tables the same; apply's CPU <= 0.3 of one core at 25 tps.
+``--no-baseline`` leaves out the plain append, so apply is the only Spark driver on the
+machine.
 
 The eleven-table scenario (``--tables eleven``, the default) runs apply with its own
 defaults for everything, trigger included (5 seconds; ``--trigger`` overrides it), and
@@ -69,7 +64,6 @@ from typing import Any
 
 from confluent_kafka import Consumer, Message, TopicPartition
 
-from apply.change_log import CHANGE_LOG_DIR
 from apply.positions import decode_state
 from apply.settings import TriggerSettings
 from bench.pipeline_run import (
@@ -278,14 +272,6 @@ def visible_latencies_ms(
     return latencies
 
 
-def view_latencies_ms(arrivals: Arrivals, table: Visibility, log: Visibility) -> list[float]:
-    """Per record: visible in the freshest view from the first commit to either the
-    table or its change log that covers it."""
-    from_log = visible_latencies_ms(arrivals, log, missing=float("inf"))
-    from_table = visible_latencies_ms(arrivals, table)
-    return [min(a, b) for a, b in zip(from_log, from_table, strict=True)]
-
-
 def tables_of(arrivals: Arrivals, tables: Iterable[str]) -> list[str]:
     """Per record of ``arrivals``, in their order (that of :func:`visible_latencies_ms`):
     its table, from its topic."""
@@ -364,11 +350,6 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.freshness", description=__doc__)
     parser.add_argument("--rate", type=float, default=100.0, help="pgbench transactions/s")
     parser.add_argument("--seconds", type=int, default=120, help="length of the workload")
-    parser.add_argument(
-        "--change-log", action="store_true", help="apply with APPLY_LAKE__CHANGE_LOG=true"
-    )
-    parser.add_argument("--fold-every-s", type=float, help="APPLY_LAKE__FOLD_EVERY_S")
-    parser.add_argument("--fold-parallelism", type=int, help="APPLY_LAKE__FOLD_PARALLELISM")
     parser.add_argument("--no-baseline", action="store_true", help="no plain append beside apply")
     add_run_arguments(parser, tables=Scenario.ELEVEN)
     arguments = parser.parse_args(argv)
@@ -380,12 +361,6 @@ def main(argv: list[str] | None = None) -> int:
     with pipeline_run(
         scale=arguments.scale, trigger=arguments.trigger, keep=arguments.keep, scenario=scenario
     ) as run:
-        if arguments.change_log:
-            run.env_overrides["APPLY_LAKE__CHANGE_LOG"] = "true"
-        if arguments.fold_every_s is not None:
-            run.env_overrides["APPLY_LAKE__FOLD_EVERY_S"] = str(arguments.fold_every_s)
-        if arguments.fold_parallelism is not None:
-            run.env_overrides["APPLY_LAKE__FOLD_PARALLELISM"] = str(arguments.fold_parallelism)
         capture, apply = run.start_pipeline()
         say("waiting for the initial snapshot to be applied")
         _wait_for(lambda: run.lag_bytes() is not None, "the slot", run, 300)
@@ -445,14 +420,6 @@ def main(argv: list[str] | None = None) -> int:
                     run,
                     600,
                 )
-            if arguments.change_log:
-                # The table itself takes the last changes at the next fold.
-                _wait_for(
-                    lambda: _table_covers(run.lake, scenario.tables, ends),
-                    "the folds to reach the tables",
-                    run,
-                    600,
-                )
         arrivals = watcher.stop()
         run.stop_services()
         if len(arrivals) == 0:
@@ -461,15 +428,6 @@ def main(argv: list[str] | None = None) -> int:
         table_visibility = apply_visibility(run.lake, scenario.tables)
         apply_ms = visible_latencies_ms(arrivals, table_visibility)
         groups_ms = by_group(zip(tables_of(arrivals, scenario.tables), apply_ms, strict=True))
-        view_ms = (
-            view_latencies_ms(
-                arrivals,
-                table_visibility,
-                apply_visibility(run.lake / CHANGE_LOG_DIR, scenario.tables),
-            )
-            if arguments.change_log
-            else None
-        )
         plain_ms = (
             visible_latencies_ms(
                 arrivals,
@@ -487,7 +445,6 @@ def main(argv: list[str] | None = None) -> int:
             kafka_ms,
             apply_ms,
             groups_ms,
-            view_ms,
             plain_ms,
             Footprint(cpu_before, cpu_after, peaks, window_s),
             writes_per_group(writer.done),
@@ -502,7 +459,7 @@ def main(argv: list[str] | None = None) -> int:
                 arguments.charts,
                 timeline,
                 kafka_ms,
-                view_ms or apply_ms,
+                apply_ms,
                 plain_ms or [],
                 arguments.rate,
             )
@@ -540,24 +497,12 @@ def _baseline_covers(checkpoint: Path, ends: dict[tuple[str, int], int]) -> bool
     )
 
 
-def _table_covers(lake: Path, tables: Iterable[str], ends: dict[tuple[str, int], int]) -> bool:
-    """Every table's newest applied state covers ``ends``: the folds caught up."""
-    seen = apply_visibility(lake, tables)
-
-    def newest(key: tuple[str, int]) -> int:
-        offsets, _ = seen.get(key, ([], []))
-        return offsets[-1] if offsets else 0
-
-    return all(newest(key) >= end for key, end in ends.items())
-
-
 def _report(
     arguments: argparse.Namespace,
     arrivals: Arrivals,
     kafka_ms: list[float],
     apply_ms: list[float],
     groups_ms: dict[Group, list[float]],
-    view_ms: list[float] | None,
     plain_ms: list[float] | None,
     footprint: Footprint,
     writes: dict[Group, int],
@@ -587,7 +532,7 @@ def _report(
         f"{min(x[0] for x in loads):.1f} to {max(x[0] for x in loads):.1f}",
         f"workload: pgbench -R {arguments.rate:.0f} for {arguments.seconds} s, scale "
         f"{arguments.scale}; {tables}; trigger {trigger}; {changes:,} change records; "
-        f"apply writes {'a change log, folded' if arguments.change_log else 'a MERGE a batch'}"
+        "apply writes a MERGE a batch"
         f"{'' if plain_ms is not None else '; no plain append beside it'}",
         "",
         "| latency, ms | p50 | p99 | max | target |",
@@ -631,8 +576,6 @@ def _report(
                     versus_plain=False,
                 )
             )
-    if view_ms is not None:
-        lines.append(row("commit-to-freshest view (table + change log)", view_ms, 5, 15))
     if plain_ms is not None:
         lines.append(
             f"| commit-to-Delta, plain append (baseline) | {p(plain_ms, 0.5)} | "

@@ -25,9 +25,7 @@ so they share its cores with PostgreSQL and Kafka, as in a small deployment. Als
 printed: CPU seconds and peak RSS of each service's process tree during the catch-up
 (apply is a Python driver and its JVM), and the batches apply committed for it (from
 its log). ``--max-offsets`` sets apply's ``maxOffsetsPerTrigger`` (default: none, every
-batch takes what has arrived). ``--change-log`` runs apply with its change log
-(:mod:`apply.change_log`): the slot follows what is logged, which is the contract's
-"applied"; the folds into the tables follow on their timer.
+batch takes what has arrived).
 """
 
 from __future__ import annotations
@@ -60,8 +58,8 @@ TARGET = 1.5
 CHANGES_PER_TRANSACTION = 4  # pgbench's TPC-B-like script: 3 updates and 1 insert
 CLIENTS = 2
 
-# A MERGE's line, or with the change log an append's ("change log version N committed").
-_BATCH_LINE = re.compile(r"\bbatch (\d+) to \S+: (?:change log )?version \d+ committed\b")
+# A MERGE's line, Spark's or the driver's ("batch N to T from the driver: version ...").
+_BATCH_LINE = re.compile(r"\bbatch (\d+) to \S+(?: from the driver)?: version \d+ committed\b")
 
 
 def transactions_per_client(changes: int, clients: int = CLIENTS) -> int:
@@ -173,12 +171,6 @@ def main(argv: list[str] | None = None) -> int:
         help="apply's APPLY_LAKE__DRIVER_WRITE_RECORDS: batches up to this many records are "
         "written from the driver (default: apply's own)",
     )
-    parser.add_argument(
-        "--change-log",
-        action="store_true",
-        help="apply with APPLY_LAKE__CHANGE_LOG=true: caught up means logged (the "
-        "contract's applied), the folds into the tables follow",
-    )
     add_run_arguments(parser)
     parser.set_defaults(scale=10)
     arguments = parser.parse_args(argv)
@@ -192,8 +184,6 @@ def main(argv: list[str] | None = None) -> int:
             run.env_overrides["APPLY_LAKE__DRIVER_WRITE_RECORDS"] = str(
                 arguments.driver_write_records
             )
-        if arguments.change_log:
-            run.env_overrides["APPLY_LAKE__CHANGE_LOG"] = "true"
         run.start_pipeline()
         say("waiting for the initial snapshot to be applied")
         deadline = time.monotonic() + 900

@@ -90,8 +90,8 @@ from typing import Any
 from apply.batch.context import ApplyContext
 from apply.batch.table import apply_table
 from apply.decode import RECORD_COLUMNS, survey_held
-from apply.driver_append import CollectedRecord
 from apply.driver_merge import DriverTables
+from apply.driver_plan import CollectedRecord
 from apply.known_tables import KnownTables
 from apply.settings import LakeSettings, SparkSettings, UpkeepSettings
 from apply.tables import TableId, table_path

@@ -7,7 +7,7 @@ tables itself, :mod:`apply.upkeep`), runs ``pgbench -R <rate>`` for ``--minutes`
 samples every ``--sample-s``:
 
 - each table's **live file count** (the files its newest Delta version references,
-  read with delta-rs) and its change log's, when the job runs with one;
+  read with delta-rs);
 - the slot's **lag** (WAL bytes between now and what capture confirmed);
 - apply's **CPU seconds** and the **change records** produced so far (the change topics'
   end offsets), so CPU per change per window.
@@ -36,7 +36,6 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, TopicPartition
 
-from apply.change_log import CHANGE_LOG_DIR
 from bench.pipeline_run import (
     PREFIX,
     Sampler,
@@ -152,9 +151,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window-minutes", type=float, default=10.0, help="first/last window")
     parser.add_argument("--sample-s", type=float, default=15.0, help="seconds between samples")
     parser.add_argument(
-        "--change-log", action="store_true", help="apply with APPLY_LAKE__CHANGE_LOG=true"
-    )
-    parser.add_argument(
         "--compact-every", type=int, default=100, help="APPLY_UPKEEP__COMPACT_EVERY_COMMITS"
     )
     add_run_arguments(parser, tables=Scenario.PGBENCH)
@@ -168,8 +164,6 @@ def main(argv: list[str] | None = None) -> int:
         scale=arguments.scale, trigger=arguments.trigger, keep=arguments.keep, scenario=scenario
     ) as run:
         run.env_overrides["APPLY_UPKEEP__COMPACT_EVERY_COMMITS"] = str(arguments.compact_every)
-        if arguments.change_log:
-            run.env_overrides["APPLY_LAKE__CHANGE_LOG"] = "true"
         capture, apply = run.start_pipeline()
         say("waiting for the initial snapshot to be applied")
         deadline = time.monotonic() + 900
@@ -183,8 +177,6 @@ def main(argv: list[str] | None = None) -> int:
         run.wait_caught_up(900)
         samples = Samples()
         locations = {t: run.lake / "public" / t for t in tables}
-        if arguments.change_log:
-            locations |= {f"{t} (log)": run.lake / CHANGE_LOG_DIR / "public" / t for t in tables}
 
         def sample() -> None:
             run.sample_services()
@@ -256,7 +248,7 @@ def _report(
         f"{arguments.scale}; tables {arguments.tables.value}; trigger {arguments.trigger}; "
         "compaction every "
         f"{arguments.compact_every} commits; "
-        f"{'change log' if arguments.change_log else 'MERGE a batch'}; {len(batches)} batches",
+        f"MERGE a batch; {len(batches)} batches",
         "",
         f"| measure | first {arguments.window_minutes:g} min | last {arguments.window_minutes:g}"
         " min | last / first (target <= 1.2x) |",

@@ -26,7 +26,7 @@ what the service runs with when its variable is not set.
 Every variable that starts with a service's prefix (`CAPTURE_`, `APPLY_`) must name one
 of its settings below: a misspelt name stops the start (exit status 2) with an error that
 names the closest setting, whether the slip is at the top (`CAPTURE_STREAMNG`,
-`APPLY_LAKE_CHANGE_LOG` one underscore short) or inside a group
+`APPLY_LAKE_DELETION_VECTORS` one underscore short) or inside a group
 (`CAPTURE_POSTGRES__SLOTT`), rather than leaving the service on its defaults without a
 word. Below a map setting (`CAPTURE_KAFKA__PRODUCER`, `APPLY_SPARK__CONF`) one more part
 names a single key (`CAPTURE_KAFKA__PRODUCER__ACKS=all`). `python -m pipeline` reads

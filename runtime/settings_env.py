@@ -1,7 +1,7 @@
 """Every environment variable with a service's prefix names one of its settings.
 
 pydantic-settings reads only the variables that match a field: a name whose first part
-matches nothing (``APPLY_LAKE_CHANGE_LOG``, one underscore short, or
+matches nothing (``APPLY_LAKE_DELETION_VECTORS``, one underscore short, or
 ``CAPTURE_STREAMNG``) is never read, and the service would start on its defaults without
 a word. So before the settings are read, every variable that starts with the service's
 prefix is walked through the settings model (:func:`resolve`), the same walk for a name
@@ -9,6 +9,10 @@ misspelt at the top (``CAPTURE_STREAMNG``) as inside a group
 (``CAPTURE_POSTGRES__SLOTT``); one that names no setting stops the start with a
 :class:`~runtime.errors.ConfigError` naming the closest setting. The deployment files'
 variables go through the same :func:`resolve` in tests/unit/deploy/test_deploy_contract.py.
+
+A setting a service no longer has is refused the same way, but with what replaced it:
+the settings class lists it in ``retired_settings`` (:class:`ServiceSettings`), so a
+deployment that still sets it learns why it is gone rather than a guess at a near name.
 
 The walk follows pydantic-settings' rules: prefix and names are case-insensitive, the
 nested delimiter (``__``) separates levels, and below a ``dict`` field one more part
@@ -22,7 +26,7 @@ import os
 import re
 from collections.abc import Iterator, Mapping
 from types import UnionType
-from typing import Any, Union, get_args, get_origin
+from typing import Any, ClassVar, Union, get_args, get_origin
 
 from pydantic import BaseModel
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
@@ -116,14 +120,26 @@ def setting_names(settings_cls: type[BaseSettings]) -> list[str]:
     return list(walk(settings_cls, env_prefix(settings_cls)))
 
 
+def retired_variables(settings_cls: type[BaseSettings]) -> dict[str, str]:
+    """The variables of the settings ``settings_cls`` no longer has, each with what to
+    know instead (:attr:`ServiceSettings.retired_settings`)."""
+    retired: Mapping[str, str] = getattr(settings_cls, "retired_settings", {})
+    prefix = env_prefix(settings_cls).upper()
+    return {prefix + name.upper(): why for name, why in retired.items()}
+
+
 def unknown_variables(settings_cls: type[BaseSettings], environ: Mapping[str, str]) -> list[str]:
     """One line per variable of ``environ`` with the service's prefix that names no
-    setting, with the closest setting's name."""
+    setting: for a retired setting, why it is gone; else the closest setting's name."""
     prefix = env_prefix(settings_cls).upper()
     names = setting_names(settings_cls)
+    retired = retired_variables(settings_cls)
     problems = []
     for variable in sorted(environ):
         if not variable.upper().startswith(prefix):
+            continue
+        if variable.upper() in retired:
+            problems.append(f"{variable} is retired: {retired[variable.upper()]}")
             continue
         try:
             resolve(settings_cls, variable)
@@ -175,6 +191,11 @@ class EnvironmentCheck(PydanticBaseSettingsSource):
 class ServiceSettings(BaseSettings):
     """A service's settings class: read from the environment after
     :class:`EnvironmentCheck` has found every prefixed variable to name a setting."""
+
+    retired_settings: ClassVar[Mapping[str, str]] = {}
+    """Settings the service no longer has, by variable name without the prefix
+    (``LAKE__CHANGE_LOG``), each with what to know instead: a variable naming one stops
+    the start with that message."""
 
     @classmethod
     def settings_customise_sources(

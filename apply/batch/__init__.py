@@ -18,8 +18,8 @@ A batch flows in one direction through named stages, one module each:
      columns, :mod:`apply.delta_schema`), measure the batch per partition and compute
      the new state (:mod:`apply.positions`);
   3. **write** (:mod:`.write`): drop replays, reduce to the latest change per key and
-     MERGE it into the table (:mod:`apply.merge`), or append it to the table's change
-     log (:mod:`apply.change_log`), with the state in the same commit; then, when the
+     MERGE it into the table (:mod:`apply.merge`, or from the driver
+     :mod:`apply.driver_merge`), with the state in the same commit; then, when the
      commits took the table's version past its turn, compact or vacuum it in the same
      task, so the write is its only writer (:mod:`apply.upkeep`);
 

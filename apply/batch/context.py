@@ -1,6 +1,6 @@
 """What every micro-batch needs besides its records: where the lake is, the query's
 ``txnAppId``, the writer schemas, and the job's helpers (upkeep, what it keeps of its
-own commits, the change log's folds)."""
+own commits)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from dataclasses import dataclass
 
 from apply.dead_letter import dead_letter_path
 from apply.driver_merge import DriverTables
-from apply.fold import Folds
 from apply.held_batch import HeldBatchReader
 from apply.known_tables import KnownTables
 from apply.positions import AppliedState
@@ -42,14 +41,10 @@ class ApplyContext:
     known: KnownTables | None = None
     """What the job's earlier batches committed to each table, used again while no
     commit followed (:mod:`apply.known_tables`); None: every batch reads from Delta."""
-    folds: Folds | None = None
-    """With the change log (:mod:`apply.change_log`): batches append to each table's
-    log, and these folds merge it into the table; None: batches MERGE into the table."""
     driver_write_records: int = 0
     """A batch of at most this many records is collected to the driver, and each table's
-    part is written from there with no Spark job: MERGEd into the table
-    (:mod:`apply.driver_merge`), or appended to its change log
-    (:mod:`apply.driver_append`); 0: never."""
+    part is MERGEd into the table from there with no Spark job
+    (:mod:`apply.driver_merge`); 0: never."""
     driver_tables: DriverTables | None = None
     """delta-rs's view of the tables the driver MERGEs into, kept between batches; None:
     every batch MERGEs with Spark."""

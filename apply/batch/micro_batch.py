@@ -6,9 +6,8 @@ A batch small enough (``ApplyContext.driver_write_records``) is held in the driv
 first, read from Kafka there over the ranges of the query's offset log
 (:mod:`apply.held_batch`) or else collected in one Spark job, and surveyed there
 (:func:`apply.decode.survey_held`), so that
-each table's write can run there with no Spark job of its own: a MERGE into the table
-(:mod:`apply.driver_merge`), or with the change log an append to the log
-(:mod:`apply.driver_append`). A bigger batch is surveyed by Spark."""
+each table's MERGE can run there with no Spark job of its own (:mod:`apply.driver_plan`,
+:mod:`apply.driver_merge`). A bigger batch is surveyed by Spark."""
 
 from __future__ import annotations
 
@@ -24,7 +23,7 @@ from apply.batch.read import lake_state, missing_schemas
 from apply.batch.table import apply_table, released
 from apply.dead_letter import ErroredTable, errored_tables
 from apply.decode import RECORD_COLUMNS, TopicSurvey, persisted, survey, survey_held
-from apply.driver_append import CollectedRecord, local_lake
+from apply.driver_plan import CollectedRecord, local_lake
 from apply.errors import MissingSchemaError, TableError, UnknownSchemaError
 from apply.held_batch import HeldRecord, batch_ranges
 from apply.progress import BatchResult, TableResult

@@ -2,9 +2,8 @@
 
 Which records a topic's batch holds is the survey's (:func:`apply.decode.survey`); this
 stage checks them against the contract (framing, writer schemas the job knows) and reads
-the table's side: its applied state (the table's, or its change log's when newer), and
-whether that state already covers the batch, in which case nothing is planned or
-written (:func:`covered_result`).
+the table's side: its applied state, and whether that state already covers the batch, in
+which case nothing is planned or written (:func:`covered_result`).
 """
 
 from __future__ import annotations
@@ -14,7 +13,6 @@ import logging
 from pyspark.sql import SparkSession
 
 from apply.batch.context import ApplyContext
-from apply.change_log import change_log_path, newer_state
 from apply.decode import TopicSurvey
 from apply.errors import BadRecordError, ConfigError, TableError
 from apply.history import recover_state
@@ -27,11 +25,8 @@ log = logging.getLogger(__name__)
 
 
 def applied_state(spark: SparkSession, lake_root: str, table: TableId) -> AppliedState | None:
-    """The applied state of ``table``: its Delta table's, or its change log's when that
-    is newer (:func:`apply.change_log.newer_state`)."""
-    name = str(table)
-    logged = recover_state(spark, change_log_path(lake_root, table), name)
-    return newer_state(recover_state(spark, table_path(lake_root, table), name), logged)
+    """The applied state of ``table``, as its Delta table records it."""
+    return recover_state(spark, table_path(lake_root, table), str(table))
 
 
 def lake_state(

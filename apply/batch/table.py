@@ -6,29 +6,19 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from contextlib import nullcontext
 
 from pyspark.sql import DataFrame, SparkSession
 
 from apply.batch.context import ApplyContext
-from apply.batch.plan import format_position, measure_batch, plan_batch
+from apply.batch.plan import format_position, plan_batch
 from apply.batch.read import check_framing, covered_result, lake_state, missing_schemas
-from apply.batch.write import (
-    after_commit,
-    append_batch,
-    append_from_driver,
-    fold_then_merge,
-    merge_batch,
-    merge_from_driver,
-)
-from apply.change_log import LOG_UPKEEP, change_log_path, newer_state
+from apply.batch.write import after_commit, merge_batch, merge_from_driver
 from apply.dead_letter import ErroredTable, release_superseded
 from apply.decode import TopicSurvey, decode_topic, persisted
 from apply.delta_schema import ExistingTable, ValueSchema, parse_value_schema, read_existing_table
-from apply.driver_append import CollectedRecord
 from apply.driver_merge import DriverMergeUnavailableError
+from apply.driver_plan import CollectedRecord
 from apply.errors import TableError
-from apply.fold import Folds
 from apply.history import TableHistory, read_history
 from apply.progress import TableResult
 from apply.superseded import measure_supersession
@@ -65,17 +55,6 @@ def apply_table(
         parse_value_schema(table, fingerprint, context.writer_schemas[fingerprint])
         for fingerprint in sorted(topic_survey.fingerprints)
     ]
-    if context.folds is not None:
-        return _apply_table_logged(
-            spark,
-            batch,
-            batch_id,
-            topic_survey,
-            context,
-            schemas=schemas,
-            folds=context.folds,
-            collected=collected,
-        )
     # One writer per table (apply.table_lock): held across the whole write, the DDL
     # before the MERGE and the upkeep after it included.
     with TABLE_LOCKS.held(path):
@@ -100,7 +79,7 @@ def _apply_table_merged(
     schemas: list[ValueSchema],
     collected: Sequence[CollectedRecord] | None,
 ) -> TableResult | None:
-    """:func:`apply_table` without the change log: the batch MERGEd into the table, from
+    """:func:`apply_table`'s write: the batch MERGEd into the table, from
     the driver when it can be, else by Spark; under the table's lock."""
     topic = topic_survey.topic
     table = table_of_topic(topic)
@@ -194,152 +173,6 @@ def _apply_table_merged(
         else None,
         version_before=-1 if history is None else history.version,
     )
-    return result
-
-
-def _apply_table_logged(
-    spark: SparkSession,
-    batch: DataFrame,
-    batch_id: int,
-    topic_survey: TopicSurvey,
-    context: ApplyContext,
-    *,
-    schemas: list[ValueSchema],
-    folds: Folds,
-    collected: Sequence[CollectedRecord] | None,
-) -> TableResult | None:
-    """:func:`apply_table` with the change log on: the batch's changes are appended to
-    the table's log when the log can take them, while the table may be being folded
-    (an append and a fold's trim never conflict, :func:`apply.change_log.create_log`);
-    else, holding the table's fold lock, the log is folded and emptied and the batch is
-    merged into the table (:mod:`apply.change_log`, What goes to the log). A small
-    batch the driver holds is appended from there when it can be
-    (:func:`apply.batch.write.append_from_driver`), else on the JVM."""
-    topic = topic_survey.topic
-    table = table_of_topic(topic)
-    name = str(table)
-    path = table_path(context.lake_root, table)
-    log_path = change_log_path(context.lake_root, table)
-    known = (
-        context.known.current(spark, log_path, passing=LOG_UPKEEP)
-        if context.known is not None
-        else None
-    )
-    table_history: TableHistory | None = None
-    if known is not None:
-        log_history: TableHistory | None = known.history
-        existing: ExistingTable | None = known.existing
-        state = known.history.state
-    else:
-        table_history = read_history(spark, path, name)
-        log_history = read_history(spark, log_path, name)
-        state = newer_state(
-            None if table_history is None else table_history.state,
-            None if log_history is None else log_history.state,
-        )
-        existing = read_existing_table(spark, path, table) if table_history is not None else None
-    if state is not None:
-        reported = log_history or table_history
-        covered = covered_result(
-            topic_survey,
-            batch_id,
-            -1 if reported is None else reported.version,
-            state,
-            path=log_path,
-            context=context,
-        )
-        if covered is not None:
-            return covered
-    if existing is None and not schemas:
-        log.warning("tombstones for a table not created yet, nothing to record: %s", name)
-        return None
-    if collected is not None and known is not None:
-        with folds.log_lock(log_path):
-            driven = append_from_driver(
-                spark,
-                batch_id=batch_id,
-                topic_survey=topic_survey,
-                context=context,
-                previous=state,
-                log_history=known.history,
-                existing=known.existing,
-                schemas=schemas,
-                records=collected,
-            )
-        if driven is not None:
-            folds.appended(table)
-            with folds.log_lock(log_path):  # the log's upkeep commits too
-                after_commit(
-                    spark,
-                    context,
-                    driven,
-                    path=log_path,
-                    existing=known.existing,
-                    version_before=known.history.version,
-                )
-            return driven
-    plan = plan_batch(batch, topic, table=table, existing=existing, schemas=schemas, previous=state)
-    decoded = (
-        decode_topic(batch, topic, schemas, plan.columns.columns, plan.superseded)
-        if schemas
-        else None
-    )
-    with persisted(decoded):
-        measured = measure_batch(decoded, state, topic_survey, name)
-        loggable = not plan.replace and measured.truncate is None
-        if not loggable:
-            # The table takes this batch directly: first it takes everything the log
-            # holds, and the log is emptied, so no row left there is older than a change
-            # in the table.
-            if context.known is not None:
-                context.known.forget(log_path)
-            with folds.lock(path):
-                return fold_then_merge(
-                    spark,
-                    batch_id=batch_id,
-                    topic_survey=topic_survey,
-                    context=context,
-                    folds=folds,
-                    state=state,
-                    log_history=log_history,
-                    existing=existing,
-                    plan=plan,
-                    decoded=decoded,
-                    measured=measured,
-                )
-        # Creating the table or adding columns to it is a commit on the table: not while
-        # a fold MERGEs into it.
-        ddl = plan.columns.create or bool(plan.columns.added)
-        with folds.lock(path) if ddl else nullcontext(), folds.log_lock(log_path):
-            result = append_batch(
-                spark,
-                batch_id=batch_id,
-                topic_survey=topic_survey,
-                context=context,
-                previous=state,
-                log_history=log_history,
-                existing=existing,
-                plan=plan.columns,
-                decoded=decoded,
-                measured=measured,
-            )
-    folds.appended(table)
-    with folds.log_lock(log_path):  # the log's upkeep commits too
-        after_commit(
-            spark,
-            context,
-            result,
-            path=log_path,
-            # Kept even when this batch created the log or the table, or gave the table
-            # columns (their new shape read once): the table's next batch then knows both and
-            # can append from the driver (apply.driver_append).
-            existing=(
-                existing
-                if existing is not None and not plan.columns.added
-                else read_existing_table(spark, path, table)
-            ),
-            version_before=-1 if log_history is None else log_history.version,
-        )
     return result
 
 

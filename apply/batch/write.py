@@ -1,15 +1,9 @@
 """Stage 3, write: one Delta commit per table, with its applied state in the commit.
 
 - :func:`merge_batch`: the latest change per key MERGEd into the table (or the table
-  replaced), the path without the change log and of batches the log cannot take;
-- :func:`append_batch`: with the change log, the latest change per key appended to the
-  table's log (:mod:`apply.change_log`);
-- :func:`append_from_driver`: the same append for a small batch collected to the
-  driver, decoded there and written with delta-rs, no Spark job (:mod:`apply.driver_append`);
+  replaced);
 - :func:`merge_from_driver`: the MERGE of a small batch collected to the driver,
   decoded there and written with delta-rs, no Spark job (:mod:`apply.driver_merge`);
-- :func:`fold_then_merge`: a batch the log cannot take (a TRUNCATE, a replacement), under
-  the table's fold lock: the log is folded and emptied first;
 - :func:`after_commit`: what the job keeps of the commit for the next batch
   (:mod:`apply.known_tables`) and the upkeep it made due (:mod:`apply.upkeep`).
 
@@ -21,21 +15,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from pyspark.sql import DataFrame, SparkSession
 
 from apply.batch.context import ApplyContext
 from apply.batch.plan import check_decoded, format_position, measure_batch, partition_batches
 from apply.batch.read import batch_ids_restarted
-from apply.change_log import (
-    Append,
-    append,
-    change_log_path,
-    create_log,
-    reshape_log,
-    resolve_unchanged,
-)
 from apply.decode import TopicSurvey
 from apply.delta_log import sync_commits
 from apply.delta_schema import (
@@ -45,23 +31,18 @@ from apply.delta_schema import (
     ensure_table,
     plan_columns,
     prepare_replacement,
-    support_timestamp_ntz,
 )
-from apply.driver_append import (
+from apply.driver_merge import DriverMergeUnavailableError, merge_rows, source_rows
+from apply.driver_plan import (
     CollectedRecord,
     DecodedChange,
-    DriverAppendUnavailableError,
-    append_to_log,
+    DriverWriteUnavailableError,
     decode_records,
     latest_changes,
     local_lake,
-    log_table,
     measure_changes,
-    open_log,
 )
-from apply.driver_merge import DriverMergeUnavailableError, merge_rows, source_rows
 from apply.errors import SchemaChangeError, TransientError
-from apply.fold import Folds, fold_table
 from apply.history import TableHistory, newest_version, read_history, recover_state
 from apply.known_tables import KnownTable
 from apply.merge import (
@@ -86,7 +67,7 @@ def _metric(metrics: Mapping[str, str], name: str) -> int:
 
 
 def replayed_state(spark: SparkSession, path: str, table: str, batch_id: int) -> AppliedState:
-    """The state recorded at ``path`` (the table, or its change log) when Delta skipped
+    """The state recorded in the table at ``path`` when Delta skipped
     the batch's write: this ``txnAppId`` committed this batch id, or a later one,
     before. Only the first is a replay; the second means batch ids restarted."""
     recorded = recover_state(spark, path, table)
@@ -104,8 +85,8 @@ def after_commit(
     existing: ExistingTable | None,
     version_before: int,
 ) -> None:
-    """After a table's batch wrote the Delta table at ``path`` (the table, or its change
-    log): keep what it committed for the next batch (:mod:`apply.known_tables`), when
+    """After a table's batch wrote the Delta table at ``path``:
+    keep what it committed for the next batch (:mod:`apply.known_tables`), when
     ``existing`` names the columns it wrote to (None: the batch created or changed
     them, nothing is kept), and run the upkeep the commit made due (:mod:`apply.upkeep`).
 
@@ -315,167 +296,11 @@ def merged_result(
     return result
 
 
-def append_batch(
-    spark: SparkSession,
-    *,
-    batch_id: int,
-    topic_survey: TopicSurvey,
-    context: ApplyContext,
-    previous: AppliedState | None,
-    log_history: TableHistory | None,
-    existing: ExistingTable | None,
-    plan: ColumnPlan,
-    decoded: DataFrame | None,
-    measured: BatchMeasure,
-) -> TableResult:
-    """Append the batch's latest change per key to the table's log, with the new state
-    in the same commit. The table itself is created or given new columns first, so a
-    fold always finds every column the log holds."""
-    topic = topic_survey.topic
-    table = table_of_topic(topic)
-    name = str(table)
-    path = table_path(context.lake_root, table)
-    log_path = change_log_path(context.lake_root, table)
-    ensure_table(spark, path, table, plan, existing, deletion_vectors=context.deletion_vectors)
-    if log_history is None:
-        create_log(spark, log_path, table, plan.columns, plan.key_columns)
-        version_before = newest_version(spark, log_path)
-    else:
-        # The append adds the batch's new columns to the log (mergeSchema), all but the
-        # feature a zone-less timestamp needs.
-        support_timestamp_ntz(spark, log_path, plan.added)
-        version_before = newest_version(spark, log_path) if plan.added else log_history.version
-    seq = version_before + 1
-    state = _logged_state(previous, topic_survey, measured, context, batch_id=batch_id, seq=seq)
-    source = (
-        resolve_unchanged(
-            spark,
-            merge_source(
-                decoded,
-                previous=previous,
-                topic=topic,
-                plan=plan,
-                erased_before=None if previous is None else previous.truncated_at,
-                unchanged_columns=measured.unchanged_columns,
-            ),
-            table_path=path,
-            log_path=log_path,
-            columns=plan.columns,
-            key_columns=plan.key_columns,
-        )
-        if decoded is not None
-        else empty_source(spark, plan)
-    )
-    outcome = append(
-        spark,
-        source,
-        plan.columns,
-        Append(
-            path=log_path,
-            table=name,
-            seq=seq,
-            version_before=version_before,
-            app_id=context.txn_app_id,
-            batch_id=batch_id,
-            metadata=encode_state(state),
-        ),
-    )
-    return _logged_result(
-        spark,
-        topic_survey,
-        batch_id=batch_id,
-        log_path=log_path,
-        outcome=outcome,
-        measured=measured,
-        source_rows=_metric(outcome.metrics, "numOutputRows"),
-        plan=plan,
-        state=state,
-    )
-
-
-def _logged_state(
-    previous: AppliedState | None,
-    topic_survey: TopicSurvey,
-    measured: BatchMeasure,
-    context: ApplyContext,
-    *,
-    batch_id: int,
-    seq: int,
-) -> AppliedState:
-    """The table's state after a batch appended to its log as sequence ``seq``."""
-    return replace(
-        advance(
-            previous,
-            str(table_of_topic(topic_survey.topic)),
-            batch_id,
-            partition_batches(topic_survey, measured),
-            None,
-            txn_app_id=context.txn_app_id,
-        ),
-        log_seq=seq,
-    )
-
-
-def _logged_result(
-    spark: SparkSession,
-    topic_survey: TopicSurvey,
-    *,
-    batch_id: int,
-    log_path: str,
-    outcome: MergeOutcome,
-    measured: BatchMeasure,
-    source_rows: int,
-    plan: ColumnPlan,
-    state: AppliedState,
-) -> TableResult:
-    """What a batch appended to a table's log reports, from either append; ``state`` is
-    the one it meant to commit, replaced by the recorded one when Delta skipped the
-    write as already committed."""
-    topic = topic_survey.topic
-    if not outcome.committed:
-        state = replayed_state(spark, log_path, state.table, batch_id)
-    replays = sum(m.replays for m in measured.partitions.values())
-    changes = topic_survey.records - topic_survey.tombstones - replays
-    result = TableResult(
-        table=state.table,
-        topic=topic,
-        path=log_path,
-        batch_id=batch_id,
-        committed=outcome.committed,
-        version=outcome.version,
-        records=topic_survey.records,
-        tombstones=topic_survey.tombstones,
-        replays=replays,
-        superseded=changes - source_rows if outcome.committed else 0,
-        truncates=0,
-        source_rows=source_rows,
-        rows_inserted=0,
-        rows_updated=0,
-        rows_deleted=0,
-        rows_truncated=0,
-        table_created=plan.create,
-        columns_added=tuple(column.name for column in plan.added),
-        partitions=tuple(sorted((topic, partition) for partition in topic_survey.partitions)),
-        state=state,
-    )
-    log.info(
-        "batch %d to %s: change log version %d %s, %d records, %d replays, %d rows logged",
-        batch_id,
-        state.table,
-        result.version,
-        "committed" if result.committed else "skipped as already committed",
-        result.records,
-        result.replays,
-        source_rows,
-    )
-    return result
-
-
 @dataclass(frozen=True, slots=True)
 class DriverPlan:
-    """A table's part of a batch the driver holds, planned once for either driver
-    writer: its columns, the batch's measure, and the latest change per key after the
-    replay filter and the newest applied TRUNCATE."""
+    """A table's part of a batch the driver holds, planned for the driver's MERGE
+    (:mod:`apply.driver_plan`): its columns, the batch's measure, and the latest change
+    per key after the replay filter and the newest applied TRUNCATE."""
 
     columns: ColumnPlan
     measured: BatchMeasure
@@ -493,8 +318,8 @@ def plan_in_driver(
     records: Sequence[CollectedRecord],
     creates: bool = False,
 ) -> DriverPlan | None:
-    """The plan both driver writers write (:func:`merge_from_driver`,
-    :func:`append_from_driver`); None for a batch the driver does not take, which
+    """The plan the driver's MERGE writes (:func:`merge_from_driver`); None for a
+    batch the driver does not take, which
     Spark then writes: more than one writer schema, a lake that is not local, a
     replayed batch id (Spark's transaction check decides), new or retyped columns, a
     TRUNCATE, an unchanged TOAST value, or nothing but replays and tombstones (Spark
@@ -529,65 +354,6 @@ def plan_in_driver(
     if not changes:
         return None
     return DriverPlan(columns=plan, measured=measured, changes=changes)
-
-
-def append_from_driver(
-    spark: SparkSession,
-    *,
-    batch_id: int,
-    topic_survey: TopicSurvey,
-    context: ApplyContext,
-    previous: AppliedState | None,
-    log_history: TableHistory,
-    existing: ExistingTable,
-    schemas: Sequence[ValueSchema],
-    records: Sequence[CollectedRecord],
-) -> TableResult | None:
-    """:func:`append_batch` for a small batch collected to the driver, with no Spark
-    job (:mod:`apply.driver_append`); None when the batch is one that path does not
-    take (its module docstring), and then nothing is written."""
-    table = table_of_topic(topic_survey.topic)
-    name = str(table)
-    planned = plan_in_driver(
-        batch_id=batch_id,
-        topic_survey=topic_survey,
-        context=context,
-        previous=previous,
-        existing=existing,
-        schemas=schemas,
-        records=records,
-    )
-    if planned is None:
-        return None
-    plan, measured, changes = planned.columns, planned.measured, planned.changes
-    log_path = change_log_path(context.lake_root, table)
-    seq = log_history.version + 1
-    state = _logged_state(previous, topic_survey, measured, context, batch_id=batch_id, seq=seq)
-    try:
-        delta_log, order = open_log(log_path)
-        append_to_log(
-            delta_log,
-            log_table(changes, plan.columns, seq, order),
-            table=name,
-            app_id=context.txn_app_id,
-            batch_id=batch_id,
-            metadata=encode_state(state),
-        )
-    except DriverAppendUnavailableError as exc:
-        log.warning("batch %d to %s: appended on the JVM instead: %s", batch_id, name, exc)
-        return None
-    outcome = own_outcome(spark, log_path, log_history.version, context.txn_app_id, batch_id)
-    return _logged_result(
-        spark,
-        topic_survey,
-        batch_id=batch_id,
-        log_path=log_path,
-        outcome=outcome,
-        measured=measured,
-        source_rows=len(changes),
-        plan=plan,
-        state=state,
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -663,7 +429,7 @@ def merge_from_driver(
             batch_id=batch_id,
             metadata=encode_state(state),
         )
-    except (DriverMergeUnavailableError, DriverAppendUnavailableError) as exc:
+    except (DriverMergeUnavailableError, DriverWriteUnavailableError) as exc:
         log.warning("batch %d to %s: merged by Spark instead: %s", batch_id, name, exc)
         return None
     outcome = own_outcome(spark, path, version_before, context.txn_app_id, batch_id)
@@ -698,64 +464,3 @@ def merge_from_driver(
         existing=existing,
         version_before=-1 if history is None else history.version,
     )
-
-
-def fold_then_merge(
-    spark: SparkSession,
-    *,
-    batch_id: int,
-    topic_survey: TopicSurvey,
-    context: ApplyContext,
-    folds: Folds,
-    state: AppliedState | None,
-    log_history: TableHistory | None,
-    existing: ExistingTable | None,
-    plan: TablePlan,
-    decoded: DataFrame | None,
-    measured: BatchMeasure,
-) -> TableResult:
-    """A batch the log cannot take, under the table's fold lock: the table takes
-    everything the log holds and the log is emptied, so no row left there is older than
-    a change in the table; then the batch is merged into the table."""
-    table = table_of_topic(topic_survey.topic)
-    name = str(table)
-    path = table_path(context.lake_root, table)
-    log_path = change_log_path(context.lake_root, table)
-    mark = folds.mark(table)
-    if log_history is not None:
-        fold_table(
-            spark,
-            lake_root=context.lake_root,
-            table=table,
-            default_app_id=context.txn_app_id,
-            empty_log=True,
-            log_lock=folds.log_lock(log_path),
-        )
-    folds.folded(table, mark)
-    direct = read_history(spark, path, name)
-    merged = merge_batch(
-        spark,
-        batch_id=batch_id,
-        topic_survey=topic_survey,
-        context=context,
-        history=None if direct is None else TableHistory(direct.version, state),
-        existing=existing,
-        plan=plan,
-        decoded=decoded,
-        measured=measured,
-    )
-    if log_history is not None and (plan.replace or plan.columns.added):
-        # The emptied log takes the table's new columns, so the next append and the
-        # freshest view's SQL find them (a retyped column included).
-        with folds.log_lock(log_path):
-            reshape_log(spark, log_path, plan.columns.columns)
-    # Nothing is kept: the next batch reads the table and its log from Delta.
-    after_commit(
-        spark,
-        context,
-        merged,
-        path=path,
-        existing=None,
-        version_before=-1 if direct is None else direct.version,
-    )
-    return merged

@@ -16,7 +16,6 @@ kept by apply with nulls) are not compared. Spark and Delta errors are translate
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -28,7 +27,6 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as sf
 from pyspark.sql.types import DataType, DecimalType, StringType, StructField, StructType
 
-from apply.change_log import OP_COLUMN, change_log_path, freshest_view_sql
 from apply.dead_letter import errored_tables
 from apply.delta_schema import (
     COMMIT_LSN_COLUMN,
@@ -97,9 +95,6 @@ def open_table(spark: SparkSession, lake_root: str, table: TableId) -> LakeTable
         properties: dict[str, str] = (detail[0] if detail is not None else None) or {}
         frame = spark.read.format("delta").option("versionAsOf", version).load(path)
         key_columns = tuple(json.loads(properties.get(KEY_COLUMNS_PROPERTY, "[]")))
-        log_path = change_log_path(lake_root, table)
-        if DeltaTable.isDeltaTable(spark, log_path):
-            frame = _freshest(spark, frame, log_path, key_columns)
         metadata = {field.name for field in METADATA_FIELDS}
         return LakeTable(
             path=path,
@@ -112,43 +107,6 @@ def open_table(spark: SparkSession, lake_root: str, table: TableId) -> LakeTable
                 if field.name not in metadata
             },
         )
-
-
-def _freshest(
-    spark: SparkSession, frame: DataFrame, log_path: str, key_columns: Sequence[str]
-) -> DataFrame:
-    """The table read at its version (``frame``) overlaid with its change log at the log's
-    newest version: what apply has applied when it runs with the change log, whose rows
-    reach the table only at its next fold (:mod:`apply.change_log`). The log is read at
-    that version once, so every pass of a round reads the same rows."""
-    newest = DeltaTable.forPath(spark, log_path).history(1).select("version").head()
-    log_frame = spark.read.format("delta")
-    if newest is not None:
-        log_frame = log_frame.option("versionAsOf", int(newest[0]))
-    log_rows = log_frame.load(log_path)
-    present = set(log_rows.columns)
-    metadata = {field.name for field in METADATA_FIELDS}
-    data = [field for field in frame.schema.fields if field.name not in metadata]
-    # A column added to the table while its log was empty is absent from the log: null.
-    log_rows = log_rows.select(
-        *[
-            (sf.col(field.name) if field.name in present else sf.lit(None))
-            .cast(field.dataType)
-            .alias(field.name)
-            for field in data
-        ],
-        *[sf.col(field.name) for field in METADATA_FIELDS],
-        sf.col(OP_COLUMN),
-    )
-    suffix = uuid.uuid4().hex
-    table_view, log_view = f"verify_table_{suffix}", f"verify_log_{suffix}"
-    frame.createOrReplaceTempView(table_view)
-    log_rows.createOrReplaceTempView(log_view)
-    return spark.sql(
-        freshest_view_sql(
-            f"`{table_view}`", f"`{log_view}`", [f.name for f in data], key_columns, "spark"
-        )
-    )
 
 
 def has_table(spark: SparkSession, lake_root: str, table: TableId) -> bool:

@@ -1,7 +1,7 @@
-"""apply's own fault scenarios, in a module of their own so the suite spreads them over
-its workers (docs/testing.md): the change log under kill -9, and a job started while
-the broker is away. Each runs capture and apply as processes on this module's own
-PostgreSQL and Kafka (``tests/plugins/pipeline.py``); the lake ends equal to the source.
+"""apply's own fault scenario, in a module of its own so the suite spreads it over its
+workers (docs/testing.md): a job started while the broker is away. It runs capture and
+apply as processes on this module's own PostgreSQL and Kafka
+(``tests/plugins/pipeline.py``); the lake ends equal to the source.
 """
 
 from __future__ import annotations
@@ -17,9 +17,7 @@ from schemas.control import TableState
 from tests.plugins.capture import table_status
 from tests.plugins.pipeline import (
     assert_lake_equals_source,
-    kill_9_during_the_workload,
     one_table_pipeline,
-    pgbench_pipeline,
     wait_caught_up,
 )
 from tests.plugins.telemetry import status
@@ -28,22 +26,6 @@ from tests.plugins.waiting import wait_for
 pytestmark = pytest.mark.slow
 SNAPSHOT_ROWS = 20_000
 FAILING_S = 15  # longer than a schema-topic read's own timeouts: several retries
-
-
-@pytest.mark.soak  # about 9 minutes of a worker for an opt-in path: make soak runs it
-def test_kill_9_with_the_change_log(
-    spark: Any, own_stack: stack.StackState, unique_name: str, tmp_path: Path
-) -> None:
-    """apply killed between its appends and its folds, and mid-fold: the restarted job
-    folds what it finds, and verify (which reads the freshest view) finds the lake equal
-    to the source, with no key twice in any table."""
-    pipeline = pgbench_pipeline(own_stack, unique_name, tmp_path)
-    pipeline.apply.env["APPLY_LAKE__CHANGE_LOG"] = "true"
-    pipeline.apply.env["APPLY_LAKE__FOLD_EVERY_S"] = "2"
-    try:
-        kill_9_during_the_workload(spark, pipeline)
-    finally:
-        pipeline.stop()
 
 
 def test_apply_started_while_the_broker_is_down_comes_up_by_itself(

@@ -3,8 +3,7 @@ applied LSNs back to the slot.
 
 The Delta tables must equal the source tables (row for row, unchanged TOAST values
 kept), and the slot must advance past the workload once apply has published its
-progress. Both ways of writing the lake run it: a MERGE per batch, and the change log
-(apply.change_log) that an ``available_now`` job folds into every table before it ends.
+progress.
 """
 
 from __future__ import annotations
@@ -44,14 +43,12 @@ def _count(bootstrap: str, topics: list[str]) -> int:
         consumer.close()
 
 
-@pytest.mark.parametrize("change_log", [False, True], ids=["merge", "change-log"])
 def test_source_tables_land_in_delta_and_the_slot_follows(
     spark: Any,
     services: Services,
     pg: Connection,
     unique_name: str,
     tmp_path: Path,
-    change_log: bool,
 ) -> None:
     schema = unique_name
     s = sql.Identifier(schema)
@@ -141,17 +138,11 @@ def test_source_tables_land_in_delta_and_the_slot_follows(
             lake=LakeSettings(
                 root=str(tmp_path / "lake"),
                 checkpoint_root=str(tmp_path / "cp"),
-                change_log=change_log,
             ),
             trigger=TriggerSettings(mode="available_now"),
         )
         with ApplyJob(apply_settings, spark) as job:
             job.run(threading.Event())
-        if change_log:
-            # The customers' snapshot and changes went through its log; a batch with the
-            # TRUNCATE or the unchanged-TOAST update is merged directly, after a fold.
-            logs = tmp_path / "lake" / "_change-log" / schema
-            assert (logs / "customers" / "_delta_log").is_dir()
 
         orders = {
             r["id"]: (r["note"], r["amount"], r["body"])

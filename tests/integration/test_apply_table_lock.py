@@ -21,8 +21,8 @@ from pyspark.sql.types import LongType, StringType
 
 from apply.delta_log import commit_file, parse_commit
 from apply.delta_schema import ColumnPlan, ColumnSpec, ensure_table, table_schema
-from apply.driver_append import DecodedChange
 from apply.driver_merge import merge_rows, source_rows
+from apply.driver_plan import DecodedChange
 from apply.positions import Position
 from apply.table_lock import TABLE_LOCKS
 from apply.tables import TableId

@@ -3,7 +3,7 @@ to a fresh topic and read back as the DataFrame ``foreachBatch`` hands over, and
 they land in read back by Spark.
 
 Shared by the apply-batch integration modules (``test_apply_batch.py``, the isolation,
-fair-pool, change-log and resync modules).
+fair-pool, driver-merge and resync modules).
 """
 
 from __future__ import annotations

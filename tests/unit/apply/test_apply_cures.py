@@ -14,7 +14,7 @@ import yaml
 from pyspark.errors import AnalysisException
 from pyspark.sql.types import LongType, StringType
 
-from apply import fold, merge
+from apply import merge, retired_log
 from apply.app import log_results
 from apply.delta_schema import (
     ColumnPlan,
@@ -26,13 +26,14 @@ from apply.delta_schema import (
 from apply.errors import BadRecordError, ConfigError, SchemaChangeError, parked_cure
 from apply.history import TableHistory
 from apply.merge import MergeSource
+from apply.positions import PartitionProgress
 from apply.progress import ParkedTable
 from apply.table_lock import TABLE_LOCKS
 from apply.table_status import errored_line, format_errored, table_statuses
 from apply.tables import TableId
 from schemas import column_type as ct
 from schemas.change_record import Column, TableDescription, build_table_schemas
-from tests.plugins.table_states import PROGRESS_STATE
+from tests.plugins.table_states import PROGRESS_STATE, TOPIC
 
 ROOT = Path(__file__).resolve().parents[3]
 TABLE = TableId("public", "orders")
@@ -215,23 +216,33 @@ def test_a_merge_that_does_not_fit_the_table_names_the_resync(
     assert f"{RESYNC}, then restart capture" in str(raised.value)
 
 
-def test_a_recreated_change_log_names_the_resync(monkeypatch: pytest.MonkeyPatch) -> None:
-    """fold_table with Delta replaced by stand-ins: the log says sequence 9, the table
-    holds the log up to 5, and the fold's MERGE was skipped as written before."""
-    logged = replace(PROGRESS_STATE, log_seq=9, txn_app_id="app")
+def test_a_retired_log_of_a_recreated_table_names_the_resync(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The fold at start with Delta replaced by stand-ins: the log says sequence 9, the
+    table holds the log up to 5, and the fold's MERGE was skipped as written before."""
+    table_state = replace(PROGRESS_STATE, log_seq=5)
+    # The log holds a batch the table lacks: partition 1's records up to offset 11.
+    partitions = dict(PROGRESS_STATE.partitions)
+    partitions[TOPIC, 1] = PartitionProgress(11, None)
+    logged = replace(PROGRESS_STATE, partitions=partitions, log_seq=9, txn_app_id="app")
     histories = {
         "log": TableHistory(3, logged),
-        "table": TableHistory(4, replace(PROGRESS_STATE, log_seq=5)),
+        "table": TableHistory(4, table_state),
     }
     monkeypatch.setattr(
-        fold, "read_history", lambda _s, path, _n: histories["log" if "log" in path else "table"]
+        retired_log,
+        "read_history",
+        lambda _s, path, _n: histories["log" if "_change-log" in path else "table"],
     )
-    monkeypatch.setattr(fold, "change_log_path", lambda _root, _table: "/lake/log/orders")
-    monkeypatch.setattr(fold, "table_path", lambda _root, _table: "/lake/public/orders")
-    monkeypatch.setattr(fold, "read_existing_table", lambda *_a: _existing())
-    monkeypatch.setattr(fold, "unfolded", lambda *_a, **_k: MagicMock())
-    monkeypatch.setattr(fold, "merge_source", lambda *_a, **_k: MagicMock())
-    monkeypatch.setattr(fold, "merge_into", lambda *_a, **_k: MagicMock(committed=False))
+    monkeypatch.setattr(retired_log, "read_existing_table", lambda *_a: _existing())
+    monkeypatch.setattr(retired_log, "_unfolded", lambda *_a, **_k: MagicMock())
+    monkeypatch.setattr(retired_log, "merge_source", lambda *_a, **_k: MagicMock())
+    monkeypatch.setattr(retired_log, "merge_into", lambda *_a, **_k: MagicMock(committed=False))
     with pytest.raises(ConfigError) as raised:
-        fold.fold_table(MagicMock(), lake_root="/lake", table=TABLE, default_app_id="app")
+        retired_log.fold_retired_log(
+            MagicMock(), lake_root="/lake", table=TABLE, default_app_id="app"
+        )
+    assert "the table was recreated since" in str(raised.value)
+    assert "/lake/_change-log/public/orders" in str(raised.value)
     assert f"{RESYNC}, then restart capture" in str(raised.value)

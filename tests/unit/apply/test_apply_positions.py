@@ -157,8 +157,11 @@ def test_a_batch_below_every_next_offset_is_covered() -> None:
     assert covers(state, {})
 
 
-def test_the_change_log_sequence_round_trips_and_is_absent_without_a_log() -> None:
+def test_the_retired_logs_sequence_round_trips_and_no_batch_carries_it_on() -> None:
+    """A retired change log's states carry ``log_seq`` (apply.retired_log reads them);
+    a batch's new state does not."""
     logged = replace(STATE, log_seq=17)
     assert '"log_seq":17' in encode_state(logged)
     assert decode_state(encode_state(logged)) == logged
     assert "log_seq" not in encode_state(STATE)
+    assert advance(logged, STATE.table, 8, {}, None).log_seq is None

@@ -1,6 +1,6 @@
 """apply.driver_merge: which tables the driver writes, and its MERGE's rules, against
 tables delta-rs itself writes (the comparison with Spark's MERGE on every column type is
-tests/integration/test_apply_driver_append.py's)."""
+tests/integration/test_apply_driver_merge.py's)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from pyspark.sql.types import LongType, StringType
 
 from apply.delta_log import commit_file, parse_commit
 from apply.delta_schema import ColumnPlan, ColumnSpec
-from apply.driver_append import DecodedChange
 from apply.driver_merge import (
     DriverMergeUnavailableError,
     DriverTables,
@@ -21,6 +20,7 @@ from apply.driver_merge import (
     source_rows,
     writable,
 )
+from apply.driver_plan import DecodedChange
 from apply.errors import TableError
 from apply.positions import AppliedState, Position, encode_state
 from apply.table_lock import TABLE_LOCKS, UnheldTableLockError

@@ -1,5 +1,5 @@
 """apply.decode.survey_held: the survey of a batch the driver holds, which must say what
-Spark's survey says (tests/integration/test_apply_driver_append.py compares the two on
+Spark's survey says (tests/integration/test_apply_driver_merge.py compares the two on
 real batches); here each kind of record on its own."""
 
 from __future__ import annotations

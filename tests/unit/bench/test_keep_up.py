@@ -29,7 +29,7 @@ def test_committed_batches_come_from_apply_log_lines() -> None:
             "INFO apply.batch.write "
             "batch 12 to public.pgbench_tellers: version 40 committed, 1 records",
             "INFO apply.batch.write "
-            "batch 14 to public.pgbench_tellers: change log version 9 committed, 2 records",
+            "batch 14 to public.pgbench_tellers from the driver: version 9 committed, 2 records",
             "INFO apply.app batch 13 table public.pgbench_tellers: records=1",
         ]
     )

@@ -12,8 +12,8 @@ from pathlib import Path
 import yaml
 
 from apply.app import checkpoint_location, lanes_of
-from apply.change_log import change_log_path
 from apply.dead_letter import dead_letter_path
+from apply.retired_log import change_log_path
 from apply.settings import LakeSettings
 from apply.tables import TableId, table_path
 from capture.errors import SLOT_RESYNC, ConfigError

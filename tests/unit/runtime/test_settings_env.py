@@ -11,13 +11,18 @@ from capture.__main__ import main as capture_main
 from capture.settings import CaptureSettings
 from pipeline.__main__ import main as pipeline_main
 from runtime.errors import ConfigError
-from runtime.settings_env import check_environment, setting_names, unknown_variables
+from runtime.settings_env import (
+    check_environment,
+    retired_variables,
+    setting_names,
+    unknown_variables,
+)
 
 
 @pytest.mark.parametrize(
     ("main", "argv", "variable", "closest"),
     [
-        (apply_main, ["errored"], "APPLY_LAKE_CHANGE_LOG", "APPLY_LAKE__CHANGE_LOG"),
+        (apply_main, ["errored"], "APPLY_LAKE_DELETION_VECTORS", "APPLY_LAKE__DELETION_VECTORS"),
         (capture_main, ["status"], "CAPTURE_STREAMNG", "CAPTURE_STREAMING"),
         (capture_main, ["status"], "CAPTURE_POSTGRES__SLOTT", "CAPTURE_POSTGRES__SLOT"),
         (pipeline_main, ["status"], "APPLY_TRIGER__MODE", "APPLY_TRIGGER__MODE"),
@@ -62,3 +67,33 @@ def test_other_prefixes_are_left_alone_and_a_far_name_points_at_the_reference() 
     with pytest.raises(ConfigError) as raised:
         check_environment(ApplySettings, {"APPLY_ZZZZZZZZZZZZZZ": "1"})
     assert "docs/configuration.md lists every setting" in str(raised.value)
+
+
+@pytest.mark.parametrize("value", ["true", "false", ""])
+def test_the_retired_change_log_is_refused_saying_the_table_is_fresh(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], value: str
+) -> None:
+    """Whatever its value: a deployment that still sets it learns that the log is gone
+    and why, not a near name."""
+    monkeypatch.setenv("APPLY_LAKE__CHANGE_LOG", value)
+    assert apply_main(["errored"]) == 2
+    printed = capsys.readouterr().err
+    assert "APPLY_LAKE__CHANGE_LOG is retired: the change log is retired" in printed
+    assert "the Delta table itself is fresh" in printed
+    assert "did you mean" not in printed
+
+
+def test_every_retired_setting_is_refused_and_named_by_no_setting() -> None:
+    retired = retired_variables(ApplySettings)
+    assert set(retired) == {
+        "APPLY_LAKE__CHANGE_LOG",
+        "APPLY_LAKE__FOLD_EVERY_S",
+        "APPLY_LAKE__FOLD_PARALLELISM",
+    }
+    assert not set(retired) & set(setting_names(ApplySettings))
+    problems = unknown_variables(ApplySettings, {"apply_lake__fold_every_s": "2"})
+    assert problems == [
+        "apply_lake__fold_every_s is retired: it folded the change log, which is retired "
+        "(docs/lake-change-log.md); unset it"
+    ]
+    assert retired_variables(CaptureSettings) == {}

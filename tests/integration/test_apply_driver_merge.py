@@ -1,8 +1,7 @@
-"""The driver's writes against Spark's they stand in for: the append to the change log
-(apply.driver_append) and the MERGE into the table (apply.driver_merge). The same
-batches of every column type, from a real Kafka topic, applied to lakes of each path;
-the logs and tables, the applied states and the results must be equal column by column,
-and the driver's commits must really be delta-rs's.
+"""The driver's MERGE against Spark's it stands in for (apply.driver_plan,
+apply.driver_merge). The same batches of every column type, from a real Kafka topic,
+applied to a lake of each path; the tables, the applied states and the results must be
+equal column by column, and the driver's commits must really be delta-rs's.
 """
 
 from __future__ import annotations
@@ -15,11 +14,9 @@ from typing import Any
 import pytest
 
 from apply.batch import ApplyContext, apply_batch
-from apply.change_log import change_log_path
 from apply.decode import RECORD_COLUMNS, survey, survey_held
 from apply.delta_log import commit_file
 from apply.driver_merge import DriverTables
-from apply.fold import Folds, fold_table
 from apply.known_tables import KnownTables
 from apply.tables import TableId, table_path
 from schemas.change_record import ChangeEncoder, TableDescription, build_table_schemas
@@ -76,90 +73,10 @@ def written_by_delta_rs(path: str, version: int) -> bool:
     return "delta-rs" in json.dumps(info)
 
 
-def test_the_driver_appends_what_the_jvm_appends(
-    spark: Any, services: Services, unique_name: str, tmp_path: Path
-) -> None:
-    schemas = build_table_schemas(TableDescription("public", unique_name, EVERY_TYPE))
-    enc = ChangeEncoder(schemas)
-    table = TableId("public", unique_name)
-    topic = ChangeTopic(services, unique_name, 2)
-    base = context(tmp_path, schemas)
-
-    def lake(name: str, records: int) -> ApplyContext:
-        return dataclasses.replace(
-            base,
-            lake_root=str(tmp_path / name),
-            known=KnownTables(),
-            folds=Folds(every_s=0.0),
-            driver_write_records=records,
-        )
-
-    jvm, driver = lake("jvm", 0), lake("driver", 10_000)
-    batches = [
-        # The first batch creates the table and its log on the JVM; from the second on
-        # the job knows both.
-        [
-            (0, change(INSERT, 0x100, 0, after={"id": 1, **EVERY_VALUE})),
-            (1, change(INSERT, 0x100, 1, after={"id": 2})),
-        ],
-        [(0, change(INSERT, 0x200, 0, after={"id": 3, **EVERY_VALUE}))],
-        [
-            (1, change(UPDATE, 0x300, 0, after={"id": 2, **EVERY_VALUE, "small": 8})),
-            (1, change(INSERT, 0x300, 2, after={"id": 5, "small": 1})),
-            (1, change(UPDATE, 0x300, 3, after={"id": 5, "small": 2})),
-            (0, change(DELETE, 0x300, 4, before={"id": 3}, before_key_only=True)),
-        ],
-        # delta-rs cannot compute statistics of infinite dates: the JVM appends these.
-        [(0, change(INSERT, 0x400, 0, after={"id": 4, **EXTREMES}))],
-        [(1, change(DELETE, 0x500, 0, before={"id": 5}, before_key_only=True))],
-    ]
-    from_driver = {1, 2, 4}
-    marks = [topic.mark()]
-    for batch in batches:
-        for partition, item in batch:
-            topic.send(enc, partition, item)
-        marks.append(topic.mark())
-
-    log_path = {ctx.lake_root: change_log_path(ctx.lake_root, table) for ctx in (jvm, driver)}
-    for batch_id in range(len(batches)):
-        records = topic.batch(spark, marks[batch_id], marks[batch_id + 1])
-        by_jvm = apply_batch(records, batch_id, jvm).applied[0]
-        by_driver = apply_batch(records, batch_id, driver).applied[0]
-        assert by_driver.state == by_jvm.state, f"batch {batch_id}"
-        assert (by_driver.version, by_driver.source_rows, by_driver.superseded) == (
-            by_jvm.version,
-            by_jvm.source_rows,
-            by_jvm.superseded,
-        )
-        assert by_driver.path == log_path[driver.lake_root]
-        assert written_by_delta_rs(by_driver.path, by_driver.version) is (batch_id in from_driver)
-        assert not written_by_delta_rs(by_jvm.path, by_jvm.version)
-        assert exact_rows(spark, by_driver.path, "_cdc_op", "_cdc_seq") == exact_rows(
-            spark, by_jvm.path, "_cdc_op", "_cdc_seq"
-        ), f"batch {batch_id}"
-
-    # Spark replays the last batch: the driver's state covers it, nothing is appended.
-    last = topic.batch(spark, marks[-2], marks[-1])
-    replayed = apply_batch(last, len(batches) - 1, driver).applied[0]
-    assert replayed.committed is False
-    # A restarted job (nothing known) reads the driver's commit back as its state.
-    restarted = dataclasses.replace(driver, known=None, folds=Folds(every_s=0.0))
-    again = apply_batch(last, len(batches) - 1, restarted).applied[0]
-    assert (again.committed, again.state) == (False, by_driver.state)
-
-    for ctx in (jvm, driver):
-        assert fold_table(
-            spark, lake_root=ctx.lake_root, table=table, default_app_id=ctx.txn_app_id
-        )
-    folded = exact_rows(spark, table_path(driver.lake_root, table))
-    assert folded == exact_rows(spark, table_path(jvm.lake_root, table))
-    assert sorted(row[0] for row in folded) == [1, 2, 4]
-
-
 def test_the_driver_merges_what_spark_merges(
     spark: Any, services: Services, unique_name: str, tmp_path: Path
 ) -> None:
-    """The table itself, with the change log off: the same batches MERGEd by Spark alone
+    """The same batches MERGEd by Spark alone
     and by the driver where it can (apply.driver_merge); tables, states and results
     equal. (That the driver leaves a table with deletion vectors to Spark is
     tests/unit/apply/test_driver_merge.py's.)"""

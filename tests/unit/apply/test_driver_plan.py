@@ -1,7 +1,7 @@
-"""The append from the driver (apply.driver_append), its pure steps: decode with the
-contract's own encoder's bytes, measure, the latest change per key, the Arrow table.
-That the log it writes equals the JVM append's is
-tests/integration/test_apply_driver_append.py's."""
+"""A batch held in the driver (apply.driver_plan), its pure steps: decode with the
+contract's own encoder's bytes, measure, the latest change per key, the Arrow arrays.
+That the table the driver MERGEs them into equals Spark's is
+tests/integration/test_apply_driver_merge.py's."""
 
 from __future__ import annotations
 
@@ -13,13 +13,13 @@ import pytest
 from pyspark.sql.types import StringType
 
 from apply.delta_schema import ColumnSpec, parse_value_schema
-from apply.driver_append import (
+from apply.driver_plan import (
     CollectedRecord,
-    DriverAppendUnavailableError,
+    DriverWriteUnavailableError,
+    change_arrays,
     decode_records,
     latest_changes,
     local_lake,
-    log_table,
     measure_changes,
 )
 from apply.positions import AppliedState, PartitionProgress, Position
@@ -165,7 +165,7 @@ def test_the_latest_change_per_key_leaves_out_replays_and_erased_changes() -> No
     assert [(c.row[0], c.op, c.row[1]) for c in latest] == [(1, "UPDATE", "b"), (2, "DELETE", None)]
 
 
-def test_the_log_table_has_the_logs_types_in_the_logs_order() -> None:
+def test_the_arrays_have_the_tables_types_then_the_position() -> None:
     records = collected(
         0,
         change(
@@ -176,28 +176,29 @@ def test_the_log_table_has_the_logs_types_in_the_logs_order() -> None:
         ),
     )
     decoded = decode_records(records, VALUE_SCHEMA, VALUE_SCHEMA.columns)
-    names = [c.name for c in VALUE_SCHEMA.columns]
-    order = [
-        *reversed(names),
+    arrays = change_arrays(decoded.changes, VALUE_SCHEMA.columns)
+    assert list(arrays) == [
+        *(c.name for c in VALUE_SCHEMA.columns),
         "_cdc_commit_lsn",
         "_cdc_ordinal",
         "_cdc_commit_ts",
-        "_cdc_op",
-        "_cdc_seq",
     ]
-    table = log_table(decoded.changes, VALUE_SCHEMA.columns, 7, order)
-    assert table.column_names == order
-    assert table.schema.field("day").type == pa.date32()
-    assert table.schema.field("at").type == pa.timestamp("us", tz="UTC")
-    assert table.schema.field("local").type == pa.timestamp("us")
-    assert table.schema.field("clock").type == pa.int64()
-    assert table.schema.field("amount").type == pa.decimal128(12, 2)
-    assert table.schema.field("grid").type == pa.list_(pa.list_(pa.int32()))
-    assert table.column("day").cast(pa.int32()).to_pylist() == [19_782]
-    assert table.column("_cdc_seq").to_pylist() == [7]
-    assert table.column("_cdc_op").to_pylist() == ["INSERT"]
-    with pytest.raises(DriverAppendUnavailableError, match="columns"):
-        log_table(decoded.changes, VALUE_SCHEMA.columns, 7, order[1:])
+    assert arrays["day"].type == pa.date32()
+    assert arrays["at"].type == pa.timestamp("us", tz="UTC")
+    assert arrays["local"].type == pa.timestamp("us")
+    assert arrays["clock"].type == pa.int64()
+    assert arrays["amount"].type == pa.decimal128(12, 2)
+    assert arrays["grid"].type == pa.list_(pa.list_(pa.int32()))
+    assert arrays["day"].cast(pa.int32()).to_pylist() == [19_782]
+    assert arrays["_cdc_commit_lsn"].to_pylist() == [0x100]
+
+
+def test_an_infinite_date_is_left_to_spark() -> None:
+    """delta-rs's file statistics overflow on PostgreSQL's infinities (apply.driver_plan)."""
+    records = collected(0, change(Operation.INSERT, 0x100, 0, after={"id": 1, "day": 2**31 - 1}))
+    decoded = decode_records(records, VALUE_SCHEMA, VALUE_SCHEMA.columns)
+    with pytest.raises(DriverWriteUnavailableError, match="calendar"):
+        change_arrays(decoded.changes, VALUE_SCHEMA.columns)
 
 
 @pytest.mark.parametrize(
@@ -210,5 +211,5 @@ def test_the_log_table_has_the_logs_types_in_the_logs_order() -> None:
         ("abfss://c@a.dfs.core.windows.net/lake", False),
     ],
 )
-def test_only_a_local_lake_takes_the_append_from_the_driver(root: str, local: bool) -> None:
+def test_only_a_local_lake_is_written_from_the_driver(root: str, local: bool) -> None:
     assert local_lake(root) is local

@@ -1,13 +1,11 @@
-"""A small micro-batch appended to the change logs from the driver, with no Spark job.
+"""A batch collected to the driver, decoded and reduced to the latest change per key.
 
-With the change log on (docs/lake-change-log.md) a batch's write is an append. At the
-rates the log is for, a batch holds a few hundred to a few thousand records, and the
-time of a batch was Spark's fixed cost per job (planning, scheduling, a task per
-partition), not the data: four tables' appends took 6 to 10 s on two cores
-(docs/benchmarks.md, "The change log"). So a batch of at most
-``lake.driver_write_records`` records is collected to the driver once
-(:mod:`apply.batch.micro_batch`), and each table's part takes the same four steps the
-JVM takes, as plain Python over those records:
+A small batch's time was Spark's fixed cost per job (planning, scheduling, a task per
+partition), not its data (docs/benchmarks.md). So a batch of at most
+``lake.driver_write_records`` records is held in the driver once
+(:mod:`apply.batch.micro_batch`), and each table's part takes the steps the JVM takes,
+as plain Python over those records, before :mod:`apply.driver_merge` MERGEs it with
+delta-rs:
 
 1. **decode** (:func:`decode_records`): fastavro, with the writer schema's dates, times,
    timestamps and UUIDs read as their physical Avro values, so every value is the exact
@@ -18,22 +16,14 @@ JVM takes, as plain Python over those records:
    :func:`apply.merge.measure` does;
 3. **the latest change per key** (:func:`latest_changes`) after the replay filter and
    the newest applied TRUNCATE, as :func:`apply.merge.merge_source` does;
-4. **one append** (:func:`append_to_log`): an Arrow table in the log's schema, written
-   with delta-rs in one commit that carries the batch's applied state as
-   ``userMetadata`` and the query's ``txnAppId`` with the batch id as its ``txn``
-   action: the commit the JVM append makes, which the fold, the freshest view,
-   ``verify`` and a restarted job read the same way.
+4. **Arrow arrays** (:func:`change_arrays`) in the table's types, as Delta holds them.
 
-Only the batches this path is sure to write exactly as the JVM would take it
-(:func:`apply.batch.write.append_from_driver` checks): one writer schema, a table and a
-log the job already knows, no new column, no TRUNCATE, no unchanged TOAST value
-(filling one in reads the freshest view, a join), a log whose columns are the table's,
-and a lake on a local file system. That last one because on an object store Delta's
-Spark writer keeps commits exclusive with a lock inside its own JVM
-(``S3SingleDriverLogStore``), which a second writer in the same job would bypass. Every
-other batch takes the JVM path, which stays the reference:
-``tests/integration/test_apply_driver_append.py`` writes the same records both ways and
-compares the logs column by column.
+Only the batches the driver is sure to write exactly as Spark would take this path
+(:func:`apply.batch.write.plan_in_driver` checks), and only on a lake on a local file
+system (:func:`local_lake`): on an object store Delta's Spark writer keeps commits
+exclusive with a lock inside its own JVM (``S3SingleDriverLogStore``), which a second
+writer in the same job would bypass. ``tests/integration/test_apply_driver_merge.py``
+writes the same records both ways and compares the tables column by column.
 
 One difference is deliberate: Java's Avro decoder reads a body cut inside a trailing
 number as if the missing bytes were zeros (:mod:`apply.decode`); fastavro refuses it,
@@ -46,15 +36,12 @@ from __future__ import annotations
 import io
 import json
 import logging
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped]
-from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
-from deltalake.exceptions import CommitFailedError, DeltaError
 from fastavro import parse_schema, schemaless_reader
 from pyspark.sql.types import (
     ArrayType,
@@ -72,7 +59,6 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from apply.change_log import OP_COLUMN, SEQ_COLUMN
 from apply.delta_schema import (
     COMMIT_LSN_COLUMN,
     COMMIT_TS_COLUMN,
@@ -80,7 +66,6 @@ from apply.delta_schema import (
     ColumnSpec,
     ValueSchema,
 )
-from apply.errors import TransientError
 from apply.merge import BatchMeasure, PartitionMeasure
 from apply.positions import AppliedState, Position
 from schemas import registry_framing
@@ -287,12 +272,13 @@ def latest_changes(
     return sorted(latest.values(), key=lambda change: change.position)
 
 
-class DriverAppendUnavailableError(Exception):
-    """This log cannot take an append from the driver; the batch takes the JVM path."""
+class DriverWriteUnavailableError(Exception):
+    """The driver cannot write these changes exactly as Spark would; the batch takes
+    Spark's path."""
 
 
 def _arrow_types(data_type: DataType) -> tuple[Any, Any]:
-    """The Arrow type a decoded value is built in, and the one the log's column has."""
+    """The Arrow type a decoded value is built in, and the one the table's column has."""
     simple: list[tuple[type[DataType], Any, Any]] = [
         (BooleanType, pa.bool_(), pa.bool_()),
         (IntegerType, pa.int32(), pa.int32()),
@@ -314,7 +300,7 @@ def _arrow_types(data_type: DataType) -> tuple[Any, Any]:
     if isinstance(data_type, ArrayType):
         built, final = _arrow_types(data_type.elementType)
         return pa.list_(built), pa.list_(final)
-    raise DriverAppendUnavailableError(f"no Arrow mapping for {data_type.simpleString()}")
+    raise DriverWriteUnavailableError(f"no Arrow mapping for {data_type.simpleString()}")
 
 
 # delta-rs computes each file's min/max statistics as calendar values, and a date or
@@ -338,7 +324,7 @@ def _in_calendar(values: list[Any], data_type: DataType) -> bool:
 
 def _column(values: list[Any], data_type: DataType) -> Any:
     if not _in_calendar(values, data_type):
-        raise DriverAppendUnavailableError(
+        raise DriverWriteUnavailableError(
             f"a {data_type.simpleString()} value is outside the calendar delta-rs computes "
             "file statistics in (PostgreSQL's infinity)"
         )
@@ -374,76 +360,20 @@ def table_arrow_types(columns: Sequence[ColumnSpec]) -> dict[str, Any]:
     return types
 
 
-def log_table(
-    changes: Sequence[DecodedChange], columns: Sequence[ColumnSpec], seq: int, order: Sequence[str]
-) -> Any:
-    """The log's rows for ``changes`` as an Arrow table with the log's columns in the
-    log's ``order``: the data columns, then the position, the commit time, the
-    operation and the append's sequence (:func:`apply.change_log.append`)."""
-    arrays = change_arrays(changes, columns)
-    arrays[OP_COLUMN] = pa.array([change.op for change in changes], type=pa.string())
-    arrays[SEQ_COLUMN] = pa.array([seq] * len(changes), type=pa.int64())
-    if sorted(arrays) != sorted(order):
-        raise DriverAppendUnavailableError(
-            f"the log's columns {sorted(order)} are not the table's {sorted(arrays)}"
-        )
-    return pa.table({name: arrays[name] for name in order})
-
-
 def local_lake(lake_root: str) -> bool:
     """Whether the lake is on a local file system (module docstring: why only there)."""
     return "://" not in lake_root or lake_root.startswith("file:")
-
-
-def open_log(path: str) -> tuple[Any, list[str]]:
-    """The log as delta-rs reads it, and its column names in order."""
-    try:
-        table = DeltaTable(path)
-    except DeltaError as exc:
-        raise DriverAppendUnavailableError(f"delta-rs cannot open the log: {exc}") from exc
-    return table, [field.name for field in table.schema().fields]
-
-
-def append_to_log(
-    log: Any, rows: Any, *, table: str, app_id: str, batch_id: int, metadata: str
-) -> None:
-    """Append ``rows`` to the log in one commit carrying ``metadata`` as its
-    ``userMetadata`` and ``(app_id, batch_id)`` as its transaction (module docstring,
-    step 4). Any failure of delta-rs raises :class:`DriverAppendUnavailableError` (the
-    batch then appends on the JVM), but a commit that loses to another writer raises
-    :class:`~apply.errors.TransientError`, as the JVM append does."""
-    properties = CommitProperties(
-        custom_metadata={"userMetadata": metadata},
-        app_transactions=[Transaction(app_id, batch_id, int(time.time() * 1000))],
-    )
-    try:
-        write_deltalake(
-            log, rows, mode="append", partition_by=[SEQ_COLUMN], commit_properties=properties
-        )
-    except CommitFailedError as exc:
-        raise TransientError(
-            f"table {table}: another writer committed to its change log; retry the batch, "
-            "and make sure one apply job owns each table"
-        ) from exc
-    except DeltaError as exc:
-        # A protocol or schema delta-rs cannot write, or any other failure. The JVM append
-        # that follows is safe even if this one did commit: it carries the same
-        # transaction id, which Delta then skips, and the job reads the commit back.
-        raise DriverAppendUnavailableError(f"delta-rs did not append: {exc}") from exc
 
 
 __all__ = [
     "CollectedRecord",
     "DecodedChange",
     "DecodedRecords",
-    "DriverAppendUnavailableError",
-    "append_to_log",
+    "DriverWriteUnavailableError",
     "change_arrays",
     "decode_records",
     "latest_changes",
     "local_lake",
-    "log_table",
     "measure_changes",
-    "open_log",
     "table_arrow_types",
 ]
