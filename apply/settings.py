@@ -29,7 +29,13 @@ class KafkaSettings(BaseModel):
     control_topic: str = Field("cdc._control", description="where applied offsets are published")
     schema_topic: str = Field("cdc._schemas", description="writer schemas by fingerprint")
     max_offsets_per_trigger: int | None = Field(
-        None, ge=1, description="cap on records per micro-batch (all topics together)"
+        200_000,
+        ge=1,
+        description=(
+            "cap on records per micro-batch (all topics together); null: none. As large as "
+            "lake.driver_write_records, so a backlog (a snapshot, a catch-up after an "
+            "outage) is applied in batches the driver writes, not in one batch Spark MERGEs"
+        ),
     )
     client: dict[str, str] = Field(
         default_factory=dict,
@@ -84,7 +90,7 @@ class LakeSettings(BaseModel):
         ),
     )
     driver_write_records: int = Field(
-        20_000,
+        200_000,
         ge=0,
         description=(
             "on a local lake: a micro-batch of at most this many records is collected to "
