@@ -20,12 +20,12 @@ import threading
 from pydantic import ValidationError
 
 from apply.app import ApplyJob
+from apply.control.table_status import errored_line, format_errored, read_table_statuses
+from apply.engine.spark_jars import configured_jars
+from apply.engine.spark_session import build_session
 from apply.errors import ConfigError, TableError, TransientError
 from apply.metrics import ApplyMetrics
 from apply.settings import ApplySettings
-from apply.spark_jars import configured_jars
-from apply.spark_session import build_session
-from apply.table_status import errored_line, format_errored, read_table_statuses
 from runtime import logs
 from runtime.settings_env import env_prefix
 from runtime.settings_table import settings_table
@@ -120,7 +120,7 @@ def _report(job: ApplyJob, arguments: argparse.Namespace) -> int:
 
 
 def _errored_from_control_topic(settings: ApplySettings, log: logging.Logger) -> int:
-    """``errored`` without Spark: the statuses apply published (apply/table_status.py)."""
+    """``errored`` without Spark: the statuses apply published (apply/control/table_status.py)."""
     try:
         statuses = read_table_statuses(settings.kafka)
     except ConfigError as exc:
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     if arguments.command in (None, RUN):
         # Before the session: a SIGTERM while Spark starts stops the job once it is up,
-        # and the JVM leaves the signal to this handler (apply.spark_session).
+        # and the JVM leaves the signal to this handler (apply.engine.spark_session).
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: stop.set())
     spark = build_session(settings.spark, jars, settings.lake)

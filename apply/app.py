@@ -10,7 +10,7 @@ batch is skipped by Delta. The queries' ``foreachBatch`` calls run on their own 
 threads, so the schema catalog and the control-topic producer are shared under locks.
 
 At start, before anything else touches the tables, the job folds what a log of the
-retired change log still holds into its table (:mod:`apply.retired_log`); then it
+retired change log still holds into its table (:mod:`apply.lake.retired_log`); then it
 re-publishes the progress recorded in every Delta table it finds under the lake root,
 and the offsets of the records parked in the dead-letter table: if it died between a
 commit and its publish, capture still learns about it. Stopping (SIGTERM) stops the
@@ -21,7 +21,7 @@ A batch that fails with a :class:`~apply.errors.TransientError` is retried in pl
 few times with backoff (a retried batch is idempotent, :mod:`apply.batch`); after that
 the query fails, the job stops the other lanes' queries and the process exits, for its
 supervisor to restart it. The publish after the commits is different: it waits until
-the broker has the messages, however long the broker is away (:mod:`apply.feedback`
+the broker has the messages, however long the broker is away (:mod:`apply.control.feedback`
 says why), and the batch, hence the lane's next batch, waits with it; only a stop
 (SIGTERM) ends the wait, leaving the messages to the next start's re-publish.
 
@@ -34,7 +34,7 @@ transiently for longer than ``not_ready_after_s``.
 :meth:`ApplyJob.discard` ``python -m apply discard``.
 
 Each table's errored state and parked count also go to the control topic
-(:mod:`apply.table_status`), always after the dead-letter commit that changed them:
+(:mod:`apply.control.table_status`), always after the dead-letter commit that changed them:
 after a batch that parked new records, after ``reapply`` and ``discard``, and at start
 for every table with rows in the dead-letter table.
 """
@@ -51,24 +51,30 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
 from apply.batch import ApplyContext, applied_state, apply_batch
-from apply.dead_letter import ErroredTable, discard, errored_tables, parked_offsets
-from apply.driver_merge import DriverTables
+from apply.batch.held_batch import HeldBatchReader
+from apply.batch.table_pool import POOL_PROPERTY
+from apply.control.feedback import ProgressPublisher, SchemaCatalog
+from apply.control.progress import (
+    BatchResult,
+    ParkedTable,
+    TableResult,
+    batch_progress,
+    recovered_progress,
+)
+from apply.control.table_status import now_micros, table_statuses
+from apply.engine.kafka_clients import HELD_GROUP, client_conf, spark_source_options
 from apply.errors import TableError, UnknownSchemaError, parked_cure
-from apply.feedback import ProgressPublisher, SchemaCatalog
-from apply.held_batch import HeldBatchReader
-from apply.kafka_clients import HELD_GROUP, client_conf, spark_source_options
-from apply.known_tables import KnownTables
+from apply.lake.dead_letter import ErroredTable, discard, errored_tables, parked_offsets
+from apply.lake.driver_merge import DriverTables
+from apply.lake.known_tables import KnownTables
+from apply.lake.retired_log import fold_retired_logs
+from apply.lake.spark_merge import transaction_app_id
+from apply.lake.tables import table_of_segments, table_of_topic
+from apply.lake.upkeep import TableUpkeep
 from apply.lanes import DEFAULT_LANE, Lane, checkpoint_of, default_topic_pattern, plan_lanes
-from apply.merge import transaction_app_id
 from apply.metrics import ApplyMetrics
-from apply.progress import BatchResult, ParkedTable, TableResult, batch_progress, recovered_progress
 from apply.reapply import ReapplyOutcome, reapply_app_id, reapply_table
-from apply.retired_log import fold_retired_logs
 from apply.settings import ApplySettings, KafkaSettings
-from apply.table_pool import POOL_PROPERTY
-from apply.table_status import now_micros, table_statuses
-from apply.tables import table_of_segments, table_of_topic
-from apply.upkeep import TableUpkeep
 from runtime.errors import TransientError
 from runtime.retry import Backoff, call_with_retry, run_with_retry
 from runtime.telemetry import Health
@@ -191,7 +197,7 @@ class ApplyJob:
         self._driver_tables = DriverTables()
         self._app_ids = {lane.name: transaction_app_id(lane.checkpoint) for lane in self.lanes}
         self._checkpoints = {lane.name: lane.checkpoint for lane in self.lanes}
-        # A small batch's records read from Kafka in the driver (apply.held_batch).
+        # A small batch's records read from Kafka in the driver (apply.batch.held_batch).
         self._held = HeldBatchReader(client_conf(settings.kafka) | {"group.id": HELD_GROUP})
 
     def _context(
@@ -327,7 +333,7 @@ class ApplyJob:
 
     def publish_table_statuses(self, tables: Iterable[str]) -> None:
         """Publish the errored state and parked count of ``tables`` as the dead-letter
-        table holds them now (:mod:`apply.table_status`); call it only after the commit
+        table holds them now (:mod:`apply.control.table_status`); call it only after the commit
         that changed them."""
         names = sorted(set(tables))
         if not names:
@@ -379,7 +385,7 @@ class ApplyJob:
     def discard(self, table: str, topic: str, partition: int, offset: int) -> bool:
         """Mark one waiting parked record of ``table`` discarded: what ``python -m apply
         discard`` does for a record that can never be applied
-        (:func:`apply.dead_letter.discard`). False when no such record waits."""
+        (:func:`apply.lake.dead_letter.discard`). False when no such record waits."""
         discarded = discard(
             self._spark,
             self._context(self._context_id).dead_letter,
@@ -413,7 +419,7 @@ class ApplyJob:
 
     def fold_retired_logs(self) -> None:
         """Fold what the retired change log left in the lake into the tables
-        (:mod:`apply.retired_log`); raises :class:`~apply.errors.RetiredChangeLogError`
+        (:mod:`apply.lake.retired_log`); raises :class:`~apply.errors.RetiredChangeLogError`
         when a log's changes cannot be folded."""
         fold_retired_logs(
             self._spark, lake_root=self._settings.lake.root, default_app_id=self._context_id
@@ -492,7 +498,7 @@ class ApplyJob:
         # The query's thread inherits the local properties of the thread that starts it:
         # its own jobs (reading the batch, the survey, parking) go to the lane's pool, so
         # under FAIR scheduling a lane's batch does not queue behind another lane's jobs
-        # in the shared default pool (each table's work has its own pool, apply.table_pool).
+        # in the shared default pool (each table's work has its own pool, apply.batch.table_pool).
         context = self._spark.sparkContext
         previous = context.getLocalProperty(POOL_PROPERTY)
         context.setLocalProperty(POOL_PROPERTY, lane.pool)

@@ -4,7 +4,7 @@ The classes are the shared ones of :mod:`runtime.errors`, plus the subclasses be
 what each means for apply:
 
 - :class:`TransientError` -- the world may heal: retry the micro-batch. Nothing is lost,
-  because a retried batch is idempotent (see :mod:`apply.merge`): tables that already
+  because a retried batch is idempotent (see :mod:`apply.lake.spark_merge`): tables that already
   committed it are skipped by Delta's transaction id, the others apply it.
 
   :class:`UnknownSchemaError` is one: the batch holds a writer fingerprint the job has
@@ -16,13 +16,13 @@ what each means for apply:
   (:class:`CommitMetadataError`), a commit file that is not a Delta commit
   (:class:`CommitFileError`), records whose writer schema is still missing after
   the schema topic was read again (:class:`MissingSchemaError`). The table is parked:
-  its records go to the dead-letter table (:mod:`apply.dead_letter`) while the other
+  its records go to the dead-letter table (:mod:`apply.lake.dead_letter`) while the other
   tables go on, and
   ``python -m apply reapply <schema.table>`` applies them once the cause is fixed.
 - :class:`ConfigError` -- the job was started wrong; fatal, with what to change.
   :class:`RetiredChangeLogError` is one: a change log left by the retired change log
   holds changes its table lacks, and the fold at start that puts them there failed
-  (:mod:`apply.retired_log`).
+  (:mod:`apply.lake.retired_log`).
 
 Foreign exceptions (Py4J, Spark, Delta) are translated at the boundary with
 ``raise X(...) from exc`` so the original stays attached. Messages name the table, the
@@ -100,7 +100,7 @@ class MissingSchemaError(TableError):
 
 class RetiredChangeLogError(ConfigError):
     """A retired change log's changes cannot be folded into their table at start
-    (:mod:`apply.retired_log`); the job must not stream past them."""
+    (:mod:`apply.lake.retired_log`); the job must not stream past them."""
 
     def __init__(self, table: str, log_path: str, cause: str) -> None:
         super().__init__(

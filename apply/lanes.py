@@ -20,15 +20,16 @@ The contract that keeps lanes safe:
   (the default lane's pattern excludes every lane's tables), and :func:`plan_lanes`
   refuses a table named by two lanes. So every Delta table has one writer, and Delta
   needs no coordination between the queries; the dead-letter table only ever gets blind
-  appends from them, which never conflict (:mod:`apply.dead_letter`).
+  appends from them, which never conflict (:mod:`apply.lake.dead_letter`).
 - **A lane's checkpoint is named after what it reads** (:func:`checkpoint_of`), and
-  its ``txnAppId`` is derived from that location (:func:`apply.merge.transaction_app_id`),
-  so its batch ids count on their own. Without lanes the default lane keeps the
-  checkpoint ``<checkpoint_root>/apply`` that the job has always used.
+  its ``txnAppId`` is derived from that location
+  (:func:`apply.lake.spark_merge.transaction_app_id`), so its batch ids count on their own.
+  Without lanes the default lane keeps the checkpoint ``<checkpoint_root>/apply`` that the
+  job has always used.
 - **Changing lanes is a restart with new settings, nothing else.** Every lane whose set
   of tables changed (the default lane too, when a table joins or leaves a named lane)
   starts a new checkpoint from the earliest offsets, and the replay guard drops every
-  record its tables already hold (:mod:`apply.positions`): correct, at the price of
+  record its tables already hold (:mod:`apply.lake.positions`): correct, at the price of
   re-reading those topics once. Each commit records the ``txnAppId`` that wrote it, so
   a new lane's low batch ids are not mistaken for a checkpoint reset
   (:mod:`apply.batch`). The old checkpoint directories are no longer read; going back to
@@ -94,7 +95,7 @@ class Lane:
     @property
     def pool(self) -> str:
         """The FAIR scheduler pool of the query's own jobs; no table's pool is named so
-        (those are ``schema.table``, :mod:`apply.table_pool`)."""
+        (those are ``schema.table``, :mod:`apply.batch.table_pool`)."""
         return f"lane:{self.name}"
 
 

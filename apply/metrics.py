@@ -3,7 +3,7 @@
 Names follow the Prometheus conventions (prefix ``cdc_apply_``, base units in the
 name, ``_total`` on counters); docs/operations.md lists them and a unit test checks the
 list against :meth:`ApplyMetrics.names`. Spark's own metrics stay Spark's: these are
-the job's numbers, taken from what a micro-batch reports (:class:`~apply.progress.
+the job's numbers, taken from what a micro-batch reports (:class:`~apply.control.progress.
 BatchResult`) after its Delta commits, so a counter never counts a batch Delta skipped
 as a replay twice: a table whose MERGE was skipped (``committed`` False) adds its
 records and replays, not rows.
@@ -19,8 +19,8 @@ from collections.abc import Collection, Iterable
 
 from prometheus_client import CollectorRegistry
 
+from apply.control.progress import BatchResult, TableResult
 from apply.lanes import DEFAULT_LANE
-from apply.progress import BatchResult, TableResult
 from runtime.telemetry import Health, MetricSet
 
 PREFIX = "cdc_apply_"
@@ -98,7 +98,7 @@ class ApplyMetrics(MetricSet):
         )
         self.upkeep_runs = self.counter(
             "upkeep_runs",
-            "table upkeep operations run after a table's commit (apply.upkeep), per table, "
+            "table upkeep operations run after a table's commit (apply.lake.upkeep), per table, "
             "operation (compact, vacuum) and outcome (done; failed: left to its next turn)",
             ["table", "operation", "outcome"],
         )
@@ -144,6 +144,6 @@ class ApplyMetrics(MetricSet):
         self.errored_tables.set(len(self._errored))
 
     def upkeep(self, table: str, operation: str, duration_s: float, *, failed: bool) -> None:
-        """One upkeep operation on ``table`` ran (:class:`apply.upkeep.UpkeepObserver`)."""
+        """One upkeep operation on ``table`` ran (:class:`apply.lake.upkeep.UpkeepObserver`)."""
         self.upkeep_runs.labels(table, operation, "failed" if failed else "done").inc()
         self.upkeep_duration.labels(operation).observe(duration_s)

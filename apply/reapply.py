@@ -3,7 +3,7 @@
 ``python -m apply reapply <schema.table>`` (docs/apply.md, errored tables) runs
 :func:`reapply_table`. Each pass:
 
-1. reads the table's parked records that are still waiting (:mod:`apply.dead_letter`),
+1. reads the table's parked records that are still waiting (:mod:`apply.lake.dead_letter`),
    as the same columns Spark's Kafka source hands to a micro-batch;
 2. applies them with :func:`apply.batch.apply_table`, the path of every micro-batch:
    replay filter, latest change per key by position, TRUNCATEs by position, one MERGE
@@ -41,10 +41,10 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as sf
 
 from apply.batch import ApplyContext, apply_table
-from apply.dead_letter import BATCH_ID, errored_tables, release, waiting_records
-from apply.decode import survey
+from apply.control.progress import TableResult
 from apply.errors import UnknownSchemaError
-from apply.progress import TableResult
+from apply.lake.dead_letter import BATCH_ID, errored_tables, release, waiting_records
+from apply.lake.decode import survey
 from schemas.single_object import format_fingerprint
 
 log = logging.getLogger(__name__)

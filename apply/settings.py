@@ -116,7 +116,7 @@ class TriggerSettings(BaseModel):
 
 
 class UpkeepSettings(BaseModel):
-    """Table upkeep run by the job itself (:mod:`apply.upkeep`, docs/operations.md)."""
+    """Table upkeep run by the job itself (:mod:`apply.lake.upkeep`, docs/operations.md)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

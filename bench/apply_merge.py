@@ -48,7 +48,7 @@ unless the lake table ends up with exactly the rows the workload leaves (count, 
 sum, balance sum) and the baseline table holds one row per change.
 
 Everything runs in one local Spark session with the apply job's default configuration
-(``apply.spark_session``); ``--conf`` adds settings on top, to compare them.
+(``apply.engine.spark_session``); ``--conf`` adds settings on top, to compare them.
 ``--profile`` writes Spark's event log (kept afterwards) and prints the Spark jobs of
 each measured run, grouped by description. Topics and the scratch directory are
 deleted at the end.
@@ -80,11 +80,11 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic, TopicPartition
 
 from apply.app import ApplyJob
+from apply.engine.spark_jars import configured_jars
+from apply.engine.spark_session import build_session
+from apply.lake.tables import TableId, table_path
 from apply.settings import ApplySettings, LakeSettings, SparkSettings, TriggerSettings
 from apply.settings import KafkaSettings as ApplyKafka
-from apply.spark_jars import configured_jars
-from apply.spark_session import build_session
-from apply.tables import TableId, table_path
 from capture.publish.publisher import producer_conf
 from capture.settings import KafkaSettings as CaptureKafka
 from deploy.local import stack

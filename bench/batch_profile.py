@@ -10,7 +10,7 @@ JVM, :class:`bench.pipeline_run.ProcessTree`) from the workload's start until th
 caught up, per row change pgbench made (four per transaction), and:
 
 - **per batch**: wall time from the batch's first job's submission to its last job's
-  completion, jobs, and the tables (scheduler pools, :mod:`apply.table_pool`) that ran
+  completion, jobs, and the tables (scheduler pools, :mod:`apply.batch.table_pool`) that ran
   jobs in it;
 - **per table and batch**: jobs and the sum of their wall times (tables of a batch run
   side by side, so the sums overlap);
@@ -20,7 +20,7 @@ caught up, per row change pgbench made (four per transaction), and:
   job's first stage (``<operation> at <Delta source file>:<line>``): jobs, total and
   mean wall time.
 
-A table's jobs run on threads of their own (:mod:`apply.table_pool`), which do not carry
+A table's jobs run on threads of their own (:mod:`apply.batch.table_pool`), which do not carry
 the streaming query's batch id: a job without one belongs to the newest batch that
 started before it (a lane's batches run one after another). Only the workload's batches
 count: those whose first job starts after pgbench does, which leaves out the initial
@@ -184,7 +184,8 @@ def batches(jobs: Iterable[Job], after_ms: int) -> list[BatchProfile]:
 
 
 def _short(call_site: str) -> str:
-    """``collect at /abs/path/apply/decode.py:123`` as ``collect at apply/decode.py:123``."""
+    """``collect at /abs/path/apply/lake/decode.py:123`` as
+    ``collect at apply/lake/decode.py:123``."""
     head, _, where = call_site.partition(" at ")
     for root in ("/apply/", "/pyspark/", "/delta/"):
         if root in where:

@@ -17,7 +17,7 @@ order ``--phases`` gives, apply restarted between them:
 - ``FIFO``: ``spark.scheduler.mode=FIFO``, jobs run in submission order, each taking
   every core its tasks can use;
 - ``FAIR``: FAIR scheduling and one pool per table (the default,
-  :mod:`apply.table_pool`), one streaming query for every table;
+  :mod:`apply.batch.table_pool`), one streaming query for every table;
 - ``LANE``: as ``FAIR``, with ``big`` in a lane of its own (``APPLY_LANES``), so the
   small tables are applied by a query of their own.
 

@@ -12,7 +12,7 @@ every 2 s over the same window, and prints, for the change records of that windo
   so the figure is an upper bound by a few ms);
 - **commit-to-Delta (apply)**: to the moment the Delta commit that made the record's
   change visible was written: the first commit of the record's table whose apply state
-  (commit ``userMetadata``, :mod:`apply.positions`) has the record's partition applied
+  (commit ``userMetadata``, :mod:`apply.lake.positions`) has the record's partition applied
   past its offset; the instant is the modification time of that commit's
   ``_delta_log`` file, i.e. when a reader could first see it;
 - **commit-to-Delta (plain append, the baseline)**: the same for a Structured Streaming
@@ -64,7 +64,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, Message, TopicPartition
 
-from apply.positions import decode_state
+from apply.lake.positions import decode_state
 from apply.settings import TriggerSettings
 from bench.pipeline_run import (
     DEFAULT_TRIGGER,

@@ -16,15 +16,15 @@ batch's state as ``userMetadata`` and the ``txn`` action), then
 :func:`apply.batch.write.after_commit` (the commits flushed, the table remembered, the
 upkeep due: OPTIMIZE every ``compact_every_commits``, VACUUM LITE every
 ``vacuum_every_commits``). Spark (a local session built by
-:func:`apply.spark_session.build_session`) does what apply does with it: MERGEs the
+:func:`apply.engine.spark_session.build_session`) does what apply does with it: MERGEs the
 load (a batch Spark's source hands over, so the bench builds it as a DataFrame) and runs
 the upkeep. Every later batch is the driver's, the one after an upkeep commit or a
 restart included (the driver then reads the table with delta-rs,
-:meth:`apply.driver_merge.DriverTables.read`); each gets a frame that fails any Spark
+:meth:`apply.lake.driver_merge.DriverTables.read`); each gets a frame that fails any Spark
 job reading it, so a batch leaving the driver's route can never be written from an
 empty frame unnoticed. Every ``--restart-every`` commits the job's memory is dropped (a
-new :class:`~apply.known_tables.KnownTables` and
-:class:`~apply.driver_merge.DriverTables`): the next batch reads the table from Delta
+new :class:`~apply.lake.known_tables.KnownTables` and
+:class:`~apply.lake.driver_merge.DriverTables`): the next batch reads the table from Delta
 as a restarted job does.
 
 **Measured.** Each commit's wall time and CPU (this process, delta-rs's threads
@@ -89,13 +89,13 @@ from typing import Any
 
 from apply.batch.context import ApplyContext
 from apply.batch.table import apply_table
-from apply.decode import RECORD_COLUMNS, survey_held
-from apply.driver_merge import DriverTables
-from apply.driver_plan import CollectedRecord
-from apply.known_tables import KnownTables
+from apply.lake.decode import RECORD_COLUMNS, survey_held
+from apply.lake.driver_merge import DriverTables
+from apply.lake.driver_plan import CollectedRecord
+from apply.lake.known_tables import KnownTables
+from apply.lake.tables import TableId, table_path
+from apply.lake.upkeep import TableUpkeep
 from apply.settings import LakeSettings, SparkSettings, UpkeepSettings
-from apply.tables import TableId, table_path
-from apply.upkeep import TableUpkeep
 from bench.pipeline_run import PREFIX, ProcessTree, load_average, machine, say
 from schemas import column_type as ct
 from schemas.change_record import (
@@ -427,8 +427,8 @@ class Soak:
     """One run: the Spark session, apply's context, the source and what is measured."""
 
     def __init__(self, arguments: argparse.Namespace, lake_root: Path) -> None:
-        from apply.spark_jars import configured_jars  # noqa: PLC0415 - pyspark is heavy
-        from apply.spark_session import build_session  # noqa: PLC0415
+        from apply.engine.spark_jars import configured_jars  # noqa: PLC0415 - pyspark is heavy
+        from apply.engine.spark_session import build_session  # noqa: PLC0415
 
         self.arguments = arguments
         self.lake_root = str(lake_root)

@@ -14,9 +14,9 @@ import argparse
 import signal
 import threading
 
+from apply.engine.spark_jars import configured_jars
+from apply.engine.spark_session import build_session
 from apply.settings import SparkSettings
-from apply.spark_jars import configured_jars
-from apply.spark_session import build_session
 
 
 def main(argv: list[str] | None = None) -> int:

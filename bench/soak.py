@@ -3,7 +3,7 @@
 ``python -m bench.soak --rate 25 --minutes 60 --charts docs/charts/soak`` starts a stack
 of its own with pgbench's tables (:mod:`bench.pipeline_run`), capture and apply as
 processes with their default settings (table upkeep on: apply compacts and vacuums its
-tables itself, :mod:`apply.upkeep`), runs ``pgbench -R <rate>`` for ``--minutes``, and
+tables itself, :mod:`apply.lake.upkeep`), runs ``pgbench -R <rate>`` for ``--minutes``, and
 samples every ``--sample-s``:
 
 - each table's **live file count** (the files its newest Delta version references,

@@ -30,10 +30,10 @@ import uuid
 import psycopg
 from psycopg import sql
 
-from apply.delta_schema import KEY_COLUMNS_PROPERTY, TABLE_PROPERTY
+from apply.engine.spark_session import build_session
+from apply.lake.delta_schema import KEY_COLUMNS_PROPERTY, TABLE_PROPERTY
+from apply.lake.tables import TableId, table_path
 from apply.settings import SparkSettings
-from apply.spark_session import build_session
-from apply.tables import TableId, table_path
 from capture.source.setup import TableRef
 from deploy.local import jars, stack
 from pipeline.verify import lake as lake_side

@@ -454,8 +454,8 @@ def show_lake(root: Path) -> None:
         f"""
     .venv/bin/python -m apply jars   # the jars, for --jars / spark.jars
     from apply.settings import SparkSettings
-    from apply.spark_jars import configured_jars
-    from apply.spark_session import build_session
+    from apply.engine.spark_jars import configured_jars
+    from apply.engine.spark_session import build_session
     spark = build_session(SparkSettings(), configured_jars(SparkSettings()))
     spark.read.format("delta").load("{lake}/{SCHEMA}/orders").groupBy("status").count().show()
     spark.sql("DESCRIBE HISTORY delta.`{lake}/{SCHEMA}/orders`").select(

@@ -17,7 +17,7 @@ registry record it is four zero bytes followed by the 4-byte big-endian id
 (:func:`writer_key`), so id 7 shows as ``0000000000000007``. A real fingerprint whose
 first four bytes are zero (one schema in 2^32) would share its key with a registry id;
 the reader that resolves keys to schemas refuses that case when the two schemas differ
-(``apply.feedback.SchemaCatalog``) rather than decode records with the wrong one.
+(``apply.control.feedback.SchemaCatalog``) rather than decode records with the wrong one.
 
 Invariants:
 

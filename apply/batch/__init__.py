@@ -3,41 +3,41 @@
 A batch flows in one direction through named stages, one module each:
 
 - :mod:`.micro_batch` (:func:`apply_batch`): survey the batch once (topics, partitions,
-  offsets, writer fingerprints; :func:`apply.decode.survey`), then run every table's
-  part at the same time (:mod:`apply.table_pool`), each by :func:`apply_table`
+  offsets, writer fingerprints; :func:`apply.lake.decode.survey`), then run every table's
+  part at the same time (:mod:`apply.batch.table_pool`), each by :func:`apply_table`
   (:mod:`.table`):
 
   1. **read** (:mod:`.read`): check the records against the contract and read what the
-     lake holds: the table's history and applied state (:mod:`apply.history`), or what
+     lake holds: the table's history and applied state (:mod:`apply.lake.history`), or what
      the job's own last commit left while no commit followed it
-     (:mod:`apply.known_tables`) -- nothing is kept that Delta does not hold, so a
+     (:mod:`apply.lake.known_tables`) -- nothing is kept that Delta does not hold, so a
      restarted job behaves exactly like a running one. A batch the state already covers
      stops here and commits nothing;
   2. **plan** (:mod:`.plan`): decode the records with their writer schemas
-     (:mod:`apply.decode`), plan the table's columns (create it on first sight, add new
-     columns, :mod:`apply.delta_schema`), measure the batch per partition and compute
-     the new state (:mod:`apply.positions`);
+     (:mod:`apply.lake.decode`), plan the table's columns (create it on first sight, add new
+     columns, :mod:`apply.lake.delta_schema`), measure the batch per partition and compute
+     the new state (:mod:`apply.lake.positions`);
   3. **write** (:mod:`.write`): drop replays, reduce to the latest change per key and
-     MERGE it into the table (:mod:`apply.merge`, or from the driver
-     :mod:`apply.driver_merge`), with the state in the same commit; then, when the
+     MERGE it into the table (:mod:`apply.lake.spark_merge`, or from the driver
+     :mod:`apply.lake.driver_merge`), with the state in the same commit; then, when the
      commits took the table's version past its turn, compact or vacuum it in the same
-     task, so the write is its only writer (:mod:`apply.upkeep`);
+     task, so the write is its only writer (:mod:`apply.lake.upkeep`);
 
   and **park** (:mod:`.park`) the tables that failed for a definite reason.
 - **publish**: the job (:mod:`apply.app`) turns the result into control messages
-  (:func:`apply.progress.batch_progress`) and publishes them (:mod:`apply.feedback`)
+  (:func:`apply.control.progress.batch_progress`) and publishes them (:mod:`apply.control.feedback`)
   after every commit of the batch.
 
 A table that fails for a definite reason (:class:`~apply.errors.TableError`), or is
 errored since an earlier batch, is **parked** instead: its records of the batch go to
-the dead-letter table (:mod:`apply.dead_letter`), all parked tables of the batch in one
+the dead-letter table (:mod:`apply.lake.dead_letter`), all parked tables of the batch in one
 commit, after the other tables finished.
 
 Guarantees:
 
 - Every record of the batch ends up applied, superseded, dropped as a replay or
   tombstone, or parked; the control messages made from the result
-  (:func:`apply.progress.batch_progress`) never claim a record that is neither in its
+  (:func:`apply.control.progress.batch_progress`) never claim a record that is neither in its
   lake table nor parked.
 - A table never blocks another: a definite error parks only its own table, and an
   errored table stays parked, batch after batch, until ``python -m apply reapply``

@@ -1,13 +1,13 @@
 """The body of ``foreachBatch``: survey the batch once, run every table's part at the same
-time (:mod:`apply.table_pool`), park the errored ones in one commit, and return the
-results the job publishes (:mod:`apply.progress`).
+time (:mod:`apply.batch.table_pool`), park the errored ones in one commit, and return the
+results the job publishes (:mod:`apply.control.progress`).
 
 A batch small enough (``ApplyContext.driver_write_records``) is held in the driver
 first, read from Kafka there over the ranges of the query's offset log
-(:mod:`apply.held_batch`) or else collected in one Spark job, and surveyed there
-(:func:`apply.decode.survey_held`), so that
-each table's MERGE can run there with no Spark job of its own (:mod:`apply.driver_plan`,
-:mod:`apply.driver_merge`). A bigger batch is surveyed by Spark."""
+(:mod:`apply.batch.held_batch`) or else collected in one Spark job, and surveyed there
+(:func:`apply.lake.decode.survey_held`), so that
+each table's MERGE can run there with no Spark job of its own (:mod:`apply.lake.driver_plan`,
+:mod:`apply.lake.driver_merge`). A bigger batch is surveyed by Spark."""
 
 from __future__ import annotations
 
@@ -18,17 +18,17 @@ from collections.abc import Mapping, Sequence
 from pyspark.sql import DataFrame, SparkSession
 
 from apply.batch.context import ApplyContext
+from apply.batch.held_batch import HeldRecord, batch_ranges
 from apply.batch.park import Park, park_tables, parsable_schemas
 from apply.batch.read import lake_state, missing_schemas
 from apply.batch.table import apply_table, released
-from apply.dead_letter import ErroredTable, errored_tables
-from apply.decode import RECORD_COLUMNS, TopicSurvey, persisted, survey, survey_held
-from apply.driver_plan import CollectedRecord, local_lake
+from apply.batch.table_pool import SchedulerPools, run_per_table, table_session
+from apply.control.progress import BatchResult, TableResult
 from apply.errors import MissingSchemaError, TableError, UnknownSchemaError
-from apply.held_batch import HeldRecord, batch_ranges
-from apply.progress import BatchResult, TableResult
-from apply.table_pool import SchedulerPools, run_per_table, table_session
-from apply.tables import table_of_topic
+from apply.lake.dead_letter import ErroredTable, errored_tables
+from apply.lake.decode import RECORD_COLUMNS, TopicSurvey, persisted, survey, survey_held
+from apply.lake.driver_plan import CollectedRecord, local_lake
+from apply.lake.tables import table_of_topic
 from schemas.registry_framing import registry_id_of
 from schemas.single_object import format_fingerprint
 
@@ -53,7 +53,7 @@ def _table_task(
     topic_survey: TopicSurvey,
     collected: Sequence[CollectedRecord] | None,
 ) -> TableResult | Park | None:
-    """One table's part of the batch, in a session of its own (:mod:`apply.table_pool`)."""
+    """One table's part of the batch, in a session of its own (:mod:`apply.batch.table_pool`)."""
     session = table_session(spark)
     table = str(table_of_topic(topic_survey.topic))
     before = errored.get(table)
@@ -102,7 +102,7 @@ def _table_task(
 def _held(records: DataFrame, batch_id: int, context: ApplyContext) -> list[HeldRecord] | None:
     """The batch's records in the driver, when the lake is local and the batch holds at
     most ``context.driver_write_records`` records; else None. Read from Kafka by the
-    driver when the query's offset log gives the batch's ranges (:mod:`apply.held_batch`),
+    driver when the query's offset log gives the batch's ranges (:mod:`apply.batch.held_batch`),
     else with one Spark job reading at most one record more than the bound."""
     if not local_lake(context.lake_root) or context.driver_write_records <= 0:
         return None

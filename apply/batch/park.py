@@ -1,5 +1,5 @@
 """Errored tables: a table task's verdict to park, and the one commit that parks every
-parked table's records of a batch in the dead-letter table (:mod:`apply.dead_letter`)."""
+parked table's records of a batch in the dead-letter table (:mod:`apply.lake.dead_letter`)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ from dataclasses import dataclass
 from pyspark.sql import DataFrame, SparkSession
 
 from apply.batch.context import ApplyContext
-from apply.dead_letter import ParkRequest, park
-from apply.decode import TopicSurvey
-from apply.delta_schema import ValueSchema, parse_value_schema
+from apply.control.progress import ParkedTable
 from apply.errors import TableError
-from apply.positions import AppliedState
-from apply.progress import ParkedTable
-from apply.tables import table_of_topic
+from apply.lake.dead_letter import ParkRequest, park
+from apply.lake.decode import TopicSurvey
+from apply.lake.delta_schema import ValueSchema, parse_value_schema
+from apply.lake.positions import AppliedState
+from apply.lake.tables import table_of_topic
 
 log = logging.getLogger(__name__)
 

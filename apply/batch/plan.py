@@ -2,12 +2,12 @@
 
 - :func:`plan_batch`: create the table on first sight, add new columns, or replace it when
   a TRUNCATE in the batch lets it take a schema it cannot evolve to
-  (:mod:`apply.delta_schema`, :mod:`apply.superseded`);
+  (:mod:`apply.lake.delta_schema`, :mod:`apply.batch.superseded`);
 - :func:`measure_batch`: per partition, the newest position, replays, truncates and
-  unchanged TOAST columns of the decoded records (:func:`apply.merge.measure`), and a
+  unchanged TOAST columns of the decoded records (:func:`apply.lake.spark_merge.measure`), and a
   record that does not decode raises (:func:`check_decoded`);
 - :func:`partition_batches`: what each partition advances the applied state by
-  (:mod:`apply.positions`).
+  (:mod:`apply.lake.positions`).
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ import logging
 
 from pyspark.sql import DataFrame
 
-from apply.decode import TopicSurvey
-from apply.delta_schema import ExistingTable, ValueSchema, plan_columns
+from apply.batch.superseded import TablePlan, measure_supersession, plan_table
 from apply.errors import BadRecordError, SchemaChangeError
-from apply.merge import BatchMeasure, measure
-from apply.positions import AppliedState, PartitionBatch, Position, TopicPartition
-from apply.superseded import TablePlan, measure_supersession, plan_table
-from apply.tables import TableId
+from apply.lake.decode import TopicSurvey
+from apply.lake.delta_schema import ExistingTable, ValueSchema, plan_columns
+from apply.lake.positions import AppliedState, PartitionBatch, Position, TopicPartition
+from apply.lake.spark_merge import BatchMeasure, measure
+from apply.lake.tables import TableId
 from schemas.lsn import format_lsn
 from schemas.single_object import format_fingerprint
 
@@ -44,7 +44,7 @@ def plan_batch(
     previous: AppliedState | None,
 ) -> TablePlan:
     """The table's columns for the batch. Records a TRUNCATE superseded are left out of
-    planning (:mod:`apply.superseded`); finding them costs a Spark job, so only when the
+    planning (:mod:`apply.batch.superseded`); finding them costs a Spark job, so only when the
     plain plan fails or the batch holds more than one writer schema."""
     try:
         columns = plan_columns(table, existing, schemas)
@@ -69,7 +69,7 @@ def plan_batch(
 def measure_batch(
     decoded: DataFrame | None, previous: AppliedState | None, topic_survey: TopicSurvey, table: str
 ) -> BatchMeasure:
-    """:func:`apply.merge.measure`, and a record that does not decode raises."""
+    """:func:`apply.lake.spark_merge.measure`, and a record that does not decode raises."""
     measured = (
         measure(decoded, previous, topic_survey.topic)
         if decoded is not None

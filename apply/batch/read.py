@@ -1,6 +1,6 @@
 """Stage 1, read: what the lake holds for a table before the batch.
 
-Which records a topic's batch holds is the survey's (:func:`apply.decode.survey`); this
+Which records a topic's batch holds is the survey's (:func:`apply.lake.decode.survey`); this
 stage checks them against the contract (framing, writer schemas the job knows) and reads
 the table's side: its applied state, and whether that state already covers the batch, in
 which case nothing is planned or written (:func:`covered_result`).
@@ -13,12 +13,12 @@ import logging
 from pyspark.sql import SparkSession
 
 from apply.batch.context import ApplyContext
-from apply.decode import TopicSurvey
+from apply.control.progress import TableResult
 from apply.errors import BadRecordError, ConfigError, TableError
-from apply.history import recover_state
-from apply.positions import AppliedState, covers
-from apply.progress import TableResult
-from apply.tables import TableId, table_of_topic, table_path
+from apply.lake.decode import TopicSurvey
+from apply.lake.history import recover_state
+from apply.lake.positions import AppliedState, covers
+from apply.lake.tables import TableId, table_of_topic, table_path
 from schemas.single_object import Fingerprint
 
 log = logging.getLogger(__name__)

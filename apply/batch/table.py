@@ -12,18 +12,23 @@ from pyspark.sql import DataFrame, SparkSession
 from apply.batch.context import ApplyContext
 from apply.batch.plan import format_position, plan_batch
 from apply.batch.read import check_framing, covered_result, lake_state, missing_schemas
+from apply.batch.superseded import measure_supersession
 from apply.batch.write import after_commit, merge_batch, merge_from_driver
-from apply.dead_letter import ErroredTable, release_superseded
-from apply.decode import TopicSurvey, decode_topic, persisted
-from apply.delta_schema import ExistingTable, ValueSchema, parse_value_schema, read_existing_table
-from apply.driver_merge import DriverMergeUnavailableError
-from apply.driver_plan import CollectedRecord
+from apply.control.progress import TableResult
 from apply.errors import TableError
-from apply.history import TableHistory, read_history
-from apply.progress import TableResult
-from apply.superseded import measure_supersession
-from apply.table_lock import TABLE_LOCKS
-from apply.tables import table_of_topic, table_path
+from apply.lake.dead_letter import ErroredTable, release_superseded
+from apply.lake.decode import TopicSurvey, decode_topic, persisted
+from apply.lake.delta_schema import (
+    ExistingTable,
+    ValueSchema,
+    parse_value_schema,
+    read_existing_table,
+)
+from apply.lake.driver_merge import DriverMergeUnavailableError
+from apply.lake.driver_plan import CollectedRecord
+from apply.lake.history import TableHistory, read_history
+from apply.lake.table_lock import TABLE_LOCKS
+from apply.lake.tables import table_of_topic, table_path
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +60,7 @@ def apply_table(
         parse_value_schema(table, fingerprint, context.writer_schemas[fingerprint])
         for fingerprint in sorted(topic_survey.fingerprints)
     ]
-    # One writer per table (apply.table_lock): held across the whole write, the DDL
+    # One writer per table (apply.lake.table_lock): held across the whole write, the DDL
     # before the MERGE and the upkeep after it included.
     with TABLE_LOCKS.held(path):
         return _apply_table_merged(
@@ -163,7 +168,7 @@ def _apply_table_merged(
         path=path,
         # Kept even when this batch created the table, gave it columns or replaced it
         # (its new shape read once): the table's next batch then knows it and can be
-        # MERGEd from the driver (apply.driver_merge).
+        # MERGEd from the driver (apply.lake.driver_merge).
         existing=(
             existing
             if existing is not None and not plan.replace and not plan.columns.added

@@ -3,9 +3,9 @@
 - :func:`merge_batch`: the latest change per key MERGEd into the table (or the table
   replaced);
 - :func:`merge_from_driver`: the MERGE of a small batch collected to the driver,
-  decoded there and written with delta-rs, no Spark job (:mod:`apply.driver_merge`);
+  decoded there and written with delta-rs, no Spark job (:mod:`apply.lake.driver_merge`);
 - :func:`after_commit`: what the job keeps of the commit for the next batch
-  (:mod:`apply.known_tables`) and the upkeep it made due (:mod:`apply.upkeep`).
+  (:mod:`apply.lake.known_tables`) and the upkeep it made due (:mod:`apply.lake.upkeep`).
 
 Delta's ``txnAppId``/``txnVersion`` make a repeated write a no-op; the state is then read
 back from the commit that holds it (:func:`replayed_state`).
@@ -22,9 +22,12 @@ from pyspark.sql import DataFrame, SparkSession
 from apply.batch.context import ApplyContext
 from apply.batch.plan import check_decoded, format_position, measure_batch, partition_batches
 from apply.batch.read import batch_ids_restarted
-from apply.decode import TopicSurvey
-from apply.delta_log import sync_commits
-from apply.delta_schema import (
+from apply.batch.superseded import TablePlan
+from apply.control.progress import TableResult
+from apply.errors import SchemaChangeError, TransientError
+from apply.lake.decode import TopicSurvey
+from apply.lake.delta_log import sync_commits
+from apply.lake.delta_schema import (
     ColumnPlan,
     ExistingTable,
     ValueSchema,
@@ -32,8 +35,8 @@ from apply.delta_schema import (
     plan_columns,
     prepare_replacement,
 )
-from apply.driver_merge import DriverMergeUnavailableError, merge_rows, source_rows
-from apply.driver_plan import (
+from apply.lake.driver_merge import DriverMergeUnavailableError, merge_rows, source_rows
+from apply.lake.driver_plan import (
     CollectedRecord,
     DecodedChange,
     DriverWriteUnavailableError,
@@ -42,10 +45,10 @@ from apply.driver_plan import (
     local_lake,
     measure_changes,
 )
-from apply.errors import SchemaChangeError, TransientError
-from apply.history import TableHistory, newest_version, read_history, recover_state
-from apply.known_tables import KnownTable
-from apply.merge import (
+from apply.lake.history import TableHistory, newest_version, read_history, recover_state
+from apply.lake.known_tables import KnownTable
+from apply.lake.positions import AppliedState, advance, encode_state
+from apply.lake.spark_merge import (
     BatchMeasure,
     MergeOutcome,
     empty_source,
@@ -54,10 +57,7 @@ from apply.merge import (
     own_outcome,
     replace_table,
 )
-from apply.positions import AppliedState, advance, encode_state
-from apply.progress import TableResult
-from apply.superseded import TablePlan
-from apply.tables import table_of_topic, table_path
+from apply.lake.tables import table_of_topic, table_path
 
 log = logging.getLogger(__name__)
 
@@ -86,12 +86,12 @@ def after_commit(
     version_before: int,
 ) -> None:
     """After a table's batch wrote the Delta table at ``path``:
-    keep what it committed for the next batch (:mod:`apply.known_tables`), when
+    keep what it committed for the next batch (:mod:`apply.lake.known_tables`), when
     ``existing`` names the columns it wrote to (None: the batch created or changed
-    them, nothing is kept), and run the upkeep the commit made due (:mod:`apply.upkeep`).
+    them, nothing is kept), and run the upkeep the commit made due (:mod:`apply.lake.upkeep`).
 
     On a local lake the batch's commits are flushed to disk first
-    (:func:`apply.delta_log.sync_commits`): the job publishes the state they hold as
+    (:func:`apply.lake.delta_log.sync_commits`): the job publishes the state they hold as
     applied once the batch returns, and capture then lets the slot go past it."""
     if result.committed:
         sync_commits(path, version_before + 1, result.version)
@@ -299,7 +299,7 @@ def merged_result(
 @dataclass(frozen=True, slots=True)
 class DriverPlan:
     """A table's part of a batch the driver holds, planned for the driver's MERGE
-    (:mod:`apply.driver_plan`): its columns, the batch's measure, and the latest change
+    (:mod:`apply.lake.driver_plan`): its columns, the batch's measure, and the latest change
     per key after the replay filter and the newest applied TRUNCATE."""
 
     columns: ColumnPlan
@@ -378,7 +378,7 @@ def merge_from_driver(
     records: Sequence[CollectedRecord],
 ) -> DriverMerged | None:
     """:func:`merge_batch` for a small batch collected to the driver, MERGEd by delta-rs
-    with no Spark job (:mod:`apply.driver_merge`); None when the batch or the table is
+    with no Spark job (:mod:`apply.lake.driver_merge`); None when the batch or the table is
     one that path does not take (its module docstring), and then nothing is written.
     ``history`` and ``existing`` None: the table does not exist yet, and the driver
     creates it first (one commit, as Spark's creation is), unless the tables the job

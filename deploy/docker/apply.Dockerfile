@@ -64,7 +64,7 @@ ENV APPLY_SPARK__JARS_DIR=/opt/cdc/jars
 # filter keeps them out of spark.jars. A bind mount, so the stage's copy is no layer.
 RUN --mount=type=bind,from=objectstore-jars,source=/jars,target=/tmp/objectstore-jars \
     python -c 'import shutil; from pathlib import Path; \
-from apply.spark_jars import spark_jars, wheel_jar_dir; \
+from apply.engine.spark_jars import spark_jars, wheel_jar_dir; \
 [shutil.copy2(jar, wheel_jar_dir()) for jar in spark_jars(Path("/tmp/objectstore-jars"))]'
 
 # The executor's entrypoint on Kubernetes (the chart's executor pod template runs it).

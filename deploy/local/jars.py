@@ -22,7 +22,7 @@ Each set is resolved from Maven Central by a checked-in ``pom.xml`` under
   uses it.
 
 Which of the resolved Spark jars reach ``spark.jars`` is the apply job's rule, in
-:mod:`apply.spark_jars`.
+:mod:`apply.engine.spark_jars`.
 """
 
 from __future__ import annotations
@@ -115,8 +115,8 @@ def kafka_classpath() -> str:
 
 def spark_jars(wheel_jars: Path | None = None) -> list[str]:
     """The locally resolved jars to hand Spark, minus what the pyspark wheel ships."""
-    from apply.spark_jars import JarsMissing  # noqa: PLC0415 - pyspark-side module
-    from apply.spark_jars import spark_jars as filtered  # noqa: PLC0415
+    from apply.engine.spark_jars import JarsMissing  # noqa: PLC0415 - pyspark-side module
+    from apply.engine.spark_jars import spark_jars as filtered  # noqa: PLC0415
 
     try:
         return filtered(jar_dir("spark"), wheel_jars)

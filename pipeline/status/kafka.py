@@ -29,7 +29,7 @@ from confluent_kafka.admin._listoffsets import OffsetSpec
 from confluent_kafka.cimpl import TopicPartition
 
 from apply.errors import ConfigError
-from apply.tables import table_of_topic
+from apply.lake.tables import table_of_topic
 from pipeline.status.errors import StatusError
 from pipeline.status.lag import EnvelopeError, WaitingChange, envelope_head
 from runtime.kafka_client import ConnectionErrors, connection_conf

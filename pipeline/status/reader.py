@@ -6,7 +6,7 @@ a metadata and an end-offset request, the control messages added since the last 
 one record per lagging partition, and one SQL query. It never writes: no topic is
 created, nothing is produced or committed, the SQL session is read-only, and no Spark
 is started (apply's parked records come from the control topic, see
-:mod:`apply.table_status`).
+:mod:`apply.control.table_status`).
 
 The tables shown are those capture recorded a state for under its slot, those apply
 published progress or a status for, and those with a change topic under the prefix.

@@ -12,9 +12,9 @@ import sys
 from collections.abc import Callable
 
 from apply import errors as apply_errors
+from apply.engine.spark_jars import configured_jars
+from apply.engine.spark_session import build_session
 from apply.settings import ApplySettings
-from apply.spark_jars import configured_jars
-from apply.spark_session import build_session
 from capture import errors as capture_errors
 from capture.settings import CaptureSettings
 from pipeline.verify.report import format_human, format_json

@@ -27,15 +27,15 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as sf
 from pyspark.sql.types import DataType, DecimalType, StringType, StructField, StructType
 
-from apply.dead_letter import errored_tables
-from apply.delta_schema import (
+from apply.errors import ConfigError, TableError
+from apply.lake.dead_letter import errored_tables
+from apply.lake.delta_schema import (
     COMMIT_LSN_COLUMN,
     KEY_COLUMNS_PROPERTY,
     METADATA_FIELDS,
     spark_type,
 )
-from apply.errors import ConfigError, TableError
-from apply.tables import TableId, table_path
+from apply.lake.tables import TableId, table_path
 from pipeline.verify.canonical import (
     CanonColumn,
     lake_bucket,

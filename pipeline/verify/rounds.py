@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from pyspark.sql import SparkSession
 
 from apply import errors as apply_errors
-from apply.dead_letter import dead_letter_path
+from apply.lake.dead_letter import dead_letter_path
+from apply.lake.tables import TableId
 from apply.settings import ApplySettings
-from apply.tables import TableId
 from capture import errors as capture_errors
 from capture.settings import CaptureSettings, PostgresSettings
 from capture.source.credentials import source_password

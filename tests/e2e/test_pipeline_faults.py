@@ -179,7 +179,7 @@ SNAPSHOT_ROWS = 20_000
 second): the broker goes after the batch read its records and before its publish."""
 FAILING_S = 15
 """How long the broker stays away once apply's publish is failing: three attempts or
-more (each waits 5 s for acknowledgements, then backs off, apply/feedback.py), where
+more (each waits 5 s for acknowledgements, then backs off, apply/control/feedback.py), where
 three failed the job before."""
 
 

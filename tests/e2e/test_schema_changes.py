@@ -27,8 +27,8 @@ from psycopg import sql
 
 from apply.app import ApplyJob
 from apply.batch import ApplyContext
-from apply.dead_letter import dead_letter_path, errored_tables
-from apply.merge import transaction_app_id
+from apply.lake.dead_letter import dead_letter_path, errored_tables
+from apply.lake.spark_merge import transaction_app_id
 from apply.reapply import reapply_app_id, reapply_table
 from apply.settings import ApplySettings, LakeSettings, TriggerSettings
 from apply.settings import KafkaSettings as ApplyKafka

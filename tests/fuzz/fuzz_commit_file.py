@@ -8,7 +8,7 @@ A commit file is not ours: Delta's writers (Spark's, delta-rs) put the table's o
 in it, raw, inside JSON strings (a text column's min/max statistics, keys, the writer's
 ``userMetadata``). An input's first byte picks one of two properties:
 
-- **any text**: :func:`apply.delta_log.parse_commit` returns a commit or raises
+- **any text**: :func:`apply.lake.delta_log.parse_commit` returns a commit or raises
   ``MalformedCommitError``, never another exception and never a hang, whatever the
   bytes (read as UTF-8 with surrogate escapes, as a damaged file could be).
 - **a well-formed commit**: actions built from the input (``txn``, an ``add`` whose
@@ -30,7 +30,7 @@ from typing import Any
 import atheris
 
 with atheris.instrument_imports():
-    from apply.delta_log import MalformedCommitError, parse_commit
+    from apply.lake.delta_log import MalformedCommitError, parse_commit
 
 # Characters that a line splitter other than "\n" breaks on: the fuzzer gets them often.
 LINE_BOUNDARIES = "\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"

@@ -18,16 +18,16 @@ from typing import Any
 import pytest
 
 from apply.batch import ApplyContext, apply_batch
-from apply.dead_letter import discard, errored_tables
-from apply.delta_schema import COMMIT_LSN_COLUMN, COMMIT_TS_COLUMN, ORDINAL_COLUMN
+from apply.control.progress import applied_progress, batch_progress
 from apply.errors import BadRecordError, ConfigError, UnknownSchemaError
-from apply.history import TableHistory, read_history, recover_state
-from apply.known_tables import KnownTables
-from apply.merge import TXN_APP_ID_CONF, TXN_VERSION_CONF, USER_METADATA_CONF
-from apply.positions import PartitionProgress, Position
-from apply.progress import applied_progress, batch_progress
+from apply.lake.dead_letter import discard, errored_tables
+from apply.lake.delta_schema import COMMIT_LSN_COLUMN, COMMIT_TS_COLUMN, ORDINAL_COLUMN
+from apply.lake.history import TableHistory, read_history, recover_state
+from apply.lake.known_tables import KnownTables
+from apply.lake.positions import PartitionProgress, Position
+from apply.lake.spark_merge import TXN_APP_ID_CONF, TXN_VERSION_CONF, USER_METADATA_CONF
+from apply.lake.tables import TableId, table_path
 from apply.reapply import reapply_app_id, reapply_table
-from apply.tables import TableId, table_path
 from schemas import column_type as ct
 from schemas.change_record import (
     Change,
@@ -224,7 +224,7 @@ def test_changes_replays_and_restart(
 def test_a_batch_takes_what_the_job_committed_until_another_commit_follows(
     spark: Any, services: Services, unique_name: str, tmp_path: Path
 ) -> None:
-    """apply.known_tables: after a MERGE the job keeps the table's version, state and
+    """apply.lake.known_tables: after a MERGE the job keeps the table's version, state and
     columns, and the next batch uses them instead of asking Delta, until any other
     commit follows; both ways land the same rows and the same state as Delta holds."""
     schemas = build_table_schemas(
@@ -255,7 +255,7 @@ def test_a_batch_takes_what_the_job_committed_until_another_commit_follows(
     )
     assert created.table_created
     # Kept from the batch that created the table (its columns read once), so the next
-    # batch can be written from the driver (apply.driver_merge).
+    # batch can be written from the driver (apply.lake.driver_merge).
     first = known.current(spark, path)
     assert first is not None
     assert first.history == TableHistory(created.version, created.state)

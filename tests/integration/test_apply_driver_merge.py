@@ -1,5 +1,5 @@
-"""The driver's MERGE against Spark's it stands in for (apply.driver_plan,
-apply.driver_merge). The same batches of every column type, from a real Kafka topic,
+"""The driver's MERGE against Spark's it stands in for (apply.lake.driver_plan,
+apply.lake.driver_merge). The same batches of every column type, from a real Kafka topic,
 applied to a lake of each path; the tables, the applied states and the results must be
 equal column by column, and the driver's commits must really be delta-rs's.
 """
@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 
 from apply.batch import ApplyContext, apply_batch
-from apply.decode import RECORD_COLUMNS, survey, survey_held
-from apply.delta_log import commit_file
-from apply.driver_merge import DriverTables
-from apply.known_tables import KnownTables
-from apply.tables import TableId, table_path
+from apply.lake.decode import RECORD_COLUMNS, survey, survey_held
+from apply.lake.delta_log import commit_file
+from apply.lake.driver_merge import DriverTables
+from apply.lake.known_tables import KnownTables
+from apply.lake.tables import TableId, table_path
 from schemas.change_record import ChangeEncoder, TableDescription, build_table_schemas
 from tests.plugins.change_topics import (
     DELETE,
@@ -77,7 +77,7 @@ def test_the_driver_merges_what_spark_merges(
     spark: Any, services: Services, unique_name: str, tmp_path: Path
 ) -> None:
     """The same batches MERGEd by Spark alone
-    and by the driver where it can (apply.driver_merge); tables, states and results
+    and by the driver where it can (apply.lake.driver_merge); tables, states and results
     equal. (That the driver leaves a table with deletion vectors to Spark is
     tests/unit/apply/test_driver_merge.py's.)"""
     schemas = build_table_schemas(TableDescription("public", unique_name, EVERY_TYPE))
@@ -162,7 +162,7 @@ def test_the_driver_merges_what_spark_merges(
     restarted = dataclasses.replace(driver, known=None, driver_tables=None)
     again = apply_batch(last, len(batches) - 1, restarted).applied[0]
     assert (again.committed, again.state) == (False, replayed.state)
-    # So does one that reads the table in the driver (apply.driver_merge.DriverTables.read).
+    # So does one that reads the table in the driver (apply.lake.driver_merge.DriverTables.read).
     read_by_driver = dataclasses.replace(driver, known=KnownTables(), driver_tables=DriverTables())
     again = apply_batch(last, len(batches) - 1, read_by_driver).applied[0]
     assert (again.committed, again.state) == (False, replayed.state)

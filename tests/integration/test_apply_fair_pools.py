@@ -1,6 +1,6 @@
 """The apply job's Spark schedules tables fairly: FAIR mode is on in the session the job
 builds, and every table's jobs run in a scheduler pool of that table's own
-(:mod:`apply.table_pool`).
+(:mod:`apply.batch.table_pool`).
 
 Which pool a job ran in is read back from Spark's own record of its stages (the status
 store behind the UI and ``statusTracker``), once the listener bus has delivered every
@@ -16,7 +16,7 @@ import pytest
 from py4j.protocol import Py4JJavaError
 
 from apply.batch import apply_batch
-from apply.table_pool import POOL_PROPERTY, SchedulerPools, run_per_table
+from apply.batch.table_pool import POOL_PROPERTY, SchedulerPools, run_per_table
 from schemas import column_type as ct
 from schemas.change_record import ChangeEncoder, Column, TableDescription, build_table_schemas
 from tests.plugins.change_topics import INSERT, UPDATE, ChangeTopic, change, context

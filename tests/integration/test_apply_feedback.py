@@ -7,8 +7,8 @@ import pytest
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
+from apply.control.feedback import ProgressPublisher
 from apply.errors import ConfigError
-from apply.feedback import ProgressPublisher
 from apply.settings import KafkaSettings
 from schemas.control import AppliedProgress, decode_progress
 from schemas.lsn import Lsn
@@ -43,7 +43,7 @@ def test_progress_lands_on_the_control_topic(services: Services, unique_name: st
     ].result(30)
 
     # One publish sends the newest message of each key (the topic is compacted, so a
-    # superseded one would only ever be read to be overtaken: apply.feedback.Outbox), in
+    # superseded one would only ever be read to be overtaken: apply.control.feedback.Outbox), in
     # the order each key last came.
     ProgressPublisher(_settings(services, topic)).publish(
         [_progress(5), _progress(7, partition=1), _progress(9)]

@@ -1,4 +1,4 @@
-"""apply.held_batch against a real broker: the records of a batch's offset ranges, read
+"""apply.batch.held_batch against a real broker: the records of a batch's offset ranges, read
 in the driver, are exactly the ones in those ranges, tombstones included; a batch over
 the bound, or whose offsets the log cannot give, is left to Spark."""
 
@@ -11,7 +11,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
-from apply.held_batch import HeldBatchReader, batch_ranges
+from apply.batch.held_batch import HeldBatchReader, batch_ranges
 from tests.plugins.services import Services
 
 

@@ -21,14 +21,14 @@ from confluent_kafka.cimpl import NewTopic
 
 from apply.app import ApplyJob
 from apply.batch import ApplyContext, apply_batch
-from apply.dead_letter import errored_tables
+from apply.batch.table_pool import table_session
+from apply.control.progress import BatchResult, batch_progress
 from apply.errors import SchemaChangeError
-from apply.merge import commit_settings
-from apply.progress import BatchResult, batch_progress
+from apply.lake.dead_letter import errored_tables
+from apply.lake.spark_merge import commit_settings
+from apply.lake.tables import TableId, table_path
 from apply.reapply import apply_parked, reapply_app_id, reapply_table
 from apply.settings import ApplySettings, KafkaSettings, LakeSettings
-from apply.table_pool import table_session
-from apply.tables import TableId, table_path
 from schemas import column_type as ct
 from schemas.change_record import ChangeEncoder, Column, TableDescription, build_table_schemas
 from schemas.control import AppliedProgress, ApplyTableStatus, decode_control

@@ -15,14 +15,14 @@ from psycopg import sql
 from pyspark.sql import DataFrame
 
 from apply.app import ApplyJob, lanes_of
-from apply.history import recover_state
+from apply.batch.table_pool import POOL_PROPERTY
+from apply.control.progress import BatchResult
+from apply.lake.history import recover_state
+from apply.lake.spark_merge import transaction_app_id
+from apply.lake.tables import TableId, table_path
 from apply.lanes import DEFAULT_LANE
-from apply.merge import transaction_app_id
-from apply.progress import BatchResult
 from apply.settings import ApplySettings, LakeSettings, TriggerSettings
 from apply.settings import KafkaSettings as ApplyKafka
-from apply.table_pool import POOL_PROPERTY
-from apply.tables import TableId, table_path
 from tests.plugins.capture import CaptureThread, capture_settings
 from tests.plugins.lake import wait_applied
 from tests.plugins.services import Services

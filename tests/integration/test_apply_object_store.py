@@ -136,7 +136,7 @@ def _lake_rows(store: ObjectStore, url: str) -> list[tuple[Any, ...]]:
 _SPARK_READER = """
 import json, os, sys
 from apply.settings import SparkSettings
-from apply.spark_session import build_session
+from apply.engine.spark_session import build_session
 settings = SparkSettings(
     master="local[1]", app_name="s3a-reader", conf=json.loads(os.environ["READER_CONF"])
 )

@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 
 from apply.batch import apply_batch
-from apply.dead_letter import ParkRequest, errored_tables, park
-from apply.delta_schema import parse_value_schema
+from apply.lake.dead_letter import ParkRequest, errored_tables, park
+from apply.lake.delta_schema import parse_value_schema
+from apply.lake.tables import TableId, table_path
 from apply.reapply import reapply_app_id, reapply_table
-from apply.tables import TableId, table_path
 from schemas import column_type as ct
 from schemas.change_record import ChangeEncoder, Column, TableDescription, build_table_schemas
 from schemas.operation import Operation

@@ -1,4 +1,4 @@
-"""A lake upgraded from the retired change log (apply.retired_log): at start the job folds
+"""A lake upgraded from the retired change log (apply.lake.retired_log): at start the job folds
 what a log holds beyond its table's watermark into the table once, with the log's
 state, and warns that the log can be deleted; a second start, and one after a batch
 that MERGEd into the table since, commit nothing. Real Spark and Delta; the log is
@@ -16,19 +16,19 @@ import pytest
 from delta.tables import DeltaTable
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from apply.delta_schema import ColumnPlan, ColumnSpec, ensure_table, table_schema
 from apply.errors import ConfigError, RetiredChangeLogError
-from apply.history import read_history
-from apply.positions import AppliedState, PartitionProgress, Position, advance, encode_state
-from apply.retired_log import (
+from apply.lake.delta_schema import ColumnPlan, ColumnSpec, ensure_table, table_schema
+from apply.lake.history import read_history
+from apply.lake.positions import AppliedState, PartitionProgress, Position, advance, encode_state
+from apply.lake.retired_log import (
     OP_COLUMN,
     SEQ_COLUMN,
     change_log_path,
     fold_app_id,
     fold_retired_logs,
 )
-from apply.table_lock import TABLE_LOCKS
-from apply.tables import TableId, table_path
+from apply.lake.table_lock import TABLE_LOCKS
+from apply.lake.tables import TableId, table_path
 from schemas.lsn import Lsn
 
 pytestmark = pytest.mark.slow
@@ -111,7 +111,7 @@ def test_a_log_is_folded_once_at_start_and_the_table_holds_its_state(
     before = read_history(spark, path, str(TABLE))
     assert before is not None
 
-    with caplog.at_level(logging.WARNING, logger="apply.retired_log"):
+    with caplog.at_level(logging.WARNING, logger="apply.lake.retired_log"):
         (first,) = fold_retired_logs(spark, lake_root=root, default_app_id=APP_ID)
     assert (first.table, first.folded_through, first.version) == (TABLE, 2, before.version + 1)
     assert table_rows(spark, root) == {2: "b2", 3: "c2"}

@@ -1,4 +1,4 @@
-"""Two writers racing on one table lose nothing (apply.table_lock).
+"""Two writers racing on one table lose nothing (apply.lake.table_lock).
 
 The driver MERGEs with delta-rs while Spark commits to the same table (appends, and
 apply's own OPTIMIZE): on a local file system Delta's Spark writer checks that the next
@@ -19,14 +19,14 @@ import pytest
 from deltalake import DeltaTable
 from pyspark.sql.types import LongType, StringType
 
-from apply.delta_log import commit_file, parse_commit
-from apply.delta_schema import ColumnPlan, ColumnSpec, ensure_table, table_schema
-from apply.driver_merge import merge_rows, source_rows
-from apply.driver_plan import DecodedChange
-from apply.positions import Position
-from apply.table_lock import TABLE_LOCKS
-from apply.tables import TableId
-from apply.upkeep import compact
+from apply.lake.delta_log import commit_file, parse_commit
+from apply.lake.delta_schema import ColumnPlan, ColumnSpec, ensure_table, table_schema
+from apply.lake.driver_merge import merge_rows, source_rows
+from apply.lake.driver_plan import DecodedChange
+from apply.lake.positions import Position
+from apply.lake.table_lock import TABLE_LOCKS
+from apply.lake.tables import TableId
+from apply.lake.upkeep import compact
 from schemas.lsn import Lsn
 
 pytestmark = pytest.mark.slow

@@ -17,13 +17,13 @@ from typing import Any
 import pytest
 
 from apply.batch import ApplyContext, apply_batch
-from apply.history import recover_state
-from apply.merge import transaction_app_id
+from apply.lake.history import recover_state
+from apply.lake.spark_merge import transaction_app_id
+from apply.lake.table_lock import TABLE_LOCKS
+from apply.lake.tables import TableId, table_path
+from apply.lake.upkeep import TableUpkeep, vacuum
 from apply.metrics import ApplyMetrics
 from apply.settings import UpkeepSettings
-from apply.table_lock import TABLE_LOCKS
-from apply.tables import TableId, table_path
-from apply.upkeep import TableUpkeep, vacuum
 from schemas import column_type as ct
 from schemas.change_record import (
     Change,

@@ -78,7 +78,7 @@ def test_change_data_feed_holds_every_row_change_the_pipeline_applied(
         runner.close(pg)
     assert not runner.errors, runner.errors
     # The SIGTERM went to the whole process group, JVM included: the driver alone stops
-    # the job (apply.spark_session), so nothing fails on the way out.
+    # the job (apply.engine.spark_session), so nothing fails on the way out.
     assert stopped == 0, pipeline.apply.tail()
     assert "Traceback" not in pipeline.apply.log.read_text(), pipeline.apply.tail()
 

@@ -18,7 +18,7 @@ from typing import Any
 import pyarrow as pa  # type: ignore[import-untyped]
 import pytest
 
-from apply.spark_session import DELETION_VECTORS_DEFAULT
+from apply.engine.spark_session import DELETION_VECTORS_DEFAULT
 from schemas.column_type import TIMESTAMP_NEGATIVE_INFINITY, TIMESTAMP_POSITIVE_INFINITY
 from tests.plugins.lake import (
     live_files,

@@ -22,8 +22,8 @@ import pytest
 from confluent_kafka.admin import AdminClient
 from psycopg import sql
 
+from apply.control.table_status import read_table_statuses
 from apply.errors import ConfigError as ApplyConfigError
-from apply.table_status import read_table_statuses
 from capture import admin
 from capture.publish.control import ControlTopicMissingError
 from capture.settings import CaptureSettings

@@ -21,10 +21,10 @@ from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient
 from psycopg import sql
 
-from apply.feedback import SchemaCatalog
+from apply.control.feedback import SchemaCatalog
+from apply.control.table_status import read_table_statuses
 from apply.settings import ApplySettings, LakeSettings, TriggerSettings
 from apply.settings import KafkaSettings as ApplyKafka
-from apply.table_status import read_table_statuses
 from capture.errors import ConfigError
 from capture.service import CaptureService
 from capture.settings import CaptureSettings

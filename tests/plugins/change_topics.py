@@ -17,7 +17,7 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
 from apply.batch import ApplyContext
-from apply.merge import transaction_app_id
+from apply.lake.spark_merge import transaction_app_id
 from schemas.change_record import Change, ChangeEncoder, TableSchemas
 from schemas.lsn import Lsn
 from schemas.naming import table_topic

@@ -105,7 +105,7 @@ def object_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ObjectSto
 def objectstore_jars() -> list[str]:
     """The object-store jars for ``spark.jars`` (resolved with Maven the first time),
     minus whatever the pyspark wheel already ships."""
-    from apply.spark_jars import spark_jars  # noqa: PLC0415 - pyspark loads only when used
+    from apply.engine.spark_jars import spark_jars  # noqa: PLC0415 - pyspark loads only when used
     from deploy.local.jars import resolve  # noqa: PLC0415
 
     return spark_jars(resolve("objectstore"))

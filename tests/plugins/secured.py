@@ -31,8 +31,8 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._acl import AclBinding, AclOperation, AclPermissionType
 from confluent_kafka.admin._resource import ResourcePatternType, ResourceType
 
-from apply.kafka_clients import SCHEMA_GROUP, SPARK_SOURCE_GROUP_PREFIX
-from apply.kafka_clients import STATUS_GROUP as APPLY_STATUS_GROUP
+from apply.engine.kafka_clients import SCHEMA_GROUP, SPARK_SOURCE_GROUP_PREFIX
+from apply.engine.kafka_clients import STATUS_GROUP as APPLY_STATUS_GROUP
 from capture.publish.control import CONTROL_GROUP
 from deploy.local.kafka import SCRAM_MECHANISM, LocalKafka, SaslSslListener
 from deploy.local.postgres import LocalPostgres, ServerTls

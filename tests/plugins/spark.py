@@ -14,8 +14,8 @@ import pytest
 
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    from apply.engine.spark_session import build_session  # noqa: PLC0415
     from apply.settings import SparkSettings  # noqa: PLC0415 - pyspark loads only when used
-    from apply.spark_session import build_session  # noqa: PLC0415
     from deploy.local.jars import resolve, spark_jars  # noqa: PLC0415
 
     resolve("spark")

@@ -4,8 +4,8 @@ progress messages report (:data:`PROGRESS_STATE`), and the batch result ending a
 
 from __future__ import annotations
 
-from apply.positions import AppliedState, PartitionProgress, Position
-from apply.progress import TableResult
+from apply.control.progress import TableResult
+from apply.lake.positions import AppliedState, PartitionProgress, Position
 from schemas.lsn import Lsn
 
 TOPIC = "cdc.public.orders"

@@ -14,23 +14,23 @@ import yaml
 from pyspark.errors import AnalysisException
 from pyspark.sql.types import LongType, StringType
 
-from apply import merge, retired_log
 from apply.app import log_results
-from apply.delta_schema import (
+from apply.control.progress import ParkedTable
+from apply.control.table_status import errored_line, format_errored, table_statuses
+from apply.errors import BadRecordError, ConfigError, SchemaChangeError, parked_cure
+from apply.lake import retired_log, spark_merge
+from apply.lake.delta_schema import (
     ColumnPlan,
     ColumnSpec,
     ExistingTable,
     parse_value_schema,
     plan_columns,
 )
-from apply.errors import BadRecordError, ConfigError, SchemaChangeError, parked_cure
-from apply.history import TableHistory
-from apply.merge import MergeSource
-from apply.positions import PartitionProgress
-from apply.progress import ParkedTable
-from apply.table_lock import TABLE_LOCKS
-from apply.table_status import errored_line, format_errored, table_statuses
-from apply.tables import TableId
+from apply.lake.history import TableHistory
+from apply.lake.positions import PartitionProgress
+from apply.lake.spark_merge import MergeSource
+from apply.lake.table_lock import TABLE_LOCKS
+from apply.lake.tables import TableId
 from schemas import column_type as ct
 from schemas.change_record import Column, TableDescription, build_table_schemas
 from tests.plugins.table_states import PROGRESS_STATE, TOPIC
@@ -184,15 +184,15 @@ def test_a_merge_that_does_not_fit_the_table_names_the_resync(
     functions = MagicMock()
     for name in ("col", "lit", "when", "array_contains"):
         getattr(functions, name).return_value = _Expression()
-    monkeypatch.setattr(merge, "sf", functions)
-    monkeypatch.setattr(merge, "Column", MagicMock())
+    monkeypatch.setattr(spark_merge, "sf", functions)
+    monkeypatch.setattr(spark_merge, "Column", MagicMock())
     delta = MagicMock()
     builder = delta.forPath.return_value.alias.return_value.merge.return_value
     chained = builder.whenMatchedDelete.return_value.whenMatchedUpdate.return_value
     chained.whenNotMatchedInsert.return_value.execute.side_effect = AnalysisException(
         message="cannot resolve column"
     )
-    monkeypatch.setattr(merge, "DeltaTable", delta)
+    monkeypatch.setattr(spark_merge, "DeltaTable", delta)
     plan = ColumnPlan(
         columns=(ColumnSpec("id", LongType(), key=True),),
         added=(),
@@ -201,7 +201,7 @@ def test_a_merge_that_does_not_fit_the_table_names_the_resync(
     )
     source = MergeSource(frame=MagicMock(), unchanged_columns=())
     with pytest.raises(SchemaChangeError) as raised, TABLE_LOCKS.held("/lake/public/orders"):
-        merge.merge_into(
+        spark_merge.merge_into(
             MagicMock(),
             path="/lake/public/orders",
             table=NAME,

@@ -7,7 +7,8 @@ import json
 import pytest
 from pyspark.sql.types import LongType, StringType
 
-from apply.delta_schema import (
+from apply.errors import SchemaChangeError, TableError
+from apply.lake.delta_schema import (
     COMMIT_LSN_COLUMN,
     ColumnSpec,
     ExistingTable,
@@ -16,8 +17,7 @@ from apply.delta_schema import (
     spark_type,
     table_schema,
 )
-from apply.errors import SchemaChangeError, TableError
-from apply.tables import TableId
+from apply.lake.tables import TableId
 from schemas import column_type as ct
 from schemas.change_record import Column, TableDescription, TableSchemas, build_table_schemas
 from schemas.column_type import ColumnType
@@ -25,7 +25,7 @@ from schemas.column_type import ColumnType
 TABLE = TableId("public", "orders")
 KEY = Column("id", ct.LONG, nullable=False, key=True)
 
-# The table in the apply.delta_schema docstring and docs/apply.md.
+# The table in the apply.lake.delta_schema docstring and docs/apply.md.
 MAPPING = [
     (ct.BOOLEAN, "boolean"),
     (ct.INT, "int"),

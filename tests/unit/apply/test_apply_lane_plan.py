@@ -11,8 +11,8 @@ import pytest
 from apply.app import queries_ended
 from apply.batch import ApplyContext
 from apply.errors import ConfigError
+from apply.lake.spark_merge import transaction_app_id
 from apply.lanes import DEFAULT_LANE, Lane, plan_lanes
-from apply.merge import transaction_app_id
 from tests.plugins.table_states import STATE
 
 

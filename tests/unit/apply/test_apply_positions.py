@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from apply.positions import (
+from apply.lake.positions import (
     AppliedState,
     PartitionBatch,
     PartitionProgress,
@@ -158,7 +158,7 @@ def test_a_batch_below_every_next_offset_is_covered() -> None:
 
 
 def test_the_retired_logs_sequence_round_trips_and_no_batch_carries_it_on() -> None:
-    """A retired change log's states carry ``log_seq`` (apply.retired_log reads them);
+    """A retired change log's states carry ``log_seq`` (apply.lake.retired_log reads them);
     a batch's new state does not."""
     logged = replace(STATE, log_seq=17)
     assert '"log_seq":17' in encode_state(logged)

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import json
 
-from apply.positions import AppliedState, PartitionProgress
-from apply.progress import (
+from apply.control.progress import (
     BatchResult,
     ParkedTable,
     applied_progress,
@@ -13,6 +12,7 @@ from apply.progress import (
     parked_progress,
     recovered_progress,
 )
+from apply.lake.positions import AppliedState, PartitionProgress
 from schemas.control import decode_progress
 from schemas.lsn import Lsn
 from tests.plugins.table_states import PROGRESS_STATE as STATE

@@ -1,6 +1,6 @@
 """The control-topic publish against an in-memory producer: it waits for the broker as
 long as it takes, re-sends only what the broker lost, reports every failed attempt (the
-job's readiness) and lets a stop end the wait (apply/feedback.py, the publish contract)."""
+job's readiness) and lets a stop end the wait (apply/control/feedback.py, the publish contract)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError
 
-import apply.feedback
+import apply.control.feedback
+from apply.control.feedback import Outbox, ProgressPublisher
 from apply.errors import ConfigError, TransientError
-from apply.feedback import Outbox, ProgressPublisher
 from apply.settings import KafkaSettings
 from runtime.telemetry import Health
 from schemas.control import AppliedProgress, ApplyTableStatus
@@ -96,7 +96,7 @@ class FakeProducer:
 def broker(monkeypatch: pytest.MonkeyPatch) -> Broker:
     state = Broker()
     monkeypatch.setattr(FakeProducer, "broker", state)
-    monkeypatch.setattr(apply.feedback, "Producer", FakeProducer)
+    monkeypatch.setattr(apply.control.feedback, "Producer", FakeProducer)
     return state
 
 

@@ -1,15 +1,15 @@
-"""Planning a batch whose records a TRUNCATE superseded (apply.superseded): pure."""
+"""Planning a batch whose records a TRUNCATE superseded (apply.batch.superseded): pure."""
 
 from __future__ import annotations
 
 import pytest
 from pyspark.sql.types import LongType, StringType
 
-from apply.delta_schema import ColumnSpec, ExistingTable, ValueSchema, parse_value_schema
+from apply.batch.superseded import Supersession, plan_table
 from apply.errors import SchemaChangeError
-from apply.positions import AppliedState, Position
-from apply.superseded import Supersession, plan_table
-from apply.tables import TableId
+from apply.lake.delta_schema import ColumnSpec, ExistingTable, ValueSchema, parse_value_schema
+from apply.lake.positions import AppliedState, Position
+from apply.lake.tables import TableId
 from schemas import column_type as ct
 from schemas.change_record import Column, TableDescription, build_table_schemas
 from schemas.lsn import Lsn

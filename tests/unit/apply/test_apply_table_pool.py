@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from apply.table_pool import DEFAULT_POOL, POOL_PROPERTY, SchedulerPools, run_per_table
+from apply.batch.table_pool import DEFAULT_POOL, POOL_PROPERTY, SchedulerPools, run_per_table
 
 
 def test_tasks_run_at_the_same_time() -> None:

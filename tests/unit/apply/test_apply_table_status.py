@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from apply.table_status import format_errored, table_statuses
+from apply.control.table_status import format_errored, table_statuses
 from schemas.control import ApplyTableStatus, decode_control
 
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 
 from apply.errors import ConfigError
-from apply.merge import (
+from apply.lake.spark_merge import (
     TXN_APP_ID_CONF,
     TXN_VERSION_CONF,
     USER_METADATA_CONF,
     commit_settings,
     transaction_app_id,
 )
-from apply.tables import TableId, table_of_topic, table_path
+from apply.lake.tables import TableId, table_of_topic, table_path
 from schemas.naming import table_topic
 
 

@@ -9,9 +9,9 @@ import pytest
 from py4j.protocol import Py4JError
 from pyspark.errors import PySparkException
 
+from apply.lake.upkeep import TableUpkeep, UpkeepRun, UpkeepTask, due, run_tasks
 from apply.metrics import ApplyMetrics
 from apply.settings import ApplySettings, UpkeepSettings
-from apply.upkeep import TableUpkeep, UpkeepRun, UpkeepTask, due, run_tasks
 
 COMPACT, VACUUM = UpkeepTask.COMPACT, UpkeepTask.VACUUM
 EVERY_4 = UpkeepSettings(compact_every_commits=4, vacuum_every_commits=12)

@@ -1,4 +1,4 @@
-"""apply.delta_log: a commit file's commitInfo and txn actions, and where it lives; a
+"""apply.lake.delta_log: a commit file's commitInfo and txn actions, and where it lives; a
 commit file is newline-delimited JSON whose strings carry any character raw."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pyarrow as pa  # type: ignore[import-untyped]
 import pytest
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
-from apply.delta_log import (
+from apply.lake.delta_log import (
     MalformedCommitError,
     commit_file,
     local_path,

@@ -1,4 +1,4 @@
-"""apply.driver_merge: which tables the driver writes, and its MERGE's rules, against
+"""apply.lake.driver_merge: which tables the driver writes, and its MERGE's rules, against
 tables delta-rs itself writes (the comparison with Spark's MERGE on every column type is
 tests/integration/test_apply_driver_merge.py's)."""
 
@@ -11,20 +11,20 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 from pyspark.sql.types import LongType, StringType
 
-from apply.delta_log import commit_file, parse_commit
-from apply.delta_schema import ColumnPlan, ColumnSpec
-from apply.driver_merge import (
+from apply.errors import TableError
+from apply.lake.delta_log import commit_file, parse_commit
+from apply.lake.delta_schema import ColumnPlan, ColumnSpec
+from apply.lake.driver_merge import (
     DriverMergeUnavailableError,
     DriverTables,
     merge_rows,
     source_rows,
     writable,
 )
-from apply.driver_plan import DecodedChange
-from apply.errors import TableError
-from apply.positions import AppliedState, Position, encode_state
-from apply.table_lock import TABLE_LOCKS, UnheldTableLockError
-from apply.tables import TableId
+from apply.lake.driver_plan import DecodedChange
+from apply.lake.positions import AppliedState, Position, encode_state
+from apply.lake.table_lock import TABLE_LOCKS, UnheldTableLockError
+from apply.lake.tables import TableId
 from schemas.lsn import Lsn
 
 COLUMNS = (ColumnSpec("id", LongType(), key=True), ColumnSpec("Note", StringType()))

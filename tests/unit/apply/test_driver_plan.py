@@ -1,4 +1,4 @@
-"""A batch held in the driver (apply.driver_plan), its pure steps: decode with the
+"""A batch held in the driver (apply.lake.driver_plan), its pure steps: decode with the
 contract's own encoder's bytes, measure, the latest change per key, the Arrow arrays.
 That the table the driver MERGEs them into equals Spark's is
 tests/integration/test_apply_driver_merge.py's."""
@@ -12,8 +12,8 @@ import pyarrow as pa  # type: ignore[import-untyped]
 import pytest
 from pyspark.sql.types import StringType
 
-from apply.delta_schema import ColumnSpec, parse_value_schema
-from apply.driver_plan import (
+from apply.lake.delta_schema import ColumnSpec, parse_value_schema
+from apply.lake.driver_plan import (
     CollectedRecord,
     DriverWriteUnavailableError,
     change_arrays,
@@ -22,8 +22,8 @@ from apply.driver_plan import (
     local_lake,
     measure_changes,
 )
-from apply.positions import AppliedState, PartitionProgress, Position
-from apply.tables import TableId
+from apply.lake.positions import AppliedState, PartitionProgress, Position
+from apply.lake.tables import TableId
 from schemas import column_type as ct
 from schemas.change_record import (
     Change,
@@ -194,7 +194,7 @@ def test_the_arrays_have_the_tables_types_then_the_position() -> None:
 
 
 def test_an_infinite_date_is_left_to_spark() -> None:
-    """delta-rs's file statistics overflow on PostgreSQL's infinities (apply.driver_plan)."""
+    """delta-rs's file statistics overflow on PostgreSQL's infinities (apply.lake.driver_plan)."""
     records = collected(0, change(Operation.INSERT, 0x100, 0, after={"id": 1, "day": 2**31 - 1}))
     decoded = decode_records(records, VALUE_SCHEMA, VALUE_SCHEMA.columns)
     with pytest.raises(DriverWriteUnavailableError, match="calendar"):

@@ -1,4 +1,4 @@
-"""apply.held_batch: a batch's offset ranges from Spark's offset log (the records read
+"""apply.batch.held_batch: a batch's offset ranges from Spark's offset log (the records read
 with them are tests/integration/test_apply_held_batch.py's)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from apply.held_batch import OffsetRange, batch_ranges, parse_offset_log
+from apply.batch.held_batch import OffsetRange, batch_ranges, parse_offset_log
 
 METADATA = '{"batchWatermarkMs":0,"batchTimestampMs":1796186547350,"conf":{}}'
 

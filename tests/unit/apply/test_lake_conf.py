@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from apply.settings import LakeSettings, SparkSettings
-from apply.spark_session import (
+from apply.engine.spark_session import (
     CHANGE_DATA_FEED_DEFAULT,
     DELETION_VECTORS_DEFAULT,
     session_conf,
 )
+from apply.settings import LakeSettings, SparkSettings
 
 
 def test_timestamps_are_written_as_int64_micros_by_default() -> None:

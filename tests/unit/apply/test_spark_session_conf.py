@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from apply.engine.spark_session import DEFAULT_CONF, master_to_set, session_conf
 from apply.settings import SparkSettings
-from apply.spark_session import DEFAULT_CONF, master_to_set, session_conf
 
 
 def test_defaults_carry_delta_and_small_machine_settings() -> None:
@@ -14,7 +14,7 @@ def test_defaults_carry_delta_and_small_machine_settings() -> None:
     assert conf["spark.sql.session.timeZone"] == "UTC"
     assert conf["spark.databricks.delta.snapshotPartitions"] == "2"
     assert conf["spark.databricks.delta.properties.defaults.enableDeletionVectors"] == "false"
-    assert conf["spark.scheduler.mode"] == "FAIR", "tables share the cores (apply.table_pool)"
+    assert conf["spark.scheduler.mode"] == "FAIR", "tables share the cores (apply.batch.table_pool)"
     assert "spark.jars" not in conf
 
 

@@ -1,10 +1,10 @@
-"""apply.decode.survey_held: the survey of a batch the driver holds, which must say what
+"""apply.lake.decode.survey_held: the survey of a batch the driver holds, which must say what
 Spark's survey says (tests/integration/test_apply_driver_merge.py compares the two on
 real batches); here each kind of record on its own."""
 
 from __future__ import annotations
 
-from apply.decode import PartitionSurvey, survey_held, writer_key
+from apply.lake.decode import PartitionSurvey, survey_held, writer_key
 from schemas import registry_framing
 from schemas.registry_framing import SchemaId
 from schemas.single_object import MARKER, Fingerprint, fingerprint_bytes

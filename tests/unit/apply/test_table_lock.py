@@ -1,4 +1,4 @@
-"""apply.table_lock: one writer per table, reentrant, and a commit can tell it is held."""
+"""apply.lake.table_lock: one writer per table, reentrant, and a commit can tell it is held."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from apply.table_lock import TableLocks, UnheldTableLockError
+from apply.lake.table_lock import TableLocks, UnheldTableLockError
 
 
 def test_the_lock_is_reentrant_and_known_to_its_holder_only() -> None:

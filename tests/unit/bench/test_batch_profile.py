@@ -28,15 +28,15 @@ def _job_end(job: int, at: int) -> dict[str, object]:
 def test_jobs_are_grouped_by_batch_and_table(tmp_path: Path) -> None:
     events = [
         {"Event": "SparkListenerApplicationStart"},
-        _job_start(0, 1_000, 0, "lane:default", "collect at /x/apply/decode.py:179"),
+        _job_start(0, 1_000, 0, "lane:default", "collect at /x/apply/lake/decode.py:179"),
         _job_end(0, 1_500),
-        _job_start(1, 1_600, 0, "public.a", "execute at /x/apply/merge.py:345"),
-        _job_start(2, 1_700, 0, "public.b", "execute at /x/apply/merge.py:345"),
+        _job_start(1, 1_600, 0, "public.a", "execute at /x/apply/lake/spark_merge.py:345"),
+        _job_start(2, 1_700, 0, "public.b", "execute at /x/apply/lake/spark_merge.py:345"),
         _job_end(2, 2_700),
         _job_end(1, 3_600),
-        _job_start(3, 5_000, 1, "public.a", "collect at /x/apply/merge.py:125"),
+        _job_start(3, 5_000, 1, "public.a", "collect at /x/apply/lake/spark_merge.py:125"),
         _job_end(3, 5_250),
-        _job_start(4, 6_000, None, "default", "count at /x/apply/history.py:70"),
+        _job_start(4, 6_000, None, "default", "count at /x/apply/lake/history.py:70"),
         _job_start(5, 6_100, 2, "public.a", "never ends"),
         _job_end(4, 6_050),
     ]
@@ -68,7 +68,7 @@ def test_a_job_delta_starts_is_named_by_its_first_stage(tmp_path: Path) -> None:
         {"Stage ID": 8, "Stage Name": "collect at DeltaLog.scala:9", "Number of Tasks": 1},
         {"Stage ID": 7, "Stage Name": "execute at MergeIntoCommand.scala:5", "Number of Tasks": 4},
     ]
-    ours = _job_start(1, 1_100, None, "public.a", "collect at /x/apply/history.py:69")
+    ours = _job_start(1, 1_100, None, "public.a", "collect at /x/apply/lake/history.py:69")
     ours["Stage Infos"] = [{"Stage ID": 9, "Stage Name": "collect at history.py:69"}]
     lines = [start, _job_end(0, 1_050), ours, _job_end(1, 1_200)]
     (tmp_path / "events_1_a").write_text("\n".join(json.dumps(e) for e in lines))
@@ -76,9 +76,12 @@ def test_a_job_delta_starts_is_named_by_its_first_stage(tmp_path: Path) -> None:
     delta_job, apply_job = read_jobs(tmp_path)
 
     assert delta_job.site == "execute at MergeIntoCommand.scala:5"
-    assert apply_job.site == "collect at /x/apply/history.py:69"
+    assert apply_job.site == "collect at /x/apply/lake/history.py:69"
 
 
 def test_call_sites_are_shown_from_the_package() -> None:
-    assert _short("collect at /work/main/apply/decode.py:179") == "collect at apply/decode.py:179"
+    assert (
+        _short("collect at /work/main/apply/lake/decode.py:179")
+        == "collect at apply/lake/decode.py:179"
+    )
     assert _short("run at ThreadPoolExecutor.java:1136") == "run at ThreadPoolExecutor.java:1136"

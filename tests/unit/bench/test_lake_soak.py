@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from apply.delta_schema import parse_value_schema
-from apply.driver_plan import CollectedRecord, decode_records
+from apply.lake.delta_schema import parse_value_schema
+from apply.lake.driver_plan import CollectedRecord, decode_records
 from bench.lake_soak import (
     COLUMNS,
     TABLE,

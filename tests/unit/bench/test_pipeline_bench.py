@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from apply.positions import AppliedState, PartitionProgress, Position, encode_state
+from apply.lake.positions import AppliedState, PartitionProgress, Position, encode_state
 from bench.freshness import (
     Arrivals,
     apply_visibility,

@@ -13,7 +13,7 @@ LOG = [
     "2026-11-27 12:44:50,287 INFO apply.app batch 2 table public.b: records=4 replays=0 "
     "superseded=0 inserted=0 updated=0 deleted=0 version=3 committed=True duration=16.98s "
     "lag=16.2s [table=public.b]",
-    "2026-11-27 12:44:56,731 INFO apply.upkeep compaction of public.a: 3 files",
+    "2026-11-27 12:44:56,731 INFO apply.lake.upkeep compaction of public.a: 3 files",
     "2026-11-27 12:45:09,021 INFO apply.app batch 3 table public.a: records=1 duration=4.50s x",
 ]
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from apply.spark_jars import artifact_name, wheel_jar_dir
+from apply.engine.spark_jars import artifact_name, wheel_jar_dir
 from deploy.local import jars
 
 ROOT = Path(__file__).resolve().parents[3]

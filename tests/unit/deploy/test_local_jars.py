@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from apply.spark_jars import artifact_name
+from apply.engine.spark_jars import artifact_name
 from deploy.local import jars
 from deploy.local.errors import MissingPrerequisite
 

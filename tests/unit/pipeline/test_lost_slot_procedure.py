@@ -12,10 +12,10 @@ from pathlib import Path
 import yaml
 
 from apply.app import checkpoint_location, lanes_of
-from apply.dead_letter import dead_letter_path
-from apply.retired_log import change_log_path
+from apply.lake.dead_letter import dead_letter_path
+from apply.lake.retired_log import change_log_path
+from apply.lake.tables import TableId, table_path
 from apply.settings import LakeSettings
-from apply.tables import TableId, table_path
 from capture.errors import SLOT_RESYNC, ConfigError
 from capture.source.setup import check_slot_history
 from capture.source.wal_safety import slot_lost_error

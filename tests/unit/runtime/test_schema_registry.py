@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr, ValidationError
 
-from apply.feedback import is_value_subject
+from apply.control.feedback import is_value_subject
 from capture.settings import KafkaSettings as CaptureKafka
 from runtime.errors import ConfigError, TransientError
 from runtime.schema_registry import (

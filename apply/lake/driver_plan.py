@@ -4,7 +4,7 @@ A small batch's time was Spark's fixed cost per job (planning, scheduling, a tas
 partition), not its data (docs/benchmarks.md). So a batch of at most
 ``lake.driver_write_records`` records is held in the driver once
 (:mod:`apply.batch.micro_batch`), and each table's part takes the steps the JVM takes,
-as plain Python over those records, before :mod:`apply.driver_merge` MERGEs it with
+as plain Python over those records, before :mod:`apply.lake.driver_merge` MERGEs it with
 delta-rs:
 
 1. **decode** (:func:`decode_records`): fastavro, with the writer schema's dates, times,
@@ -13,9 +13,9 @@ delta-rs:
    Python's ``date`` and ``datetime`` cannot hold), and decimals as ``Decimal``;
 2. **measure** (:func:`measure_changes`): per partition the newest position and its
    commit time, replays, TRUNCATEs and malformed records, as
-   :func:`apply.merge.measure` does;
+   :func:`apply.lake.spark_merge.measure` does;
 3. **the latest change per key** (:func:`latest_changes`) after the replay filter and
-   the newest applied TRUNCATE, as :func:`apply.merge.merge_source` does;
+   the newest applied TRUNCATE, as :func:`apply.lake.spark_merge.merge_source` does;
 4. **Arrow arrays** (:func:`change_arrays`) in the table's types, as Delta holds them.
 
 Only the batches the driver is sure to write exactly as Spark would take this path
@@ -26,7 +26,7 @@ writer in the same job would bypass. ``tests/integration/test_apply_driver_merge
 writes the same records both ways and compares the tables column by column.
 
 One difference is deliberate: Java's Avro decoder reads a body cut inside a trailing
-number as if the missing bytes were zeros (:mod:`apply.decode`); fastavro refuses it,
+number as if the missing bytes were zeros (:mod:`apply.lake.decode`); fastavro refuses it,
 so such a record is malformed here and the table is parked, where the JVM would have
 written the zeros.
 """
@@ -59,15 +59,15 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from apply.delta_schema import (
+from apply.lake.delta_schema import (
     COMMIT_LSN_COLUMN,
     COMMIT_TS_COLUMN,
     ORDINAL_COLUMN,
     ColumnSpec,
     ValueSchema,
 )
-from apply.merge import BatchMeasure, PartitionMeasure
-from apply.positions import AppliedState, Position
+from apply.lake.positions import AppliedState, Position
+from apply.lake.spark_merge import BatchMeasure, PartitionMeasure
 from schemas import registry_framing
 from schemas.lsn import Lsn
 from schemas.operation import Operation
@@ -133,7 +133,7 @@ def _reader_schema(decode_json: str) -> Any:
 
 def _body(value: bytes, key: bytes) -> bytes | None:
     """The Avro body of ``value`` when its header names writer key ``key``; None for
-    another writer or a value with neither framing (apply.decode, the two framings)."""
+    another writer or a value with neither framing (apply.lake.decode, the two framings)."""
     if len(value) >= HEADER_SIZE and value[: len(MARKER)] == MARKER:
         return value[HEADER_SIZE:] if value[len(MARKER) : HEADER_SIZE] == key else None
     magic = registry_framing.MAGIC
@@ -203,7 +203,7 @@ def _applied_positions(previous: AppliedState | None, topic: str) -> dict[int, P
 def measure_changes(
     decoded: DecodedRecords, previous: AppliedState | None, topic: str
 ) -> BatchMeasure:
-    """:func:`apply.merge.measure` over decoded records, in the driver."""
+    """:func:`apply.lake.spark_merge.measure` over decoded records, in the driver."""
     applied = _applied_positions(previous, topic)
     newest: dict[int, DecodedChange] = {}
     replays: dict[int, int] = {}
@@ -253,7 +253,7 @@ def latest_changes(
     erased_before: Position | None,
 ) -> list[DecodedChange]:
     """The newest change of every key, leaving out replays, TRUNCATEs and changes
-    positioned at or before ``erased_before`` (:func:`apply.merge.merge_source`, for a
+    positioned at or before ``erased_before`` (:func:`apply.lake.spark_merge.merge_source`, for a
     batch with no unchanged TOAST column), in position order."""
     applied = _applied_positions(previous, topic)
     latest: dict[tuple[Any, ...], DecodedChange] = {}

@@ -80,8 +80,8 @@ from pyspark.sql.types import (
 )
 
 from apply.errors import SchemaChangeError, TableError
-from apply.table_lock import TABLE_LOCKS
-from apply.tables import TableId
+from apply.lake.table_lock import TABLE_LOCKS
+from apply.lake.tables import TableId
 from schemas.change_record import VALUE_RECORD
 from schemas.single_object import Fingerprint, format_fingerprint
 
@@ -357,7 +357,7 @@ def existing_table(
     path: str, table: TableId, properties: Mapping[str, str], fields: Sequence[StructField]
 ) -> ExistingTable:
     """The apply-created table at ``path`` from its properties and schema, however they
-    were read (Spark, or delta-rs in the driver: :mod:`apply.driver_merge`)."""
+    were read (Spark, or delta-rs in the driver: :mod:`apply.lake.driver_merge`)."""
     if properties.get(TABLE_PROPERTY) != str(table):
         raise TableError(
             str(table),
@@ -427,12 +427,12 @@ def ensure_table(
     """Create the Delta table, or add the plan's new columns to it. A table is created
     with deletion vectors only when ``deletion_vectors`` says so, whatever the session's
     defaults: a table with them takes every batch through Spark's MERGE
-    (:mod:`apply.driver_merge`).
+    (:mod:`apply.lake.driver_merge`).
 
     Both are commits of their own, before the batch's MERGE, and both are idempotent: a
     replayed batch finds the table and its columns in place and commits nothing. They
     run while no transaction id is set, so they never consume the batch's ``txnVersion``.
-    The caller holds the table's lock (:mod:`apply.table_lock`).
+    The caller holds the table's lock (:mod:`apply.lake.table_lock`).
     """
     if plan.create or plan.added:
         TABLE_LOCKS.require(path, "a table's creation or new columns")
@@ -467,13 +467,13 @@ def ensure_table(
 def prepare_replacement(
     spark: SparkSession, path: str, plan: ColumnPlan, existing: ExistingTable
 ) -> None:
-    """Ready the table for a replacement by ``plan``'s columns (:mod:`apply.superseded`):
+    """Ready the table for a replacement by ``plan``'s columns (:mod:`apply.batch.superseded`):
     the table features and key-column property the new columns need, which an overwrite
     cannot set. Idempotent commits of their own, before the replacement, like the
     evolution in :func:`ensure_table`: should the replacement not follow, the next
     attempt plans against the new key and replaces again, or, when the types now fit,
     merges the same batch with its TRUNCATE, which leaves the same rows. The caller
-    holds the table's lock (:mod:`apply.table_lock`)."""
+    holds the table's lock (:mod:`apply.lake.table_lock`)."""
     TABLE_LOCKS.require(path, "a replacement's table features and key columns")
     adds_timestamp_ntz = any(_contains_timestamp_ntz(column.data_type) for column in plan.columns)
     if adds_timestamp_ntz and not existing.has_timestamp_ntz:

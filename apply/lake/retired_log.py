@@ -6,7 +6,7 @@ per key to a Delta table of its own at ``<lake_root>/_change-log/<schema>/<table
 with the table's applied state in the append's commit, and a timer folded the log into
 the table with one MERGE now and then. A logged change counted as applied, so capture
 confirmed the slot past it: a log can hold the only copy of changes its table lacks.
-The table is now fresh at every default (:mod:`apply.driver_merge`), and the log is
+The table is now fresh at every default (:mod:`apply.lake.driver_merge`), and the log is
 gone; this module keeps what an upgrade needs so that nothing is lost.
 
 A log's rows carry the table's data columns, the position and commit time columns, the
@@ -42,8 +42,9 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as sf
 from pyspark.sql.types import ArrayType, LongType, StringType
 
-from apply.decode import COMMIT_LSN, COMMIT_TS, MALFORMED, OP, ORDINAL, ROW, UNCHANGED
-from apply.delta_schema import (
+from apply.errors import RetiredChangeLogError
+from apply.lake.decode import COMMIT_LSN, COMMIT_TS, MALFORMED, OP, ORDINAL, ROW, UNCHANGED
+from apply.lake.delta_schema import (
     COMMIT_LSN_COLUMN,
     COMMIT_TS_COLUMN,
     ORDINAL_COLUMN,
@@ -51,12 +52,11 @@ from apply.delta_schema import (
     ColumnSpec,
     read_existing_table,
 )
-from apply.errors import RetiredChangeLogError
-from apply.history import read_history
-from apply.merge import merge_into, merge_source
-from apply.positions import AppliedState, covers, encode_state
-from apply.table_lock import TABLE_LOCKS
-from apply.tables import TableId, table_of_segments, table_path
+from apply.lake.history import read_history
+from apply.lake.positions import AppliedState, covers, encode_state
+from apply.lake.spark_merge import merge_into, merge_source
+from apply.lake.table_lock import TABLE_LOCKS
+from apply.lake.tables import TableId, table_of_segments, table_path
 from schemas.naming import topic_segment
 
 log = logging.getLogger(__name__)
@@ -120,7 +120,7 @@ def _unfolded(
     spark: SparkSession, path: str, columns: list[ColumnSpec], *, after_seq: int | None
 ) -> DataFrame:
     """The log's rows with a sequence above ``after_seq``, in the shape
-    :func:`apply.decode.decode_topic` gives (one partition, nothing malformed), so the
+    :func:`apply.lake.decode.decode_topic` gives (one partition, nothing malformed), so the
     MERGE source is built from them as from a batch. A column the log lacks is null."""
     rows = spark.read.format("delta").load(path)
     if after_seq is not None:

@@ -13,7 +13,7 @@ may hold both after a deployment switched its encoding:
 Records are grouped by their *writer key* (:mod:`schemas.registry_framing`): the
 fingerprint, or four zero bytes and the registry id. The caller resolves writer keys to
 schema JSON: fingerprints from the schema topic, registry ids through the registry
-(``apply.feedback.SchemaCatalog``).
+(``apply.control.feedback.SchemaCatalog``).
 
 Two steps, both on the JVM, no Python UDF:
 
@@ -46,7 +46,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as sf
 from pyspark.sql.avro.functions import from_avro
 
-from apply.delta_schema import ColumnSpec, ValueSchema
+from apply.lake.delta_schema import ColumnSpec, ValueSchema
 from schemas import registry_framing
 from schemas.single_object import (
     FINGERPRINT_SIZE,
@@ -263,7 +263,7 @@ def decode_topic(
     Avro names of unchanged TOAST columns) and ``row``: a struct of ``columns`` taken
     from ``after``, or from ``before`` when there is no ``after`` (a DELETE's key).
     Records of a ``superseded`` writer schema (every one of them positioned before a
-    TRUNCATE, :mod:`apply.superseded`) keep their envelope and get a row of nulls: their
+    TRUNCATE, :mod:`apply.batch.superseded`) keep their envelope and get a row of nulls: their
     positions still count, their columns need not fit ``columns``.
     """
     if not schemas:

@@ -24,16 +24,16 @@ The defaults suit one small machine and every setting can be overridden through
   files of a CDC table 50 tasks cost seconds of scheduling on a small machine;
 - deletion vectors off by default (``properties.defaults.enableDeletionVectors``, from
   ``APPLY_LAKE__DELETION_VECTORS``; apply also sets each table's property when it
-  creates the table, :func:`apply.delta_schema.ensure_table`): a small batch is then
+  creates the table, :func:`apply.lake.delta_schema.ensure_table`): a small batch is then
   MERGEd from the driver with delta-rs, which cannot write a table with deletion
-  vectors (:mod:`apply.driver_merge`), and any Delta reader reads the table. With them
+  vectors (:mod:`apply.lake.driver_merge`), and any Delta reader reads the table. With them
   on, Spark's MERGE marks the rows it replaces as deleted and writes only the changed
   rows instead of copying every other row of each file it touches, and every batch of
   such a table takes a Spark MERGE; readers then need the ``deletionVectors`` table
   feature (Delta reader version 3). Tables created before keep their properties;
 - FAIR scheduling (``spark.scheduler.mode=FAIR``): the tables of a batch are applied
   side by side, each submitting its jobs to a scheduler pool named after it
-  (:mod:`apply.table_pool`), and FAIR mode shares the executor cores between those
+  (:mod:`apply.batch.table_pool`), and FAIR mode shares the executor cores between those
   pools, where Spark's default FIFO mode gives them all to the job submitted first, so
   one big table's MERGE would hold every other table of the batch behind it. It cannot
   shorten the batch itself, which ends with its slowest table: measured, small tables

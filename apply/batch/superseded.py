@@ -13,14 +13,14 @@ Planning (:func:`plan_table`, pure):
 
 - A writer schema **survives** when one of its records that is not a replay is at or
   after the newest TRUNCATE; every other schema is *superseded*: its records are decoded
-  for their positions only (:func:`apply.decode.decode_topic`) and never planned.
+  for their positions only (:func:`apply.lake.decode.decode_topic`) and never planned.
 - The surviving schemas are planned against the lake table as usual
-  (:func:`apply.delta_schema.plan_columns`).
+  (:func:`apply.lake.delta_schema.plan_columns`).
 - If they cannot evolve the lake table (a retyped column, changed key columns) and the
   batch itself holds a TRUNCATE, the table is **replaced**: the batch erases every row
   the lake holds from before it, so nothing of the old schema has to be kept. The new
   columns are those of the surviving schemas alone, and the replacement is one Delta
-  commit (:func:`apply.merge.replace_table`).
+  commit (:func:`apply.lake.spark_merge.replace_table`).
 - Without a TRUNCATE in the batch the error stands: rows of the old schema would stay.
 
 Measuring (:func:`measure_supersession`) is one Spark job over the envelopes, run only
@@ -36,12 +36,12 @@ from dataclasses import dataclass
 from pyspark.sql import DataFrame, Row
 from pyspark.sql import functions as sf
 
-from apply.decode import COMMIT_LSN, OP, ORDINAL, decode_envelopes
-from apply.delta_schema import ColumnPlan, ExistingTable, ValueSchema, plan_columns
 from apply.errors import SchemaChangeError
-from apply.merge import replay_flag
-from apply.positions import AppliedState, Position
-from apply.tables import TableId
+from apply.lake.decode import COMMIT_LSN, OP, ORDINAL, decode_envelopes
+from apply.lake.delta_schema import ColumnPlan, ExistingTable, ValueSchema, plan_columns
+from apply.lake.positions import AppliedState, Position
+from apply.lake.spark_merge import replay_flag
+from apply.lake.tables import TableId
 from schemas.lsn import Lsn
 from schemas.operation import Operation
 from schemas.single_object import Fingerprint, format_fingerprint

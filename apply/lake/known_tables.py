@@ -2,14 +2,14 @@
 newer.
 
 Before its MERGE a table's batch needs the table's newest version, the applied state in
-its newest apply commit (:mod:`apply.history`) and its columns and key
-(:func:`apply.delta_schema.read_existing_table`); reading them asks Delta for the
+its newest apply commit (:mod:`apply.lake.history`) and its columns and key
+(:func:`apply.lake.delta_schema.read_existing_table`); reading them asks Delta for the
 history and the table's details, Spark jobs every batch, for answers the job itself
 wrote one batch earlier. So after a batch's MERGE commits, the job keeps the table's
 new version, the state it committed and the columns it merged into, and the next batch
 takes them back after one check: commit ``version + 1`` does not exist
-(:mod:`apply.delta_log`; the log has no gaps, so then ``version`` is still the newest).
-Any other commit since, upkeep's own (:mod:`apply.upkeep`), a ``reapply`` from another
+(:mod:`apply.lake.delta_log`; the log has no gaps, so then ``version`` is still the newest).
+Any other commit since, upkeep's own (:mod:`apply.lake.upkeep`), a ``reapply`` from another
 process or an operator's ``OPTIMIZE``, makes that file exist, and the batch reads
 everything from Delta as before.
 
@@ -27,9 +27,9 @@ from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
 
-from apply.delta_log import DeltaLogFiles
-from apply.delta_schema import ExistingTable
-from apply.history import TableHistory
+from apply.lake.delta_log import DeltaLogFiles
+from apply.lake.delta_schema import ExistingTable
+from apply.lake.history import TableHistory
 
 
 @dataclass(frozen=True, slots=True)

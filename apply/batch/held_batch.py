@@ -3,7 +3,7 @@
 Reading a batch through Spark's Kafka source is a job with a task per topic-partition:
 eleven tables of three partitions are 33 tasks, about 4 s on two cores for a batch of
 500 records (docs/benchmarks.md), more than the whole batch's writes from the driver
-(:mod:`apply.driver_merge`). The records themselves are a few hundred kilobytes.
+(:mod:`apply.lake.driver_merge`). The records themselves are a few hundred kilobytes.
 
 So when the batch's offset ranges are known and small, the driver reads them itself with
 one librdkafka consumer. Spark stays the engine of the query: its Kafka source decides
@@ -35,7 +35,7 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from apply.delta_log import local_path
+from apply.lake.delta_log import local_path
 from runtime.kafka_client import KafkaConf
 
 log = logging.getLogger(__name__)

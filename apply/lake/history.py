@@ -1,6 +1,6 @@
 """Read apply's state back from a Delta table's commit history.
 
-Every MERGE apply runs carries the table's :class:`~apply.positions.AppliedState` as the
+Every MERGE apply runs carries the table's :class:`~apply.lake.positions.AppliedState` as the
 commit's ``userMetadata``. Other commits on the table (its creation, added columns,
 ``OPTIMIZE``, ``VACUUM``) carry none, so the state is the one of the **newest commit
 that has apply's metadata**. A restarted job needs nothing else: no local files, no
@@ -25,7 +25,7 @@ from delta.tables import DeltaTable
 from pyspark.sql import Row, SparkSession
 
 from apply.errors import CommitMetadataError
-from apply.positions import AppliedState, StateFormatError, decode_state
+from apply.lake.positions import AppliedState, StateFormatError, decode_state
 
 # Most commits are apply's; a first page this long almost always holds the newest one.
 _FIRST_PAGE = 20
@@ -79,7 +79,7 @@ def recover_state(spark: SparkSession, path: str, table: str) -> AppliedState | 
 
 def newest_version(spark: SparkSession, path: str) -> int:
     """The newest version of the Delta table at ``path`` (a commit's own figures are
-    read from its file, :mod:`apply.delta_log`)."""
+    read from its file, :mod:`apply.lake.delta_log`)."""
     row = DeltaTable.forPath(spark, path).history(1).select("version").head()
     if row is None:
         raise ValueError(f"{path} has no commits")

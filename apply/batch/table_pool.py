@@ -6,7 +6,7 @@ table does decides anything for another. So they run on a small thread pool, and
 schedules the jobs the threads submit side by side (PySpark pins each Python thread to
 a JVM thread of its own).
 
-Why a session per table: the idempotent MERGE of :mod:`apply.merge` carries its Delta
+Why a session per table: the idempotent MERGE of :mod:`apply.lake.spark_merge` carries its Delta
 transaction id (``txnAppId``/``txnVersion``) and commit metadata as **session**
 settings, the only way Delta accepts them for a MERGE. Two threads sharing one session
 would race on them, and a table's commit could record another table's batch and state.
@@ -19,7 +19,7 @@ table's session. The settings of the parent session that may be changed at run t
 copied, so a table session behaves like the one the job was built with.
 
 Why a scheduler pool per table: the job runs with ``spark.scheduler.mode=FAIR``
-(:mod:`apply.spark_session`). Under Spark's default FIFO scheduling the job submitted
+(:mod:`apply.engine.spark_session`). Under Spark's default FIFO scheduling the job submitted
 first gets every free executor core until all its tasks are launched, so one big table's
 MERGE (hundreds of tasks over its files) holds the tables behind it for its whole
 length. FAIR scheduling shares the cores between *pools*, so each table's jobs go to
@@ -45,7 +45,7 @@ from typing import Generic, Protocol, TypeVar
 
 from pyspark.sql import SparkSession
 
-from apply.merge import TXN_APP_ID_CONF, TXN_VERSION_CONF, USER_METADATA_CONF
+from apply.lake.spark_merge import TXN_APP_ID_CONF, TXN_VERSION_CONF, USER_METADATA_CONF
 
 _PER_COMMIT = frozenset({TXN_APP_ID_CONF, TXN_VERSION_CONF, USER_METADATA_CONF})
 

@@ -34,18 +34,18 @@ Why these choices:
 - **One writer.** Upkeep runs in the table's own task after its commit, so it never
   races the MERGE (no conflict to retry), and with the same session, whose per-commit
   settings (``txnAppId``, ``userMetadata``) are cleared after the MERGE: upkeep commits
-  carry no apply metadata, and :mod:`apply.history` passes over them (OPTIMIZE, and the
+  carry no apply metadata, and :mod:`apply.lake.history` passes over them (OPTIMIZE, and the
   ``VACUUM START``/``VACUUM END`` commits Delta logs).
 - **Bounded per batch.** At most one compaction and one vacuum per table and batch,
   each over at most ``compact_every_commits`` commits' worth of new files: measured
   here while a test run shared the cores, an OPTIMIZE of 163 small files (60 MERGEs)
   took 1.8 s, and a VACUUM LITE 3.8 s where the full listing took 53 s. Other tables
-  of the batch go on in parallel (:mod:`apply.table_pool`); the batch ends with its
+  of the batch go on in parallel (:mod:`apply.batch.table_pool`); the batch ends with its
   slowest table.
 - **Not Delta's auto compaction.** ``spark.databricks.delta.autoCompact.enabled`` works
   with this MERGE in Delta 4.4, but as a hook inside the MERGE's commit: the OPTIMIZE
   commit it writes carries the MERGE's ``userMetadata`` (the session's), and it lands
-  before :func:`apply.merge.merge_into` reads its own commit back, which then reports
+  before :func:`apply.lake.spark_merge.merge_into` reads its own commit back, which then reports
   the OPTIMIZE's metrics as the MERGE's. It also runs whenever 50 small files gather,
   with no bound per batch.
 - **A failure defers, never fails.** The batch's rows and state are committed by then;
@@ -69,8 +69,8 @@ from py4j.protocol import Py4JError, Py4JJavaError
 from pyspark.errors import PySparkException
 from pyspark.sql import SparkSession
 
+from apply.lake.table_lock import TABLE_LOCKS
 from apply.settings import UpkeepSettings
-from apply.table_lock import TABLE_LOCKS
 
 log = logging.getLogger(__name__)
 
@@ -167,7 +167,7 @@ def _session_conf(spark: SparkSession, key: str, value: str) -> Iterator[None]:
 
 def compact(spark: SparkSession, path: str, target_file_size_mb: int) -> str:
     """OPTIMIZE the Delta table at ``path``; what it did, for the log. The caller holds
-    the table's lock (:mod:`apply.table_lock`)."""
+    the table's lock (:mod:`apply.lake.table_lock`)."""
     TABLE_LOCKS.require(path, "OPTIMIZE")
     with _session_conf(spark, MAX_FILE_SIZE_CONF, str(target_file_size_mb * 1024 * 1024)):
         row = DeltaTable.forPath(spark, path).optimize().executeCompaction().head()
@@ -206,7 +206,7 @@ def error_condition(exc: Exception) -> str | None:
 def vacuum(spark: SparkSession, path: str) -> str:
     """VACUUM the Delta table at ``path`` with its own retention: LITE (files the log
     says were removed), or the full listing when LITE cannot see them all. The caller
-    holds the table's lock (:mod:`apply.table_lock`): a VACUUM commits too."""
+    holds the table's lock (:mod:`apply.lake.table_lock`): a VACUUM commits too."""
     TABLE_LOCKS.require(path, "VACUUM")
     try:
         spark.sql(f"VACUUM delta.{_quoted(path)} LITE").collect()

@@ -1,6 +1,6 @@
 """apply's state of each table on the control topic: errored or not, records parked.
 
-The dead-letter table is the truth (:mod:`apply.dead_letter`: a table is errored exactly
+The dead-letter table is the truth (:mod:`apply.lake.dead_letter`: a table is errored exactly
 while records of it wait there), but reading it needs Spark. So apply also publishes,
 per table, an :class:`~schemas.control.ApplyTableStatus` (key ``apply:<schema.table>``)
 that tools read from the control topic without Spark: ``python -m apply errored`` and
@@ -34,8 +34,8 @@ from typing import Protocol
 from confluent_kafka import Consumer, KafkaError, KafkaException
 from confluent_kafka.cimpl import TopicPartition
 
+from apply.engine.kafka_clients import SETTING, STATUS_GROUP, client_conf
 from apply.errors import ConfigError, TransientError, parked_cure
-from apply.kafka_clients import SETTING, STATUS_GROUP, client_conf
 from apply.settings import KafkaSettings
 from runtime.kafka_client import ConnectionErrors
 from schemas.control import ApplyTableStatus, ControlMessageError, decode_control
@@ -45,7 +45,7 @@ _UNKNOWN_TOPIC = (KafkaError._UNKNOWN_TOPIC, KafkaError.UNKNOWN_TOPIC_OR_PART)
 
 class WaitingRecords(Protocol):
     """What the dead-letter table says about an errored table
-    (:class:`apply.dead_letter.ErroredTable` has these)."""
+    (:class:`apply.lake.dead_letter.ErroredTable` has these)."""
 
     @property
     def records(self) -> int: ...

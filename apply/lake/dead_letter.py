@@ -9,7 +9,7 @@ while the other tables go on.
 
 Location: ``<lake_root>/dead-letter``. A table's directory is two escaped segments
 (``<schema>/<table>``) in which ``-`` always starts a two-hex-digit escape
-(:mod:`apply.tables`); ``dead-letter`` is one segment with ``-le``, so it can never be
+(:mod:`apply.lake.tables`); ``dead-letter`` is one segment with ``-le``, so it can never be
 the directory of a schema, and the restart scan of ``<lake_root>/*/*/_delta_log`` never
 mistakes it for a table.
 
@@ -71,11 +71,11 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from apply.decode import COMMIT_LSN, ORDINAL, decode_positions
-from apply.delta_schema import ValueSchema
 from apply.errors import TransientError
-from apply.positions import Position, TopicPartition
-from apply.table_lock import TABLE_LOCKS
+from apply.lake.decode import COMMIT_LSN, ORDINAL, decode_positions
+from apply.lake.delta_schema import ValueSchema
+from apply.lake.positions import Position, TopicPartition
+from apply.lake.table_lock import TABLE_LOCKS
 from schemas.lsn import Lsn
 
 log = logging.getLogger(__name__)
@@ -219,7 +219,7 @@ def _position(value: Row | None) -> Position | None:
 
 
 def _ensure(spark: SparkSession, path: str) -> None:
-    # Every commit to the dead-letter table holds its lock (apply.table_lock), as every
+    # Every commit to the dead-letter table holds its lock (apply.lake.table_lock), as every
     # commit to a lake table does: tables' tasks release parked records in parallel.
     with TABLE_LOCKS.held(path):
         DeltaTable.createIfNotExists(spark).location(path).addColumns(DEAD_LETTER_SCHEMA).execute()

@@ -5,7 +5,7 @@
   Schema Registry configured (``APPLY_KAFKA__REGISTRY__URL``) it also resolves the ids
   of registry-framed records (:mod:`schemas.registry_framing`) through the registry.
 - :class:`ProgressPublisher` publishes :class:`~schemas.control.AppliedProgress` (and
-  :class:`~schemas.control.ApplyTableStatus`, :mod:`apply.table_status`) to the
+  :class:`~schemas.control.ApplyTableStatus`, :mod:`apply.control.table_status`) to the
   control topic after each Delta commit, with an idempotent ``acks=all`` producer.
 
 The publish contract: :meth:`ProgressPublisher.publish` returns once the broker has
@@ -47,8 +47,8 @@ from collections.abc import Callable, Iterable
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
 from confluent_kafka.cimpl import TopicPartition
 
+from apply.engine.kafka_clients import SCHEMA_GROUP, SETTING, client_conf
 from apply.errors import ConfigError, TransientError
-from apply.kafka_clients import SCHEMA_GROUP, SETTING, client_conf
 from apply.settings import KafkaSettings
 from runtime.kafka_client import ConnectionErrors
 from runtime.retry import Backoff, call_until_done

@@ -9,7 +9,7 @@ partition.
 The rule for a partition's message (docs/apply.md, errored tables):
 
 - ``next_offset``: every record of the partition below it is **in the lake table or
-  parked in the dead-letter table** (:mod:`apply.dead_letter`). Parked records are
+  parked in the dead-letter table** (:mod:`apply.lake.dead_letter`). Parked records are
   durable and replayable from there, so the slot may move past them: one errored table
   must not pin the WAL of the whole database.
 - ``commit_lsn``/``ordinal``, ``table_lsn``/``commit_ts``: only what the lake table
@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from apply.positions import AppliedState, TopicPartition
+from apply.lake.positions import AppliedState, TopicPartition
 from schemas.control import AppliedProgress
 
 

@@ -1,9 +1,9 @@
 """How every Kafka client of the apply job is configured.
 
 The job has five: Spark's Kafka source (the Java client, reading the change topics),
-the schema-topic consumer and the control-topic producer (:mod:`apply.feedback`), the
-table-status consumer (:mod:`apply.table_status`), and the consumer that reads a small
-batch's records in the driver (:mod:`apply.held_batch`). All take the same
+the schema-topic consumer and the control-topic producer (:mod:`apply.control.feedback`), the
+table-status consumer (:mod:`apply.control.table_status`), and the consumer that reads a small
+batch's records in the driver (:mod:`apply.batch.held_batch`). All take the same
 ``APPLY_KAFKA__CLIENT`` properties and ``APPLY_KAFKA__CLIENT_SECRETS_DIR`` secrets
 (:mod:`runtime.kafka_client`), read when each client is built; the properties a client
 sets for itself (group id, idempotence) go on top, since its guarantees rest on them.
@@ -28,7 +28,7 @@ SETTING = "APPLY_KAFKA"
 SCHEMA_GROUP = "pgdelta-apply-schemas"
 STATUS_GROUP = "pgdelta-apply-status"
 HELD_GROUP = "pgdelta-apply-held"
-"""The consumer that reads a small batch's records in the driver (:mod:`apply.held_batch`)."""
+"""The consumer that reads a small batch's records in the driver (:mod:`apply.batch.held_batch`)."""
 SPARK_SOURCE_GROUP_PREFIX = "spark-kafka-source"
 """Spark's own prefix of the source's generated group ids (its ``groupIdPrefix``)."""
 

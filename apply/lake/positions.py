@@ -21,7 +21,7 @@ Invariants that make a replay safe:
 - The state is written by the same Delta commit as the rows it describes (commit
   ``userMetadata``; :func:`encode_state`), so the lake and the state can never disagree:
   either both are there or neither is. On restart the state is read back from the
-  table's history (:mod:`apply.history`), never from anywhere else.
+  table's history (:mod:`apply.lake.history`), never from anywhere else.
 - A record whose position is at or below its partition's applied position was applied
   (or superseded) before; dropping it is what docs/wire-contract.md asks of consumers.
   Every record of one key lives in one partition, in position order, so this drop never
@@ -87,7 +87,7 @@ class AppliedState:
     """The ``txnAppId`` of the query (lane, :mod:`apply.lanes`) whose batch ``batch_id``
     is; None in commits written before lanes existed, all by the default lane."""
     log_seq: int | None = None
-    """Written by the retired change log (:mod:`apply.retired_log`): in a log commit, the
+    """Written by the retired change log (:mod:`apply.lake.retired_log`): in a log commit, the
     sequence number of the rows it appended; in a table commit, the sequence the table
     holds every logged change up to (the fold's watermark). Read at start to fold what a
     log holds; :func:`advance` drops it, since no batch writes a log any more."""

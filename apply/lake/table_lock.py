@@ -1,7 +1,7 @@
 """One writer per Delta table at a time: the lock every commit the job makes is made under.
 
 Two writers commit to apply's tables from one process: delta-rs in the driver
-(:mod:`apply.driver_merge`) and Delta's Spark writer (MERGE, replace, append,
+(:mod:`apply.lake.driver_merge`) and Delta's Spark writer (MERGE, replace, append,
 OPTIMIZE, VACUUM, DDL). Each keeps its own commits
 exclusive, but not against the other: on a local file system Delta's Spark writer
 checks that the next commit file is absent and then renames its own over that name, so
@@ -102,7 +102,7 @@ class TableLocks:
         if not self.holds(path):
             raise UnheldTableLockError(
                 f"{commit} to the Delta table at {path} without its table lock "
-                "(apply.table_lock): a defect, report it; nothing was committed"
+                "(apply.lake.table_lock): a defect, report it; nothing was committed"
             )
 
 

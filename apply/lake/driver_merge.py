@@ -6,9 +6,9 @@ batch, seconds each on two cores, so a schema of eleven tables was 40 s behind i
 source at 25 transactions a second (docs/benchmarks.md). delta-rs MERGEs 10 to 100,000
 rows into a 100,000-row table in 37 to 72 ms from one Python process. So a batch the
 driver holds (:mod:`apply.batch.micro_batch`) is decoded, measured and reduced to the
-latest change per key there (:mod:`apply.driver_plan`), and each table's rows are
+latest change per key there (:mod:`apply.lake.driver_plan`), and each table's rows are
 MERGEd by delta-rs
-(:func:`merge_rows`) with the rules of :func:`apply.merge.merge_into`:
+(:func:`merge_rows`) with the rules of :func:`apply.lake.spark_merge.merge_into`:
 
 - matched, the source row is a DELETE and newer than the target -> delete;
 - matched, an INSERT/UPDATE/READ and newer -> every column updated;
@@ -52,7 +52,8 @@ from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.exceptions import CommitFailedError, DeltaError
 from pyspark.sql.types import StructType
 
-from apply.delta_schema import (
+from apply.errors import TransientError
+from apply.lake.delta_schema import (
     COMMIT_LSN_COLUMN,
     COMMIT_TS_COLUMN,
     ORDINAL_COLUMN,
@@ -62,12 +63,11 @@ from apply.delta_schema import (
     existing_table,
     table_properties,
 )
-from apply.driver_plan import DecodedChange, change_arrays, table_arrow_types
-from apply.errors import TransientError
-from apply.history import TableHistory, newest_state
-from apply.known_tables import KnownTable
-from apply.table_lock import TABLE_LOCKS
-from apply.tables import TableId
+from apply.lake.driver_plan import DecodedChange, change_arrays, table_arrow_types
+from apply.lake.history import TableHistory, newest_state
+from apply.lake.known_tables import KnownTable
+from apply.lake.table_lock import TABLE_LOCKS
+from apply.lake.tables import TableId
 from schemas.operation import Operation
 
 log = logging.getLogger(__name__)
@@ -84,7 +84,7 @@ _CHANGE_DATA_FEED = "delta.enableChangeDataFeed"
 
 
 _FIRST_PAGE = 20
-"""Commits read first for the newest apply state (:func:`apply.history.read_history`'s
+"""Commits read first for the newest apply state (:func:`apply.lake.history.read_history`'s
 page)."""
 
 
@@ -120,7 +120,7 @@ def writable(table: Any) -> None:
 class DriverTables:
     """delta-rs's view of each table the driver writes, kept between batches: opening a
     table replays its log from the last checkpoint, while the job already knows that no
-    commit but its own followed (:mod:`apply.known_tables`). Safe for tables written
+    commit but its own followed (:mod:`apply.lake.known_tables`). Safe for tables written
     from several threads, one thread per table at a time."""
 
     def __init__(self) -> None:
@@ -157,7 +157,7 @@ class DriverTables:
     def read(self, path: str, table: TableId) -> KnownTable | None:
         """What a batch needs of the table at ``path`` before it writes, read by delta-rs
         with no Spark job: its newest version, the state of its newest apply commit
-        (:mod:`apply.history`) and its columns and key; None when there is no table yet.
+        (:mod:`apply.lake.history`) and its columns and key; None when there is no table yet.
         The first batch after a start, or after someone else's commit, is then written
         from the driver too. :class:`DriverMergeUnavailableError` when delta-rs cannot
         read or write the table (Spark reads it then)."""
@@ -182,7 +182,7 @@ class DriverTables:
 
     def create(self, path: str, table: TableId, plan: ColumnPlan) -> ExistingTable:
         """Create the table at ``path`` with ``plan``'s columns in one delta-rs commit,
-        with the properties :func:`apply.delta_schema.ensure_table` gives a table
+        with the properties :func:`apply.lake.delta_schema.ensure_table` gives a table
         (deletion vectors off: the driver writes only such tables); idempotent, as
         Spark's creation is. What the table then is, for the batch's MERGE."""
         TABLE_LOCKS.require(path, "a table's creation")
@@ -237,7 +237,7 @@ def merge_rows(
     A commit that loses to another writer raises :class:`~apply.errors.TransientError`,
     as Spark's MERGE does; any other failure of delta-rs raises
     :class:`DriverMergeUnavailableError`, and the batch takes Spark's MERGE. The caller
-    holds the lock of the table at ``path`` (:mod:`apply.table_lock`)."""
+    holds the lock of the table at ``path`` (:mod:`apply.lake.table_lock`)."""
     TABLE_LOCKS.require(path, f"the driver's MERGE of batch {batch_id}")
     s_lsn, t_lsn = f"s.{_quoted(COMMIT_LSN_COLUMN)}", f"t.{_quoted(COMMIT_LSN_COLUMN)}"
     s_ord, t_ord = f"s.{_quoted(ORDINAL_COLUMN)}", f"t.{_quoted(ORDINAL_COLUMN)}"

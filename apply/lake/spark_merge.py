@@ -3,7 +3,7 @@ with one MERGE: one atomic Delta commit holding the rows and the state that desc
 them.
 
 Terms: a record's **position** is ``(commit_lsn, ordinal)`` (docs/wire-contract.md,
-ordering and duplicates); :mod:`apply.positions` says what the applied state holds.
+ordering and duplicates); :mod:`apply.lake.positions` says what the applied state holds.
 
 Steps, all on the JVM:
 
@@ -34,9 +34,9 @@ identity, :func:`transaction_app_id`) and ``txnVersion`` (the batch id). Delta r
 the pair in the commit and skips a later write with the same application id and a
 version not above it: a micro-batch Spark replays after a crash between the Delta
 commit and its checkpoint is not applied twice, and writes no second commit. The same
-commit carries the new :class:`~apply.positions.AppliedState` as ``userMetadata``. The
+commit carries the new :class:`~apply.lake.positions.AppliedState` as ``userMetadata``. The
 three settings are session-wide, so each table is merged in a Spark session of its own
-(:mod:`apply.table_pool`), and the settings are restored in ``finally`` even when the
+(:mod:`apply.batch.table_pool`), and the settings are restored in ``finally`` even when the
 MERGE fails.
 """
 
@@ -71,17 +71,17 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from apply.decode import COMMIT_LSN, COMMIT_TS, MALFORMED, OP, ORDINAL, ROW, UNCHANGED
-from apply.delta_log import DeltaLogFiles
-from apply.delta_schema import (
+from apply.errors import SchemaChangeError, TransientError
+from apply.lake.decode import COMMIT_LSN, COMMIT_TS, MALFORMED, OP, ORDINAL, ROW, UNCHANGED
+from apply.lake.delta_log import DeltaLogFiles
+from apply.lake.delta_schema import (
     COMMIT_LSN_COLUMN,
     COMMIT_TS_COLUMN,
     ORDINAL_COLUMN,
     ColumnPlan,
 )
-from apply.errors import SchemaChangeError, TransientError
-from apply.positions import AppliedState, Position
-from apply.table_lock import TABLE_LOCKS
+from apply.lake.positions import AppliedState, Position
+from apply.lake.table_lock import TABLE_LOCKS
 from schemas.lsn import Lsn
 from schemas.operation import Operation
 
@@ -387,7 +387,7 @@ def merge_into(
 ) -> MergeOutcome:
     """Step 4 of the module docstring: one MERGE, one commit (or none for a batch id
     committed before). ``truncate`` is the newest TRUNCATE of this batch. The caller
-    holds the table's lock (:mod:`apply.table_lock`)."""
+    holds the table's lock (:mod:`apply.lake.table_lock`)."""
     TABLE_LOCKS.require(path, f"the MERGE of batch {batch_id}")
     s_lsn, s_ordinal = sf.col(f"s.{COMMIT_LSN}"), sf.col(f"s.{ORDINAL}")
     t_lsn, t_ordinal = sf.col(f"t.{COMMIT_LSN_COLUMN}"), sf.col(f"t.{ORDINAL_COLUMN}")
@@ -444,7 +444,7 @@ def own_outcome(
     spark: SparkSession, path: str, version_before: int, app_id: str, batch_id: int
 ) -> MergeOutcome:
     """What the write after ``version_before`` did, from the commit files
-    (:mod:`apply.delta_log`, no Spark job): committed when a newer commit carries this
+    (:mod:`apply.lake.delta_log`, no Spark job): committed when a newer commit carries this
     query's transaction id for the batch, else skipped as a duplicate. Identified by the
     transaction id rather than by being the newest, so a commit someone else made right
     after it is never taken for apply's."""
@@ -470,8 +470,8 @@ def replace_table(
     per key from the batch's TRUNCATE on; deletes leave no row) in one commit, with the
     same transaction id and metadata as a MERGE: an overwrite with ``overwriteSchema``.
     Only for a batch whose TRUNCATE erases every row the table holds from before it
-    (:mod:`apply.superseded`); table properties are kept. The caller holds the table's
-    lock (:mod:`apply.table_lock`)."""
+    (:mod:`apply.batch.superseded`); table properties are kept. The caller holds the table's
+    lock (:mod:`apply.lake.table_lock`)."""
     TABLE_LOCKS.require(path, f"the replacement of batch {batch_id}")
     row = sf.col(ROW)
     rows = source.frame.where(sf.col(OP) != sf.lit(Operation.DELETE.value)).select(
@@ -481,7 +481,7 @@ def replace_table(
         sf.col(COMMIT_TS).alias(COMMIT_TS_COLUMN),
     )
     # Writer options, not session settings: a DataFrame write commits under the session
-    # of its DataFrame, which is the batch's, not the table's (apply.table_pool).
+    # of its DataFrame, which is the batch's, not the table's (apply.batch.table_pool).
     try:
         (
             rows.write.format("delta")
