@@ -3,6 +3,7 @@ seed, so CI replays the same search each time; shared by the tests that run one.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +14,16 @@ ROOT = Path(__file__).resolve().parents[2]
 def run_fuzzer(harness: str, corpus: Path, runs: int, *flags: str) -> None:
     """Run ``tests.fuzz.<harness>`` for ``runs`` inputs from ``corpus``; fail the test
     with libFuzzer's report (the property that broke, its input) when it finds one."""
-    command = [sys.executable, "-m", f"tests.fuzz.{harness}", f"-runs={runs}", "-seed=1"]
+    # A crashing input is written beside the corpus (a test's temporary directory), not
+    # into the working tree the fuzzer runs in.
+    command = [
+        sys.executable,
+        "-m",
+        f"tests.fuzz.{harness}",
+        f"-runs={runs}",
+        "-seed=1",
+        f"-artifact_prefix={corpus.parent}{os.sep}",
+    ]
     result = subprocess.run(
         [*command, *flags, str(corpus)],
         cwd=ROOT,
