@@ -89,6 +89,28 @@ class LakeSettings(BaseModel):
             "creates, for jobs that read row-level changes from the lake"
         ),
     )
+    deleted_file_retention_hours: int = Field(
+        24,
+        ge=1,
+        description=(
+            "delta.deletedFileRetentionDuration of the tables apply creates: VACUUM deletes "
+            "files no version of the last this-many hours reads. A copy-on-write MERGE "
+            "rewrites the files it touches, so a busy table leaves about its own size per "
+            "commit on disk until then (Delta's default, 7 days, kept 150 GB for a 1.3 MB "
+            "table at a 5 s trigger: docs/operations.md, Table upkeep); also how far back "
+            "time travel and a reader's query reach"
+        ),
+    )
+    log_retention_hours: int = Field(
+        48,
+        ge=1,
+        description=(
+            "delta.logRetentionDuration of the tables apply creates: commit files older "
+            "than this are cleaned behind a checkpoint (Delta's default, 30 days, is "
+            "500,000 commit files of a table at a 5 s trigger); keep it above "
+            "deleted_file_retention_hours and the time between two of upkeep's vacuums"
+        ),
+    )
     driver_write_records: int = Field(
         200_000,
         ge=0,

@@ -24,6 +24,7 @@ from apply.batch.plan import check_decoded, format_position, measure_batch, part
 from apply.batch.read import batch_ids_restarted
 from apply.batch.superseded import TablePlan
 from apply.control.progress import TableResult
+from apply.engine.spark_session import table_property_defaults
 from apply.errors import SchemaChangeError, TransientError
 from apply.lake.decode import TopicSurvey
 from apply.lake.delta_log import sync_commits
@@ -412,7 +413,9 @@ def merge_from_driver(
     )
     try:
         if history is None:
-            existing = context.driver_tables.create(path, table, plan)
+            existing = context.driver_tables.create(
+                path, table, plan, defaults=table_property_defaults(spark)
+            )
             delta_table, version_before = context.driver_tables.at(path, 0), 0
         else:
             delta_table = context.driver_tables.at(path, history.version)

@@ -97,18 +97,37 @@ DEFAULT_CONF: dict[str, str] = {
 }
 
 
-DELETION_VECTORS_DEFAULT = "spark.databricks.delta.properties.defaults.enableDeletionVectors"
-CHANGE_DATA_FEED_DEFAULT = "spark.databricks.delta.properties.defaults.enableChangeDataFeed"
+PROPERTY_DEFAULTS = "spark.databricks.delta.properties.defaults."
+"""Delta sets ``delta.<name>`` on every table the session creates from the session
+conf ``<this prefix><name>``."""
+DELETION_VECTORS_DEFAULT = PROPERTY_DEFAULTS + "enableDeletionVectors"
+CHANGE_DATA_FEED_DEFAULT = PROPERTY_DEFAULTS + "enableChangeDataFeed"
 
 
 def lake_conf(lake: LakeSettings) -> dict[str, str]:
     """The Delta session defaults that carry the lake settings into new tables."""
-    conf = {DELETION_VECTORS_DEFAULT: str(lake.deletion_vectors).lower()}
+    conf = {
+        DELETION_VECTORS_DEFAULT: str(lake.deletion_vectors).lower(),
+        PROPERTY_DEFAULTS
+        + "deletedFileRetentionDuration": f"interval {lake.deleted_file_retention_hours} hours",
+        PROPERTY_DEFAULTS + "logRetentionDuration": f"interval {lake.log_retention_hours} hours",
+    }
     if lake.change_data_feed:
         # Only when on: off is Delta's default, and a default of false would still write
         # delta.enableChangeDataFeed=false into every new table's properties.
         conf[CHANGE_DATA_FEED_DEFAULT] = "true"
     return conf
+
+
+def table_property_defaults(spark: SparkSession) -> dict[str, str]:
+    """The ``delta.*`` properties the session gives every table it creates (its
+    ``properties.defaults`` confs: the lake settings and the operator's), for a table
+    created by another writer (:mod:`apply.lake.driver_merge`) to get the same."""
+    return {
+        "delta." + key.removeprefix(PROPERTY_DEFAULTS): str(value)
+        for key, value in spark.conf.getAll.items()
+        if key.startswith(PROPERTY_DEFAULTS)
+    }
 
 
 def session_conf(

@@ -81,6 +81,7 @@ delta-rs writes exactly and apply's tables use (a zone-less timestamp needs
 ``timestampNtz``)."""
 
 _CHANGE_DATA_FEED = "delta.enableChangeDataFeed"
+_DELETION_VECTORS = "delta.enableDeletionVectors"
 
 
 _FIRST_PAGE = 20
@@ -180,12 +181,26 @@ class DriverTables:
             self._tables[path] = delta_table
         return KnownTable(TableHistory(delta_table.version(), state), existing)
 
-    def create(self, path: str, table: TableId, plan: ColumnPlan) -> ExistingTable:
+    def create(
+        self, path: str, table: TableId, plan: ColumnPlan, defaults: Mapping[str, str]
+    ) -> ExistingTable:
         """Create the table at ``path`` with ``plan``'s columns in one delta-rs commit,
-        with the properties :func:`apply.lake.delta_schema.ensure_table` gives a table
-        (deletion vectors off: the driver writes only such tables); idempotent, as
-        Spark's creation is. What the table then is, for the batch's MERGE."""
+        with the properties Spark's creation gives a table: ``defaults``, the ones the
+        session gives every new table (its ``properties.defaults`` confs: the lake's
+        retentions, the operator's own), then those of
+        :func:`apply.lake.delta_schema.ensure_table` (deletion vectors off: the driver
+        writes only such tables). Idempotent, as Spark's creation is. What the table then
+        is, for the batch's MERGE; :class:`DriverMergeUnavailableError` when the defaults
+        ask for a table the driver does not write (deletion vectors, the change data
+        feed), which Spark then creates."""
         TABLE_LOCKS.require(path, "a table's creation")
+        for feature in (_DELETION_VECTORS, _CHANGE_DATA_FEED):
+            if str(defaults.get(feature, "false")).lower() == "true":
+                raise DriverMergeUnavailableError(f"new tables get {feature}")
+        configuration = {
+            **defaults,
+            **table_properties(table, plan.key_columns, deletion_vectors=False),
+        }
         schema = pa.schema(
             [pa.field(name, arrow) for name, arrow in table_arrow_types(plan.columns).items()]
         )
@@ -194,7 +209,7 @@ class DriverTables:
                 path,
                 schema,
                 mode="ignore",
-                configuration=table_properties(table, plan.key_columns, deletion_vectors=False),
+                configuration=configuration,
                 raise_if_key_not_exists=False,
             )
         except DeltaError as exc:

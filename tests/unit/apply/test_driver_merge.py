@@ -136,6 +136,13 @@ def test_a_merge_without_the_table_lock_is_refused_and_commits_nothing(tmp_path:
     assert DeltaTable(str(tmp_path)).version() == 0
 
 
+DEFAULTS = {
+    "delta.logRetentionDuration": "interval 48 hours",
+    # The session's default is overridden: the driver writes only tables without them.
+    "delta.enableDeletionVectors": "false",
+}
+
+
 def test_the_driver_creates_a_table_as_spark_would_and_reads_it_back(tmp_path: Path) -> None:
     path = str(tmp_path / "public" / "t")
     table = TableId("public", "t")
@@ -143,10 +150,12 @@ def test_the_driver_creates_a_table_as_spark_would_and_reads_it_back(tmp_path: P
     tables = DriverTables()
     assert tables.read(path, table) is None
     with pytest.raises(UnheldTableLockError):
-        tables.create(path, table, plan)
+        tables.create(path, table, plan, defaults=DEFAULTS)
     with TABLE_LOCKS.held(path):
-        existing = tables.create(path, table, plan)
-        assert tables.create(path, table, plan) == existing  # idempotent: no second commit
+        existing = tables.create(path, table, plan, defaults=DEFAULTS)
+        assert (
+            tables.create(path, table, plan, defaults=DEFAULTS) == existing
+        )  # idempotent: no second commit
         merge_rows(
             tables.at(path, 0),
             source_rows([changed("INSERT", 1, "a", 20, 0)], COLUMNS),
@@ -171,6 +180,7 @@ def test_the_driver_creates_a_table_as_spark_would_and_reads_it_back(tmp_path: P
         "pgdelta.table": "public.t",
         "pgdelta.keyColumns": '["id"]',
         "delta.enableDeletionVectors": "false",
+        "delta.logRetentionDuration": "interval 48 hours",
     }
     known = DriverTables().read(path, table)
     assert known is not None
@@ -184,3 +194,14 @@ def test_a_table_apply_did_not_create_is_refused_when_read_in_the_driver(tmp_pat
     write_deltalake(str(tmp_path), table_rows([(1, "a", 10, 0)]))
     with pytest.raises(TableError, match="apply did not create"):
         DriverTables().read(str(tmp_path), TableId("public", "t"))
+
+
+@pytest.mark.parametrize("feature", ["delta.enableDeletionVectors", "delta.enableChangeDataFeed"])
+def test_a_new_table_the_session_gives_a_feature_the_driver_cannot_write_is_left_to_spark(
+    tmp_path: Path, feature: str
+) -> None:
+    path = str(tmp_path / "t")
+    plan = ColumnPlan(columns=COLUMNS, added=(), key_columns=("id",), create=True)
+    with TABLE_LOCKS.held(path), pytest.raises(DriverMergeUnavailableError, match=feature):
+        DriverTables().create(path, TableId("public", "t"), plan, defaults={feature: "true"})
+    assert not DeltaTable.is_deltatable(path)

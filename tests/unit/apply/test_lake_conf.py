@@ -32,3 +32,14 @@ def test_the_operators_spark_conf_still_wins_over_the_lake_settings() -> None:
     spark = SparkSettings(conf={DELETION_VECTORS_DEFAULT: "true"})
     conf = session_conf(spark, [], LakeSettings(deletion_vectors=False))
     assert conf[DELETION_VECTORS_DEFAULT] == "true"
+
+
+def test_new_tables_keep_removed_files_a_day_and_commits_two_by_default() -> None:
+    defaults = "spark.databricks.delta.properties.defaults."
+    conf = session_conf(SparkSettings(), [], LakeSettings())
+    assert conf[defaults + "deletedFileRetentionDuration"] == "interval 24 hours"
+    assert conf[defaults + "logRetentionDuration"] == "interval 48 hours"
+    lake = LakeSettings(deleted_file_retention_hours=6, log_retention_hours=12)
+    conf = session_conf(SparkSettings(), [], lake)
+    assert conf[defaults + "deletedFileRetentionDuration"] == "interval 6 hours"
+    assert conf[defaults + "logRetentionDuration"] == "interval 12 hours"
