@@ -10,10 +10,11 @@ control topic. A commit Delta skipped as a duplicate (same ``txnAppId`` and
 Delta keeps commit files for ``delta.logRetentionDuration`` (48 hours on the tables
 apply creates, ``APPLY_LAKE__LOG_RETENTION_HOURS``; Delta's default is 30 days), so the
 newest apply commit is found unless a table has had nothing but maintenance commits for
-longer than that (upkeep's commits only follow apply's, so it takes an operator's). Then the state is gone: rows still refuse older positions (the
-MERGE's guard), but records the capture publishes again would no longer be recognised
-as replays, and a re-sent INSERT of a row deleted since would bring it back. Run
-maintenance on tables that also receive changes, or resync such a table.
+longer than that (upkeep's commits only follow apply's, so it takes an operator's).
+Then the state is gone: rows still refuse older positions (the MERGE's guard), but
+records the capture publishes again would no longer be recognised as replays, and a
+re-sent INSERT of a row deleted since would bring it back. Run maintenance on tables
+that also receive changes, or resync such a table.
 """
 
 from __future__ import annotations
