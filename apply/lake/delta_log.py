@@ -160,6 +160,10 @@ def sync_commits(table_path: str, first: int, last: int) -> int:
     if root is None or last < first:
         return 0
     directories = {os.path.join(root, "_delta_log")}
+    if first <= 0:
+        # The batch created the table: the directories that name its log, the table and
+        # its schema were made with it, and a crash could take their entries back too.
+        directories.update({root, os.path.dirname(root) or "."})
     files = 0
     for version in range(max(first, 0), last + 1):
         commit = os.path.join(root, "_delta_log", f"{version:020d}.json")

@@ -177,9 +177,10 @@ def test_every_file_a_commit_adds_and_their_directories_are_flushed(tmp_path: Pa
     assert all(len(files) == 2 for files in added)  # one file per partition, each commit
 
     # Commit 1: its two data files, the commit, and three directories (two partitions and
-    # the log). Both commits: four data files, two commits, the same three directories.
+    # the log). Both commits, the table's creation among them: four data files, two
+    # commits, the same three directories, the table's and the one holding it.
     assert sync_commits(str(tmp_path), 1, 1) == 2 + 1 + 3
-    assert sync_commits(f"file:{tmp_path}", 0, 1) == 4 + 2 + 3
+    assert sync_commits(f"file:{tmp_path}", 0, 1) == 4 + 2 + 3 + 2
     assert sync_commits(str(tmp_path), 2, 1) == 0
     assert sync_commits("s3a://bucket/t", 0, 1) == 0
 
