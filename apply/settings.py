@@ -102,13 +102,14 @@ class LakeSettings(BaseModel):
         ),
     )
     log_retention_hours: int = Field(
-        48,
+        24,
         ge=1,
         description=(
             "delta.logRetentionDuration of the tables apply creates: commit files older "
-            "than this are cleaned behind a checkpoint (Delta's default, 30 days, is "
-            "500,000 commit files of a table at a 5 s trigger); keep it above "
-            "deleted_file_retention_hours and the time between two of upkeep's vacuums"
+            "than this are cleaned behind a checkpoint at upkeep's compaction turn. Every "
+            "commit lists the log, so its cost grows with it (Delta's default, 30 days, is "
+            "500,000 commit files of a table at a 5 s trigger; 24 hours 17,000); keep it at "
+            "least the time between two of upkeep's vacuums"
         ),
     )
     driver_write_records: int = Field(

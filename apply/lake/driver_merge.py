@@ -48,7 +48,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped]
-from deltalake import CommitProperties, DeltaTable, Transaction
+from deltalake import CommitProperties, DeltaTable, PostCommitHookProperties, Transaction
 from deltalake.exceptions import CommitFailedError, DeltaError
 from pyspark.sql.types import StructType
 
@@ -79,6 +79,13 @@ WRITABLE_FEATURES = frozenset({"appendOnly", "invariants", "timestampNtz"})
 """Writer features a table may have and still be written from the driver: the ones
 delta-rs writes exactly and apply's tables use (a zone-less timestamp needs
 ``timestampNtz``)."""
+
+AFTER_COMMIT = PostCommitHookProperties(create_checkpoint=True, cleanup_expired_logs=False)
+"""What delta-rs does after the driver's commits: a checkpoint when one is due, but not the
+cleaning of expired commit files, which lists the whole ``_delta_log`` at every commit
+(measured: a MERGE into a table of 3,000 commit files took 44 ms with it, 24 ms
+without); upkeep cleans them at its compaction turn instead
+(:func:`apply.lake.upkeep.compact`)."""
 
 _CHANGE_DATA_FEED = "delta.enableChangeDataFeed"
 _DELETION_VECTORS = "delta.enableDeletionVectors"
@@ -211,6 +218,7 @@ class DriverTables:
                 mode="ignore",
                 configuration=configuration,
                 raise_if_key_not_exists=False,
+                post_commithook_properties=AFTER_COMMIT,
             )
         except DeltaError as exc:
             raise DriverMergeUnavailableError(f"delta-rs did not create the table: {exc}") from exc
@@ -274,6 +282,7 @@ def merge_rows(
                 source_alias="s",
                 target_alias="t",
                 commit_properties=properties,
+                post_commithook_properties=AFTER_COMMIT,
             )
             .when_matched_delete(predicate=f"{is_delete} AND {newer}")
             .when_matched_update(updates=values, predicate=f"{not_delete} AND {newer}")

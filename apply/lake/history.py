@@ -7,7 +7,7 @@ that has apply's metadata**. A restarted job needs nothing else: no local files,
 control topic. A commit Delta skipped as a duplicate (same ``txnAppId`` and
 ``txnVersion``) wrote nothing, so it cannot leave a state behind that the data lacks.
 
-Delta keeps commit files for ``delta.logRetentionDuration`` (48 hours on the tables
+Delta keeps commit files for ``delta.logRetentionDuration`` (24 hours on the tables
 apply creates, ``APPLY_LAKE__LOG_RETENTION_HOURS``; Delta's default is 30 days), so the
 newest apply commit is found unless a table has had nothing but maintenance commits for
 longer than that (upkeep's commits only follow apply's, so it takes an operator's).

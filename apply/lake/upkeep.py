@@ -57,6 +57,7 @@ Why these choices:
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -64,11 +65,14 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol
 
-from delta.tables import DeltaTable
+from delta.tables import DeltaTable as SparkDeltaTable
+from deltalake import DeltaTable
+from deltalake.exceptions import DeltaError
 from py4j.protocol import Py4JError, Py4JJavaError
 from pyspark.errors import PySparkException
 from pyspark.sql import SparkSession
 
+from apply.lake.delta_log import local_path
 from apply.lake.table_lock import TABLE_LOCKS
 from apply.settings import UpkeepSettings
 
@@ -170,16 +174,35 @@ def compact(spark: SparkSession, path: str, target_file_size_mb: int) -> str:
     the table's lock (:mod:`apply.lake.table_lock`)."""
     TABLE_LOCKS.require(path, "OPTIMIZE")
     with _session_conf(spark, MAX_FILE_SIZE_CONF, str(target_file_size_mb * 1024 * 1024)):
-        row = DeltaTable.forPath(spark, path).optimize().executeCompaction().head()
+        row = SparkDeltaTable.forPath(spark, path).optimize().executeCompaction().head()
     metrics = None if row is None else row["metrics"]
+    cleaned = clean_log(path)
     if metrics is None or not metrics["numFilesRemoved"]:
-        return "found nothing to rewrite"
+        return f"found nothing to rewrite; {cleaned}"
     vectors = metrics["deletionVectorStats"]
     return (
         f"rewrote {metrics['numFilesRemoved']} files into {metrics['numFilesAdded']}, "
         f"dropping {0 if vectors is None else vectors['numDeletionVectorsRemoved']} "
-        "deletion vectors"
+        f"deletion vectors; {cleaned}"
     )
+
+
+def clean_log(path: str) -> str:
+    """Delete the commit files of a local table older than its ``delta.logRetentionDuration``
+    that a checkpoint makes unneeded; what it did, for the log. The driver's commits leave
+    this to upkeep (:data:`apply.lake.driver_merge.AFTER_COMMIT`); Spark's own writer
+    cleans after the checkpoints it writes, and an object store's table is left to it."""
+    local = local_path(path)
+    if local is None:
+        return "log cleaned by Delta's Spark writer"
+    log_dir = os.path.join(local, "_delta_log")
+    before = len(os.listdir(log_dir))
+    try:
+        DeltaTable(local).cleanup_metadata()
+    except DeltaError as exc:
+        # Nothing was committed; the next turn tries again.
+        return f"log not cleaned: {exc}"
+    return f"{before - len(os.listdir(log_dir))} expired log files cleaned"
 
 
 def _quoted(path: str) -> str:
@@ -213,7 +236,7 @@ def vacuum(spark: SparkSession, path: str) -> str:
     except (PySparkException, Py4JJavaError) as exc:
         if error_condition(exc) != _CANNOT_VACUUM_LITE:
             raise
-        DeltaTable.forPath(spark, path).vacuum()
+        SparkDeltaTable.forPath(spark, path).vacuum()
         return "listed every file (the log no longer reaches the previous vacuum)"
     return "from the log"
 

@@ -4,6 +4,7 @@ tests/integration/test_apply_driver_merge.py's)."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pyarrow as pa  # type: ignore[import-untyped]
@@ -25,6 +26,7 @@ from apply.lake.driver_plan import DecodedChange
 from apply.lake.positions import AppliedState, Position, encode_state
 from apply.lake.table_lock import TABLE_LOCKS, UnheldTableLockError
 from apply.lake.tables import TableId
+from apply.lake.upkeep import clean_log
 from schemas.lsn import Lsn
 
 COLUMNS = (ColumnSpec("id", LongType(), key=True), ColumnSpec("Note", StringType()))
@@ -205,3 +207,41 @@ def test_a_new_table_the_session_gives_a_feature_the_driver_cannot_write_is_left
     with TABLE_LOCKS.held(path), pytest.raises(DriverMergeUnavailableError, match=feature):
         DriverTables().create(path, TableId("public", "t"), plan, defaults={feature: "true"})
     assert not DeltaTable.is_deltatable(path)
+
+
+def test_the_drivers_commits_leave_expired_log_files_to_upkeep(tmp_path: Path) -> None:
+    """Cleaning expired commit files lists the whole log: the driver's commits skip it
+    (apply.lake.driver_merge.AFTER_COMMIT), upkeep's compaction turn does it."""
+    path = str(tmp_path)
+    configuration = {
+        "delta.logRetentionDuration": "interval 1 second",
+        "delta.checkpointInterval": "2",
+    }
+    write_deltalake(path, table_rows([(1, "a", 10, 0)]), configuration=configuration)
+    tables = DriverTables()
+
+    def merge(batch_id: int) -> None:
+        version = DeltaTable(path).version()
+        with TABLE_LOCKS.held(path):
+            merge_rows(
+                tables.at(path, version),
+                source_rows([changed("UPDATE", 1, f"n{batch_id}", 20 + batch_id, 0)], COLUMNS),
+                path=path,
+                name="public.t",
+                columns=COLUMNS,
+                key_columns=("id",),
+                app_id="app",
+                batch_id=batch_id,
+                metadata="{}",
+            )
+
+    for batch_id in range(3):
+        merge(batch_id)
+    time.sleep(1.5)  # the first commits expire
+    for batch_id in range(3, 6):
+        merge(batch_id)
+    log_dir = tmp_path / "_delta_log"
+    assert (log_dir / f"{0:020d}.json").exists(), "the driver's commit cleaned the log"
+    assert clean_log(path).endswith("expired log files cleaned")
+    assert not (log_dir / f"{0:020d}.json").exists()
+    assert DeltaTable(path).to_pyarrow_table().to_pylist()[0]["Note"] == "n5"

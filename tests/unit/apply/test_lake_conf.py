@@ -34,11 +34,11 @@ def test_the_operators_spark_conf_still_wins_over_the_lake_settings() -> None:
     assert conf[DELETION_VECTORS_DEFAULT] == "true"
 
 
-def test_new_tables_keep_removed_files_a_day_and_commits_two_by_default() -> None:
+def test_new_tables_keep_removed_files_and_commits_a_day_by_default() -> None:
     defaults = "spark.databricks.delta.properties.defaults."
     conf = session_conf(SparkSettings(), [], LakeSettings())
     assert conf[defaults + "deletedFileRetentionDuration"] == "interval 24 hours"
-    assert conf[defaults + "logRetentionDuration"] == "interval 48 hours"
+    assert conf[defaults + "logRetentionDuration"] == "interval 24 hours"
     lake = LakeSettings(deleted_file_retention_hours=6, log_retention_hours=12)
     conf = session_conf(SparkSettings(), [], lake)
     assert conf[defaults + "deletedFileRetentionDuration"] == "interval 6 hours"
