@@ -21,7 +21,7 @@ _VERSION_SUFFIX = re.compile(r"-\d[\w.]*(?:-\d+)?$")
 _WHEEL_FAMILIES = ("jackson-", "shims")
 
 
-LOCAL_JARS = Path(__file__).resolve().parents[1] / ".local" / "jars" / "spark"
+LOCAL_JARS = Path(__file__).resolve().parents[2] / ".local" / "jars" / "spark"
 """Where `make jars` puts them in a checkout."""
 
 

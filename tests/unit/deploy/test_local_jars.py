@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from apply.engine.spark_jars import artifact_name
+from apply.engine.spark_jars import LOCAL_JARS, artifact_name
 from deploy.local import jars
 from deploy.local.errors import MissingPrerequisite
 
@@ -55,3 +55,9 @@ def test_missing_jars_name_the_command(tmp_path: Path, monkeypatch: pytest.Monke
         jars.spark_jars(tmp_path)
     with pytest.raises(MissingPrerequisite, match="make jars"):
         jars.kafka_classpath()
+
+
+def test_apply_looks_for_its_jars_where_make_jars_puts_them() -> None:
+    # Both are computed from their own module's place in the tree: a module moved to
+    # another folder must not lose the checkout's root.
+    assert LOCAL_JARS == jars.JAR_ROOT / "spark"
