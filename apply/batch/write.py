@@ -323,9 +323,11 @@ def plan_in_driver(
     batch the driver does not take, which
     Spark then writes: more than one writer schema, a lake that is not local, a
     replayed batch id (Spark's transaction check decides), new or retyped columns, a
-    TRUNCATE, an unchanged TOAST value, or nothing but replays and tombstones (Spark
-    commits the state alone). ``creates``: a table that does not exist yet (``existing``
-    None) is planned too, for the writer that creates it."""
+    TRUNCATE, or nothing but replays and tombstones (Spark commits the state alone). An
+    unchanged TOAST value is resolved as Spark's MERGE resolves it (the key's newest
+    change in the batch that carried the value, else the table's own). ``creates``: a
+    table that does not exist yet (``existing`` None) is planned too, for the writer
+    that creates it."""
     topic = topic_survey.topic
     table = table_of_topic(topic)
     if len(schemas) != 1 or not local_lake(context.lake_root):
@@ -341,7 +343,7 @@ def plan_in_driver(
     decoded = decode_records(records, schemas[0], plan.columns)
     measured = measure_changes(decoded, previous, topic)
     check_decoded(measured, topic_survey, str(table))
-    if measured.truncate is not None or measured.unchanged_columns:
+    if measured.truncate is not None:
         return None
     changes = latest_changes(
         decoded,
@@ -351,6 +353,8 @@ def plan_in_driver(
             index for index, column in enumerate(plan.columns) if column.name in plan.key_columns
         ],
         erased_before=None if previous is None else previous.truncated_at,
+        columns=[column.name for column in plan.columns],
+        unchanged_columns=measured.unchanged_columns,
     )
     if not changes:
         return None
@@ -431,6 +435,7 @@ def merge_from_driver(
             app_id=context.txn_app_id,
             batch_id=batch_id,
             metadata=encode_state(state),
+            unchanged_columns=measured.unchanged_columns,
         )
     except (DriverMergeUnavailableError, DriverWriteUnavailableError) as exc:
         log.warning("batch %d to %s: merged by Spark instead: %s", batch_id, name, exc)

@@ -74,6 +74,9 @@ log = logging.getLogger(__name__)
 
 SOURCE_OP = "__cdc_source_op"
 """The source rows' operation, a column of the MERGE's source only."""
+SOURCE_UNCHANGED = "__cdc_source_unchanged"
+"""The columns a source row leaves as the table holds them (unchanged TOAST values no
+change of the batch carried), a column of the MERGE's source only."""
 
 WRITABLE_FEATURES = frozenset({"appendOnly", "invariants", "timestampNtz"})
 """Writer features a table may have and still be written from the driver: the ones
@@ -234,11 +237,15 @@ class DriverTables:
 
 def source_rows(changes: Sequence[DecodedChange], columns: Sequence[ColumnSpec]) -> Any:
     """The MERGE's source: one row per key (``changes`` hold the latest change of each),
-    with the table's columns and the operation."""
-    if any(column.name == SOURCE_OP for column in columns):
-        raise DriverMergeUnavailableError(f"the table has a column named {SOURCE_OP}")
+    with the table's columns, the operation and the columns it leaves unchanged."""
+    for reserved in (SOURCE_OP, SOURCE_UNCHANGED):
+        if any(column.name == reserved for column in columns):
+            raise DriverMergeUnavailableError(f"the table has a column named {reserved}")
     arrays = change_arrays(changes, columns)
     arrays[SOURCE_OP] = pa.array([change.op for change in changes], type=pa.string())
+    arrays[SOURCE_UNCHANGED] = pa.array(
+        [list(change.unchanged) for change in changes], type=pa.list_(pa.string())
+    )
     return pa.table(arrays)
 
 
@@ -253,6 +260,7 @@ def merge_rows(
     app_id: str,
     batch_id: int,
     metadata: str,
+    unchanged_columns: frozenset[str] = frozenset(),
 ) -> Mapping[str, int]:
     """MERGE ``rows`` (:func:`source_rows`) into ``table`` in one commit carrying
     ``metadata`` and ``(app_id, batch_id)`` (module docstring); delta-rs's metrics.
@@ -260,7 +268,9 @@ def merge_rows(
     A commit that loses to another writer raises :class:`~apply.errors.TransientError`,
     as Spark's MERGE does; any other failure of delta-rs raises
     :class:`DriverMergeUnavailableError`, and the batch takes Spark's MERGE. The caller
-    holds the lock of the table at ``path`` (:mod:`apply.lake.table_lock`)."""
+    holds the lock of the table at ``path`` (:mod:`apply.lake.table_lock`).
+    ``unchanged_columns``: the columns a source row may leave as the table holds them
+    (:func:`source_rows`), as Spark's MERGE does (:func:`apply.lake.spark_merge.merge_into`)."""
     TABLE_LOCKS.require(path, f"the driver's MERGE of batch {batch_id}")
     s_lsn, t_lsn = f"s.{_quoted(COMMIT_LSN_COLUMN)}", f"t.{_quoted(COMMIT_LSN_COLUMN)}"
     s_ord, t_ord = f"s.{_quoted(ORDINAL_COLUMN)}", f"t.{_quoted(ORDINAL_COLUMN)}"
@@ -270,6 +280,17 @@ def merge_rows(
     matches = " AND ".join(f"t.{_quoted(k)} = s.{_quoted(k)}" for k in key_columns)
     names = [c.name for c in columns] + [COMMIT_LSN_COLUMN, ORDINAL_COLUMN, COMMIT_TS_COLUMN]
     values = {_quoted(n): f"s.{_quoted(n)}" for n in names}
+    # An unchanged TOAST value no change of the batch carried: the row keeps its own. The
+    # names are Avro names ([A-Za-z_][A-Za-z0-9_]*): nothing to escape in the literal.
+    updated = {
+        _quoted(c.name): (
+            f"CASE WHEN array_has(s.{_quoted(SOURCE_UNCHANGED)}, '{c.name}') "
+            f"THEN t.{_quoted(c.name)} ELSE s.{_quoted(c.name)} END"
+        )
+        for c in columns
+        if c.name in unchanged_columns
+    }
+    updates = {**values, **updated}
     properties = CommitProperties(
         custom_metadata={"userMetadata": metadata},
         app_transactions=[Transaction(app_id, batch_id, int(time.time() * 1000))],
@@ -285,7 +306,7 @@ def merge_rows(
                 post_commithook_properties=AFTER_COMMIT,
             )
             .when_matched_delete(predicate=f"{is_delete} AND {newer}")
-            .when_matched_update(updates=values, predicate=f"{not_delete} AND {newer}")
+            .when_matched_update(updates=updates, predicate=f"{not_delete} AND {newer}")
             .when_not_matched_insert(updates=values, predicate=not_delete)
             .execute()
         )

@@ -37,7 +37,7 @@ import io
 import json
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
@@ -251,12 +251,26 @@ def latest_changes(
     *,
     key_indexes: Sequence[int],
     erased_before: Position | None,
+    columns: Sequence[str] = (),
+    unchanged_columns: frozenset[str] = frozenset(),
 ) -> list[DecodedChange]:
     """The newest change of every key, leaving out replays, TRUNCATEs and changes
-    positioned at or before ``erased_before`` (:func:`apply.lake.spark_merge.merge_source`, for a
-    batch with no unchanged TOAST column), in position order."""
+    positioned at or before ``erased_before``, in position order: the rows of
+    :func:`apply.lake.spark_merge.merge_source`.
+
+    A column an UPDATE left unchanged (TOAST; ``unchanged_columns`` names the batch's,
+    ``columns`` the row's order) takes its value from the newest change of the key in the
+    batch that carried it; where none did, it stays in the change's ``unchanged``, and
+    the MERGE keeps the table's value (:func:`apply.lake.driver_merge.merge_rows`)."""
     applied = _applied_positions(previous, topic)
+    keys = {columns[index] for index in key_indexes} if columns else set()
+    folded = [
+        (index, name)
+        for index, name in enumerate(columns)
+        if name in unchanged_columns and name not in keys
+    ]
     latest: dict[tuple[Any, ...], DecodedChange] = {}
+    carried: dict[tuple[Any, ...], dict[int, tuple[Position, Any]]] = {}
     for change in decoded.changes:
         if change.op == _TRUNCATE:
             continue
@@ -269,7 +283,28 @@ def latest_changes(
         known = latest.get(key)
         if known is None or change.position > known.position:
             latest[key] = change
-    return sorted(latest.values(), key=lambda change: change.position)
+        if folded and change.op != _DELETE:
+            values = carried.setdefault(key, {})
+            for index, name in folded:
+                if name in change.unchanged:
+                    continue
+                held = values.get(index)
+                if held is None or change.position > held[0]:
+                    values[index] = (change.position, change.row[index])
+    if not folded:
+        return sorted(latest.values(), key=lambda change: change.position)
+    resolved = []
+    for key, change in latest.items():
+        values = carried.get(key, {})
+        row = list(change.row)
+        still: list[str] = []
+        for index, name in folded:
+            held = values.get(index)
+            row[index] = None if held is None else held[1]
+            if row[index] is None and name in change.unchanged:
+                still.append(name)
+        resolved.append(replace(change, row=tuple(row), unchanged=tuple(still)))
+    return sorted(resolved, key=lambda change: change.position)
 
 
 class DriverWriteUnavailableError(Exception):

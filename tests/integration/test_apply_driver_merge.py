@@ -34,6 +34,9 @@ from tests.plugins.services import Services
 
 pytestmark = pytest.mark.slow
 
+NOTE = ("_pg_Order_20Note",)
+"""The text column an UPDATE may leave unchanged (TOAST), by its Avro name."""
+
 # Every column as exact text, so that no value is converted on the way to Python.
 EXACT = [
     "id",
@@ -128,9 +131,16 @@ def test_the_driver_merges_what_spark_merges(
             (0, change(TRUNCATE, 0x600, 1)),
             (1, change(INSERT, 0x600, 2, after={"id": 8, **EVERY_VALUE})),
         ],
-        [(1, change(UPDATE, 0x700, 0, after={"id": 8, "small": 3}))],
+        [(1, change(UPDATE, 0x700, 0, after={"id": 8, "small": 3, NOTE[0]: "kept"}))],
+        # Unchanged TOAST values: id 8 keeps the table's note; id 1 (not in the table
+        # since the TRUNCATE) takes the note its first UPDATE of the batch carried.
+        [
+            (1, change(UPDATE, 0x750, 0, after={"id": 8, "small": 4}, unchanged_columns=NOTE)),
+            (0, change(UPDATE, 0x750, 1, after={"id": 1, "small": 5, NOTE[0]: "carried"})),
+            (0, change(UPDATE, 0x750, 2, after={"id": 1, "small": 6}, unchanged_columns=NOTE)),
+        ],
     ]
-    from_driver = {0, 1, 2, 3, 5, 7}
+    from_driver = {0, 1, 2, 3, 5, 7, 8}
     marks = [topic.mark()]
     for batch in batches:
         for partition, item in batch:
@@ -152,7 +162,8 @@ def test_the_driver_merges_what_spark_merges(
         assert not written_by_delta_rs(expected.path, expected.version)
         assert exact_rows(spark, got.path) == exact_rows(spark, expected.path), f"batch {batch_id}"
     final = exact_rows(spark, table_path(driver.lake_root, table))
-    assert sorted(row[0] for row in final) == [8]
+    assert sorted(row[0] for row in final) == [1, 8]
+    assert [row[6] for row in final] == ["carried", "kept"]
 
     # Spark replays the last batch: the state covers it, nothing is written.
     last = topic.batch(spark, marks[-2], marks[-1])

@@ -213,3 +213,41 @@ def test_an_infinite_date_is_left_to_spark() -> None:
 )
 def test_only_a_local_lake_is_written_from_the_driver(root: str, local: bool) -> None:
     assert local_lake(root) is local
+
+
+def test_an_unchanged_toast_value_is_carried_from_the_keys_newest_change_that_had_it() -> None:
+    unchanged = ("note",)
+    decoded = decode_records(
+        collected(
+            0,
+            # Key 1: the note of its first UPDATE is carried past the second's.
+            change(Operation.UPDATE, 0x100, 0, after={"id": 1, "note": "big", "amount": None}),
+            change(Operation.UPDATE, 0x100, 1, after={"id": 1}, unchanged_columns=unchanged),
+            # Key 2: no change of the batch has its note: the table's is kept.
+            change(Operation.UPDATE, 0x100, 2, after={"id": 2}, unchanged_columns=unchanged),
+            # Key 3: deleted after the UPDATE.
+            change(Operation.UPDATE, 0x100, 3, after={"id": 3}, unchanged_columns=unchanged),
+            change(Operation.DELETE, 0x100, 4, before={"id": 3}, before_key_only=True),
+            # Key 4: its newest change carries a note of its own.
+            change(Operation.UPDATE, 0x100, 5, after={"id": 4}, unchanged_columns=unchanged),
+            change(Operation.UPDATE, 0x100, 6, after={"id": 4, "note": "new"}),
+        ),
+        VALUE_SCHEMA,
+        VALUE_SCHEMA.columns,
+    )
+    measured = measure_changes(decoded, None, TOPIC)
+    latest = latest_changes(
+        decoded,
+        None,
+        TOPIC,
+        key_indexes=[0],
+        erased_before=None,
+        columns=[column.name for column in VALUE_SCHEMA.columns],
+        unchanged_columns=measured.unchanged_columns,
+    )
+    assert [(c.row[0], c.op, c.row[1], c.unchanged) for c in latest] == [
+        (1, "UPDATE", "big", ()),
+        (2, "UPDATE", None, ("note",)),
+        (3, "DELETE", None, ()),
+        (4, "UPDATE", "new", ()),
+    ]
