@@ -5,7 +5,9 @@ tests/integration/test_apply_driver_merge.py's)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped]
 import pytest
@@ -47,6 +49,31 @@ def table_rows(rows: list[tuple[int, str, int, int]]) -> pa.Table:
 
 def changed(op: str, key: int, note: str | None, lsn: int, ordinal: int) -> DecodedChange:
     return DecodedChange(0, 0, op, Position(Lsn(lsn), ordinal), 0, (), (key, note))
+
+
+def merged(
+    table: Any,
+    changes: list[DecodedChange],
+    *,
+    path: str,
+    batch_id: int,
+    metadata: str = "{}",
+    unchanged: frozenset[str] = frozenset(),
+) -> Mapping[str, int]:
+    """``changes`` MERGEd into ``table`` by the driver, holding its lock as the job does."""
+    with TABLE_LOCKS.held(path):
+        return merge_rows(
+            table,
+            source_rows(changes, COLUMNS),
+            path=path,
+            name="public.t",
+            columns=COLUMNS,
+            key_columns=("id",),
+            app_id="app",
+            batch_id=batch_id,
+            metadata=metadata,
+            unchanged_columns=unchanged,
+        )
 
 
 @pytest.mark.parametrize(
@@ -92,18 +119,13 @@ def test_the_merge_applies_newer_changes_only_and_commits_state_and_transaction(
         changed("INSERT", 4, "d", 20, 3),  # new: inserted
         changed("DELETE", 5, None, 20, 4),  # nothing to delete
     ]
-    with TABLE_LOCKS.held(str(tmp_path)):
-        metrics = merge_rows(
-            DriverTables().at(str(tmp_path), 0),
-            source_rows(changes, COLUMNS),
-            path=str(tmp_path),
-            name="public.t",
-            columns=COLUMNS,
-            key_columns=("id",),
-            app_id="app",
-            batch_id=7,
-            metadata='{"state": 1}',
-        )
+    metrics = merged(
+        DriverTables().at(str(tmp_path), 0),
+        changes,
+        path=str(tmp_path),
+        batch_id=7,
+        metadata='{"state": 1}',
+    )
 
     assert (
         metrics["num_target_rows_inserted"],
@@ -222,18 +244,12 @@ def test_the_drivers_commits_leave_expired_log_files_to_upkeep(tmp_path: Path) -
 
     def merge(batch_id: int) -> None:
         version = DeltaTable(path).version()
-        with TABLE_LOCKS.held(path):
-            merge_rows(
-                tables.at(path, version),
-                source_rows([changed("UPDATE", 1, f"n{batch_id}", 20 + batch_id, 0)], COLUMNS),
-                path=path,
-                name="public.t",
-                columns=COLUMNS,
-                key_columns=("id",),
-                app_id="app",
-                batch_id=batch_id,
-                metadata="{}",
-            )
+        merged(
+            tables.at(path, version),
+            [changed("UPDATE", 1, f"n{batch_id}", 20 + batch_id, 0)],
+            path=path,
+            batch_id=batch_id,
+        )
 
     for batch_id in range(3):
         merge(batch_id)
@@ -254,19 +270,13 @@ def test_a_column_a_change_leaves_unchanged_keeps_the_tables_value(tmp_path: Pat
         DecodedChange(0, 1, "UPDATE", Position(Lsn(20), 1), 0, (), (2, "changed")),
         DecodedChange(0, 2, "UPDATE", Position(Lsn(20), 2), 0, ("Note",), (3, None)),
     ]
-    with TABLE_LOCKS.held(str(tmp_path)):
-        merge_rows(
-            DriverTables().at(str(tmp_path), 0),
-            source_rows(changes, COLUMNS),
-            path=str(tmp_path),
-            name="public.t",
-            columns=COLUMNS,
-            key_columns=("id",),
-            app_id="app",
-            batch_id=1,
-            metadata="{}",
-            unchanged_columns=frozenset({"Note"}),
-        )
+    merged(
+        DriverTables().at(str(tmp_path), 0),
+        changes,
+        path=str(tmp_path),
+        batch_id=1,
+        unchanged=frozenset({"Note"}),
+    )
     found = DeltaTable(str(tmp_path)).to_pyarrow_table().to_pylist()
     # A row the table lacks is inserted with what the change has, as Spark's MERGE does.
     assert sorted((r["id"], r["Note"], r["_cdc_commit_lsn"]) for r in found) == [
