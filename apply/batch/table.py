@@ -94,9 +94,12 @@ def _apply_table_merged(
     # A batch held in the driver reads the table there too (no Spark job), when the job
     # does not know it: the first batch after a start, or after another commit.
     read_in_driver = False
-    if known is None and collected is not None and context.driver_tables is not None:
+    # Not when the job creates tables with deletion vectors: the driver writes none of
+    # those, and opening one with delta-rs every batch would be wasted.
+    driver_tables = None if context.deletion_vectors else context.driver_tables
+    if known is None and collected is not None and driver_tables is not None:
         try:
-            known = context.driver_tables.read(path, table)
+            known = driver_tables.read(path, table)
             read_in_driver = True
         except DriverMergeUnavailableError as exc:
             log.debug("batch %d: table %s is read by Spark: %s", batch_id, name, exc)

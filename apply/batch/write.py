@@ -123,18 +123,16 @@ def merge_batch(
     existing: ExistingTable | None,
     plan: TablePlan,
     decoded: DataFrame | None,
-    measured: BatchMeasure | None = None,
 ) -> TableResult:
-    """A table's batch once its records are decoded: measure (unless ``measured``),
-    then MERGE into the table (or replace it). ``decoded`` is cached, so the measure and
-    the MERGE decode every record once."""
+    """A table's batch once its records are decoded: measure, then MERGE into the table
+    (or replace it). ``decoded`` is cached, so the measure and the MERGE decode every
+    record once."""
     topic = topic_survey.topic
     table = table_of_topic(topic)
     name = str(table)
     path = table_path(context.lake_root, table)
     previous = history.state if history is not None else None
-    if measured is None:
-        measured = measure_batch(decoded, previous, topic_survey, name)
+    measured = measure_batch(decoded, previous, topic_survey, name)
     truncate = measured.truncate
     state = advance(
         previous,

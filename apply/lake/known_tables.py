@@ -47,26 +47,16 @@ class KnownTables:
         self._tables: dict[str, KnownTable] = {}
         self._lock = threading.Lock()
 
-    def current(
-        self, spark: SparkSession, path: str, *, passing: frozenset[str] = frozenset()
-    ) -> KnownTable | None:
-        """The entry for ``path`` while no commit followed it, or only commits whose
-        operation is in ``passing`` (ones that change neither the state nor the columns),
-        the entry then moved to the newest version; else None, and the entry is dropped."""
+    def current(self, spark: SparkSession, path: str) -> KnownTable | None:
+        """The entry for ``path`` while no commit followed it; else None, and the entry
+        is dropped."""
         with self._lock:
             known = self._tables.get(path)
         if known is None:
             return None
-        files = DeltaLogFiles(spark)
-        version = known.history.version
-        while (commit := files.read(path, version + 1)) is not None:
-            if commit.operation not in passing:
-                self.forget(path)
-                return None
-            version = commit.version
-        if version != known.history.version:
-            known = KnownTable(TableHistory(version, known.history.state), known.existing)
-            self.remember(path, known)
+        if DeltaLogFiles(spark).read(path, known.history.version + 1) is not None:
+            self.forget(path)
+            return None
         return known
 
     def remember(self, path: str, known: KnownTable) -> None:
