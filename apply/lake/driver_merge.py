@@ -86,8 +86,8 @@ delta-rs writes exactly and apply's tables use (a zone-less timestamp needs
 AFTER_COMMIT = PostCommitHookProperties(create_checkpoint=True, cleanup_expired_logs=False)
 """What delta-rs does after the driver's commits: a checkpoint when one is due, but not the
 cleaning of expired commit files, which lists the whole ``_delta_log`` at every commit
-(measured: a MERGE into a table of 3,000 commit files took 44 ms with it, 24 ms
-without); upkeep cleans them at its compaction turn instead
+(measured once, beside a running soak: a MERGE into a table of 3,000 commit files took
+44 ms with it, 24 ms without; docs/benchmarks.md); upkeep cleans them at its compaction turn instead
 (:func:`apply.lake.upkeep.compact`)."""
 
 _CHANGE_DATA_FEED = "delta.enableChangeDataFeed"
