@@ -50,7 +50,7 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
-from apply.batch import ApplyContext, applied_state, apply_batch
+from apply.batch import ApplyContext, apply_batch, recorded_state
 from apply.batch.held_batch import HeldBatchReader
 from apply.batch.table_pool import POOL_PROPERTY
 from apply.control.feedback import ProgressPublisher, SchemaCatalog
@@ -353,6 +353,7 @@ class ApplyJob:
             self._settings.lake.root.rstrip("/") + "/*/*/_delta_log"
         )
         statuses = fs.globStatus(pattern) or []
+        context = self._context(self._context_id, streaming=True)
         states = []
         for status in statuses:
             table_path = status.getPath().getParent()
@@ -362,7 +363,7 @@ class ApplyJob:
             except ValueError:
                 continue  # not a folder apply writes (the dead-letter table's, say)
             try:
-                state = applied_state(self._spark, self._settings.lake.root, table_id)
+                state = recorded_state(self._spark, table_id, context)
             except TableError as exc:
                 # Its records are parked (the dead-letter offsets below cover them).
                 log.error("cannot recover the applied state of %s: %s", table_path, exc)  # noqa: TRY400

@@ -65,7 +65,7 @@ Guarantees:
 
 from apply.batch.context import ApplyContext
 from apply.batch.micro_batch import apply_batch
-from apply.batch.read import applied_state
+from apply.batch.read import applied_state, recorded_state
 from apply.batch.table import apply_table
 
-__all__ = ["ApplyContext", "applied_state", "apply_batch", "apply_table"]
+__all__ = ["ApplyContext", "applied_state", "apply_batch", "apply_table", "recorded_state"]

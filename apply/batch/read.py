@@ -16,6 +16,8 @@ from apply.batch.context import ApplyContext
 from apply.control.progress import TableResult
 from apply.errors import BadRecordError, ConfigError, TableError
 from apply.lake.decode import TopicSurvey
+from apply.lake.driver_merge import DriverMergeUnavailableError
+from apply.lake.driver_plan import local_lake
 from apply.lake.history import recover_state
 from apply.lake.positions import AppliedState, covers
 from apply.lake.tables import TableId, table_of_topic, table_path
@@ -27,6 +29,34 @@ log = logging.getLogger(__name__)
 def applied_state(spark: SparkSession, lake_root: str, table: TableId) -> AppliedState | None:
     """The applied state of ``table``, as its Delta table records it."""
     return recover_state(spark, table_path(lake_root, table), str(table))
+
+
+def recorded_state(
+    spark: SparkSession, table: TableId, context: ApplyContext
+) -> AppliedState | None:
+    """The applied state of ``table`` when the job starts. On a local lake whose tables
+    the driver writes it is read by delta-rs, and remembered for the table's first batch
+    (:mod:`apply.lake.known_tables`): a Spark read of every table's history is a job per
+    table, and most of a restarted job's CPU before its first batch. Spark reads a table
+    delta-rs cannot (deletion vectors, the change data feed, an object store)."""
+    path = table_path(context.lake_root, table)
+    driver_tables, known_tables = context.driver_tables, context.known
+    if (
+        driver_tables is not None
+        and known_tables is not None
+        and not context.deletion_vectors
+        and local_lake(context.lake_root)
+    ):
+        try:
+            known = driver_tables.read(path, table)
+        except DriverMergeUnavailableError as exc:
+            log.debug("table %s: its applied state is read by Spark: %s", table, exc)
+        else:
+            if known is None:
+                return None
+            known_tables.remember(path, known)
+            return known.history.state
+    return recover_state(spark, path, str(table))
 
 
 def lake_state(

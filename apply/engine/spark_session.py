@@ -74,6 +74,7 @@ import signal
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 from pyspark import SparkConf, SparkContext
 from pyspark.sql import SparkSession
@@ -199,4 +200,24 @@ def build_session(
     for key, value in session_conf(settings, jars, lake).items():
         builder = builder.config(key, value)
     with termination_left_to_driver():
-        return builder.getOrCreate()
+        spark = builder.getOrCreate()
+    warm_delta_json(spark)
+    return spark
+
+
+_WARM_ACTION = '{"txn":{"appId":"cdc-apply-warm-up","version":0}}'
+
+
+def warm_delta_json(spark: SparkSession) -> None:
+    """Have Delta's JSON mapper build its action deserializers once, on this thread.
+
+    Otherwise the first commit files it reads are read by a Spark job's tasks, several
+    at once, and Jackson's Scala module building those deserializers on two threads at
+    the same time has failed here: a restarted job under load stopped at its first
+    history read with ``InvalidDefinitionException: ... SidecarFile: Argument #0 of
+    Creator ... has no property name``, in both tasks of the job, while the same start
+    passes every other time. Built once, the mapper keeps them. In local mode the
+    executors share this JVM; a cluster's executors are JVMs of their own, which this
+    does not reach."""
+    jvm: Any = spark.sparkContext._jvm
+    jvm.org.apache.spark.sql.delta.actions.Action.fromJson(_WARM_ACTION)

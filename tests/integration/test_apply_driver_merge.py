@@ -13,10 +13,11 @@ from typing import Any
 
 import pytest
 
-from apply.batch import ApplyContext, apply_batch
+from apply.batch import ApplyContext, apply_batch, recorded_state
 from apply.lake.decode import RECORD_COLUMNS, survey, survey_held
 from apply.lake.delta_log import commit_file
 from apply.lake.driver_merge import DriverTables
+from apply.lake.history import recover_state
 from apply.lake.known_tables import KnownTables
 from apply.lake.tables import TableId, table_path
 from schemas.change_record import ChangeEncoder, TableDescription, build_table_schemas
@@ -177,3 +178,13 @@ def test_the_driver_merges_what_spark_merges(
     read_by_driver = dataclasses.replace(driver, known=KnownTables(), driver_tables=DriverTables())
     again = apply_batch(last, len(batches) - 1, read_by_driver).applied[0]
     assert (again.committed, again.state) == (False, replayed.state)
+    # A job's start reads every table's state (apply.batch.read.recorded_state): by
+    # delta-rs, what Spark reads, and remembered for the table's first batch; without the
+    # driver's tables it is Spark's read.
+    starting = dataclasses.replace(driver, known=KnownTables(), driver_tables=DriverTables())
+    path = table_path(driver.lake_root, table)
+    assert recover_state(spark, path, str(table)) == replayed.state
+    assert recorded_state(spark, table, starting) == replayed.state
+    assert starting.known is not None
+    assert starting.known.current(spark, path) is not None
+    assert recorded_state(spark, table, restarted) == replayed.state
