@@ -30,12 +30,15 @@ from schemas.control import (
     ControlMessageError,
     ServerIdentity,
     SlotCheckpoint,
+    TableState,
     TableStatus,
     decode_control,
 )
 from schemas.lsn import Lsn
 
 log = logging.getLogger(__name__)
+
+_STREAMED_STATES = frozenset({TableState.SNAPSHOT, TableState.CATCH_UP, TableState.STREAMING})
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +61,13 @@ class ControlState:
         return {
             t for (t, _), n in self.applied.items() if n > 0 and t.startswith(f"{topic_prefix}.")
         }
+
+    def streamed_tables(self) -> set[str]:
+        """The tables whose changes capture has taken from the slot: snapshotting,
+        catching up or streaming. A pending table has taken none yet (its snapshot, when
+        it comes, starts at a point of its own), and an errored one streams again only
+        after a resync, which snapshots it anew."""
+        return {table for table, status in self.tables.items() if status.state in _STREAMED_STATES}
 
     def newest_position(self, topic_prefix: str) -> Lsn | None:
         """The newest LSN the lake or the slot checkpoint holds for this pipeline: apply

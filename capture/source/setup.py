@@ -130,20 +130,22 @@ def adopt_slot(
     position: Lsn | None,
     checkpoint: Lsn | None,
     applied_topics: Collection[str],
+    streamed_tables: Collection[str],
     warn_retained_bytes: int,
     metrics: CaptureMetrics,
 ) -> SlotState:
-    """The slot to stream from, created if missing, once ``server`` (the one reached now)
-    is where the control topic's positions mean something (``recorded``: the server of
-    the last checkpoint; ``position``: the newest LSN the pipeline holds), the slot's
-    position can be trusted (:func:`check_slot_history`), nothing on the server would
-    stall it, and its WAL is whole."""
+    """The slot to stream from, created if missing (only when the control topic holds no
+    history of it: :func:`check_slot_history`), once ``server`` (the one reached now) is
+    where the control topic's positions mean something (``recorded``: the server of the
+    last checkpoint; ``position``: the newest LSN the pipeline holds), the slot's position
+    can be trusted, nothing on the server would stall it, and its WAL is whole."""
     check_same_server(server, recorded, position=position, slot=name)
     check_slot_history(
         find_slot(conn, name),
         name,
         checkpoint=checkpoint,
         applied_topics=applied_topics,
+        streamed_tables=streamed_tables,
         failed_over=recorded is not None and recorded.timeline != server.identity.timeline,
     )
     check_standby_slots(conn, name)
@@ -165,28 +167,42 @@ def check_slot_history(
     *,
     checkpoint: Lsn | None,
     applied_topics: Collection[str],
+    streamed_tables: Collection[str] = (),
     failed_over: bool = False,
 ) -> None:
     """Refuse to stream when the slot's position cannot be trusted.
 
     ``checkpoint`` is the slot checkpoint capture last wrote to the control topic,
-    ``applied_topics`` the change topics of this pipeline with applied records there, and
+    ``applied_topics`` the change topics of this pipeline with applied records there,
+    ``streamed_tables`` the tables whose changes capture has taken from the slot (their
+    states there: :meth:`~capture.publish.control.ControlState.streamed_tables`), and
     ``failed_over`` whether the server's timeline moved on since that checkpoint (a
     promoted standby: :mod:`capture.source.server_identity`).
 
-    - The slot is missing but the lake has applied records of our topics: it was dropped
-      (and would be recreated at the current WAL position), so every change since the
-      lake's last applied transaction would be skipped. A promoted standby lacks it the
-      same way when it had no failover-ready copy: before PostgreSQL 17 a standby keeps
-      no logical slot at all, and from 17 a copy that was not yet synchronized (still
-      temporary) is dropped by the promotion.
-    - The slot is missing on a promoted standby and capture checkpointed it on the old
-      timeline, even with nothing applied yet: capture streamed from a slot there, and a
-      new one, made at the new primary's current WAL position, would skip what the
-      standby had past capture's position and everything written since the promotion
-      (the records already in Kafka would reach the lake, with a gap after them).
-    - The slot is ahead of capture's last checkpoint: someone advanced it, and WAL in
-      between may never have reached Kafka.
+    A missing slot is created only on a fresh start: no checkpoint, no applied record,
+    no table whose changes were taken from it. Anything else on the control topic means
+    capture streamed from a slot of this name, and a new one, made at the server's
+    current WAL position, would skip every change between where capture was and now.
+    Apply would never notice: the records already in Kafka reach the lake, with a gap
+    after them. So a missing slot is refused when
+
+    - the lake has applied records of our topics: the slot was dropped, or a promoted
+      standby lacks it because it had no failover-ready copy (before PostgreSQL 17 a
+      standby keeps no logical slot at all, and from 17 a copy that was not yet
+      synchronized, still temporary, is dropped by the promotion);
+    - capture checkpointed it, even with nothing applied yet: dropped on the same
+      timeline, or missing on a promoted standby (the checkpoint is on the old one);
+    - tables were being snapshotted or streamed from it, with no checkpoint yet: a
+      checkpoint is written only once the slot can be confirmed past the point where it
+      was made (apply applied something, or WAL with nothing for capture went by), so
+      a slot dropped soon after capture began leaves only these.
+
+    The fresh start is the resync (docs/operations.md, resync after a lost slot): it
+    deletes the control topic with the rest, so the next start finds no history and
+    creates the slot, and snapshots every table from there.
+
+    A slot ahead of capture's last checkpoint is refused too: someone advanced it, and
+    WAL in between may never have reached Kafka.
 
     A slot behind the checkpoint is accepted: capture confirms nothing before its
     checkpoint is delivered, so that is a slot whose confirmations never reached the
@@ -198,12 +214,20 @@ def check_slot_history(
     if slot is None and applied:
         held = f"the control topic shows applied changes for {', '.join(applied)}"
         raise ConfigError(_missing_slot(slot_name, held, failed_over))
-    if slot is None and failed_over and checkpoint is not None:
+    if slot is None and checkpoint is not None:
+        where = " on the server this one was promoted from" if failed_over else ""
         held = (
-            f"capture streamed it up to {format_lsn(checkpoint)} on the server this one was "
-            "promoted from (its last checkpoint on the control topic)"
+            f"capture streamed it up to {format_lsn(checkpoint)}{where} (its last "
+            "checkpoint on the control topic)"
         )
-        raise ConfigError(_missing_slot(slot_name, held, True))
+        raise ConfigError(_missing_slot(slot_name, held, failed_over))
+    streamed = sorted(streamed_tables)
+    if slot is None and streamed:
+        held = (
+            f"capture was taking the changes of {', '.join(streamed)} from it (their "
+            "states on the control topic), before its first checkpoint"
+        )
+        raise ConfigError(_missing_slot(slot_name, held, failed_over))
     if slot is not None and checkpoint is not None and slot.confirmed_flush > checkpoint:
         raise ConfigError(
             f"replication slot {slot_name} is at {format_lsn(slot.confirmed_flush)}, past the "
@@ -228,7 +252,9 @@ def _missing_slot(slot_name: str, held: str, failed_over: bool) -> str:
     )
     return (
         f"replication slot {slot_name} does not exist, but {held}: {cause}, and a new slot "
-        f"would silently skip every change made since. Resync the pipeline: {slot_resync()}"
+        "would silently skip every change made since, so capture makes one only on a fresh "
+        f"start, with no history of the slot on the control topic. Resync the pipeline: "
+        f"{slot_resync()}"
     )
 
 
