@@ -63,10 +63,11 @@ class ControlState:
         }
 
     def streamed_tables(self) -> set[str]:
-        """The tables whose changes capture has taken from the slot: snapshotting,
-        catching up or streaming. A pending table has taken none yet (its snapshot, when
-        it comes, starts at a point of its own), and an errored one streams again only
-        after a resync, which snapshots it anew."""
+        """The tables whose changes capture is taking from the slot: snapshotting,
+        catching up or streaming. Not the pending ones: their snapshot, when it comes,
+        takes their rows again from a point of its own, so a new slot skips nothing of
+        theirs; nor the errored ones, which stream again only after a resync (a
+        snapshot)."""
         return {table for table, status in self.tables.items() if status.state in _STREAMED_STATES}
 
     def newest_position(self, topic_prefix: str) -> Lsn | None:

@@ -2,7 +2,8 @@
 
 Changes made in PostgreSQL are decoded back from Kafka and replayed per key; the result
 must equal the source tables. The slot must not move before the control topic says the
-records are applied, must move once it does, and must keep moving while idle.
+records are applied, must move once it does, and must keep moving while idle. A slot
+advanced or dropped behind capture's back is refused.
 """
 
 from __future__ import annotations
@@ -275,9 +276,10 @@ def test_slot_dropped_before_anything_was_applied_is_refused_until_a_fresh_start
     assert made is None, "capture made a slot it refused to trust"
 
     # The fresh start: the resync's topics deleted (nothing was applied, so the lake
-    # holds nothing of them), capture started with a snapshot.
+    # holds nothing of them), capture started with a snapshot (read in this process:
+    # worker processes would only add their start-up).
     _delete_pipeline_topics(bootstrap, unique_name)
-    fresh = capture.settings.model_copy(update={"snapshot_mode": "initial"})
+    fresh = capture.settings.model_copy(update={"snapshot_mode": "initial", "snapshot_workers": 1})
     runner = CaptureThread(fresh)
     try:
         runner.start(pg)
