@@ -140,13 +140,15 @@ def adopt_slot(
     last checkpoint; ``position``: the newest LSN the pipeline holds), the slot's position
     can be trusted, nothing on the server would stall it, and its WAL is whole."""
     check_same_server(server, recorded, position=position, slot=name)
+    timeline = server.identity.timeline
     check_slot_history(
         find_slot(conn, name),
         name,
         checkpoint=checkpoint,
         applied_topics=applied_topics,
         streamed_tables=streamed_tables,
-        failed_over=recorded is not None and recorded.timeline != server.identity.timeline,
+        failed_over=recorded is not None and recorded.timeline != timeline,
+        same_timeline=recorded is not None and recorded.timeline == timeline,
     )
     check_standby_slots(conn, name)
     slot = ensure_slot(conn, name)
@@ -169,6 +171,7 @@ def check_slot_history(
     applied_topics: Collection[str],
     streamed_tables: Collection[str] = (),
     failed_over: bool = False,
+    same_timeline: bool = False,
 ) -> None:
     """Refuse to stream when the slot's position cannot be trusted.
 
@@ -177,7 +180,9 @@ def check_slot_history(
     ``streamed_tables`` the tables whose changes capture has taken from the slot (their
     states there: :meth:`~capture.publish.control.ControlState.streamed_tables`), and
     ``failed_over`` whether the server's timeline moved on since that checkpoint (a
-    promoted standby: :mod:`capture.source.server_identity`).
+    promoted standby: :mod:`capture.source.server_identity`), ``same_timeline`` whether
+    the checkpoint recorded this server on the timeline it is on now (neither: no server
+    recorded, so a missing slot may have been lost either way).
 
     A missing slot is created only on a fresh start: no checkpoint, no applied record,
     no table whose changes were taken from it. Anything else on the control topic means
@@ -213,21 +218,21 @@ def check_slot_history(
     applied = sorted(applied_topics)
     if slot is None and applied:
         held = f"the control topic shows applied changes for {', '.join(applied)}"
-        raise ConfigError(_missing_slot(slot_name, held, failed_over))
+        raise ConfigError(_missing_slot(slot_name, held, failed_over, same_timeline))
     if slot is None and checkpoint is not None:
         where = " on the server this one was promoted from" if failed_over else ""
         held = (
             f"capture streamed it up to {format_lsn(checkpoint)}{where} (its last "
             "checkpoint on the control topic)"
         )
-        raise ConfigError(_missing_slot(slot_name, held, failed_over))
+        raise ConfigError(_missing_slot(slot_name, held, failed_over, same_timeline))
     streamed = sorted(streamed_tables)
     if slot is None and streamed:
         held = (
             f"capture was taking the changes of {', '.join(streamed)} from it (their "
             "states on the control topic), before its first checkpoint"
         )
-        raise ConfigError(_missing_slot(slot_name, held, failed_over))
+        raise ConfigError(_missing_slot(slot_name, held, failed_over, same_timeline))
     if slot is not None and checkpoint is not None and slot.confirmed_flush > checkpoint:
         raise ConfigError(
             f"replication slot {slot_name} is at {format_lsn(slot.confirmed_flush)}, past the "
@@ -237,19 +242,28 @@ def check_slot_history(
         )
 
 
-def _missing_slot(slot_name: str, held: str, failed_over: bool) -> str:
+def _missing_slot(slot_name: str, held: str, failed_over: bool, same_timeline: bool) -> str:
     """Why a missing slot is refused: what the pipeline ``held`` of it, why it is gone,
     and the resync."""
-    cause = (
-        "this server is a promoted standby (its timeline changed since capture's last "
-        "checkpoint) with no copy of the slot: before PostgreSQL 17 a standby keeps no "
-        "logical slots, and from 17 only a synchronized, failover-ready copy of a "
-        "failover slot survives the promotion (docs/capture.md, a primary that fails over)"
-        if failed_over
-        else "the slot was dropped (or, after a failover, the promoted standby had no "
-        "failover-ready copy of it, which before PostgreSQL 17 it never has: "
-        "docs/operations.md, a primary that fails over)"
-    )
+    if failed_over:
+        cause = (
+            "this server is a promoted standby (its timeline changed since capture's last "
+            "checkpoint) with no copy of the slot: before PostgreSQL 17 a standby keeps no "
+            "logical slots, and from 17 only a synchronized, failover-ready copy of a "
+            "failover slot survives the promotion (docs/capture.md, a primary that fails "
+            "over)"
+        )
+    elif same_timeline:
+        cause = (
+            "the slot was dropped (this is the server and the timeline capture last "
+            "checkpointed it on, so no failover took it)"
+        )
+    else:
+        cause = (
+            "the slot was dropped (or, after a failover, the promoted standby had no "
+            "failover-ready copy of it, which before PostgreSQL 17 it never has: "
+            "docs/operations.md, a primary that fails over)"
+        )
     return (
         f"replication slot {slot_name} does not exist, but {held}: {cause}, and a new slot "
         "would silently skip every change made since, so capture makes one only on a fresh "

@@ -99,6 +99,15 @@ def test_a_slot_dropped_before_anything_was_applied_is_refused_with_its_position
     assert message.endswith("(docs/operations.md, resync after a lost slot)")
 
 
+def test_a_slot_missing_on_the_checkpoints_server_and_timeline_was_dropped_there() -> None:
+    with pytest.raises(ConfigError) as refused:
+        check_slot_history(None, "s", checkpoint=Lsn(0x100), applied_topics=(), same_timeline=True)
+    message = str(refused.value)
+    assert "the slot was dropped (this is the server and the timeline capture last " in message
+    assert "so no failover took it" in message
+    assert "promoted standby" not in message
+
+
 def test_a_slot_dropped_before_its_first_checkpoint_is_refused_naming_the_tables() -> None:
     # Nothing confirmed yet (an unapplied snapshot or changes pin the slot where it was
     # made), so no checkpoint: the table states show capture was taking changes from it.
