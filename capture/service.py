@@ -131,6 +131,7 @@ class CaptureService:
                     position=state.newest_position(settings.kafka.topic_prefix),
                     checkpoint=state.checkpoint,
                     applied_topics=state.applied_topics(settings.kafka.topic_prefix),
+                    streamed_tables=state.streamed_tables(),
                     warn_retained_bytes=settings.wal.warn_retained_bytes,
                     metrics=metrics,
                 )

@@ -30,12 +30,15 @@ from schemas.control import (
     ControlMessageError,
     ServerIdentity,
     SlotCheckpoint,
+    TableState,
     TableStatus,
     decode_control,
 )
 from schemas.lsn import Lsn
 
 log = logging.getLogger(__name__)
+
+_STREAMED_STATES = frozenset({TableState.SNAPSHOT, TableState.CATCH_UP, TableState.STREAMING})
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +61,14 @@ class ControlState:
         return {
             t for (t, _), n in self.applied.items() if n > 0 and t.startswith(f"{topic_prefix}.")
         }
+
+    def streamed_tables(self) -> set[str]:
+        """The tables whose changes capture is taking from the slot: snapshotting,
+        catching up or streaming. Not the pending ones: their snapshot, when it comes,
+        takes their rows again from a point of its own, so a new slot skips nothing of
+        theirs; nor the errored ones, which stream again only after a resync (a
+        snapshot)."""
+        return {table for table, status in self.tables.items() if status.state in _STREAMED_STATES}
 
     def newest_position(self, topic_prefix: str) -> Lsn | None:
         """The newest LSN the lake or the slot checkpoint holds for this pipeline: apply

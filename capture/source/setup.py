@@ -130,21 +130,25 @@ def adopt_slot(
     position: Lsn | None,
     checkpoint: Lsn | None,
     applied_topics: Collection[str],
+    streamed_tables: Collection[str],
     warn_retained_bytes: int,
     metrics: CaptureMetrics,
 ) -> SlotState:
-    """The slot to stream from, created if missing, once ``server`` (the one reached now)
-    is where the control topic's positions mean something (``recorded``: the server of
-    the last checkpoint; ``position``: the newest LSN the pipeline holds), the slot's
-    position can be trusted (:func:`check_slot_history`), nothing on the server would
-    stall it, and its WAL is whole."""
+    """The slot to stream from, created if missing (only when the control topic holds no
+    history of it: :func:`check_slot_history`), once ``server`` (the one reached now) is
+    where the control topic's positions mean something (``recorded``: the server of the
+    last checkpoint; ``position``: the newest LSN the pipeline holds), the slot's position
+    can be trusted, nothing on the server would stall it, and its WAL is whole."""
     check_same_server(server, recorded, position=position, slot=name)
+    timeline = server.identity.timeline
     check_slot_history(
         find_slot(conn, name),
         name,
         checkpoint=checkpoint,
         applied_topics=applied_topics,
-        failed_over=recorded is not None and recorded.timeline != server.identity.timeline,
+        streamed_tables=streamed_tables,
+        failed_over=recorded is not None and recorded.timeline != timeline,
+        same_timeline=recorded is not None and recorded.timeline == timeline,
     )
     check_standby_slots(conn, name)
     slot = ensure_slot(conn, name)
@@ -165,28 +169,45 @@ def check_slot_history(
     *,
     checkpoint: Lsn | None,
     applied_topics: Collection[str],
+    streamed_tables: Collection[str] = (),
     failed_over: bool = False,
+    same_timeline: bool = False,
 ) -> None:
     """Refuse to stream when the slot's position cannot be trusted.
 
     ``checkpoint`` is the slot checkpoint capture last wrote to the control topic,
-    ``applied_topics`` the change topics of this pipeline with applied records there, and
+    ``applied_topics`` the change topics of this pipeline with applied records there,
+    ``streamed_tables`` the tables whose changes capture has taken from the slot (their
+    states there: :meth:`~capture.publish.control.ControlState.streamed_tables`), and
     ``failed_over`` whether the server's timeline moved on since that checkpoint (a
-    promoted standby: :mod:`capture.source.server_identity`).
+    promoted standby: :mod:`capture.source.server_identity`), ``same_timeline`` whether
+    the checkpoint recorded this server on the timeline it is on now (neither: no server
+    recorded, so a missing slot may have been lost either way).
 
-    - The slot is missing but the lake has applied records of our topics: it was dropped
-      (and would be recreated at the current WAL position), so every change since the
-      lake's last applied transaction would be skipped. A promoted standby lacks it the
-      same way when it had no failover-ready copy: before PostgreSQL 17 a standby keeps
-      no logical slot at all, and from 17 a copy that was not yet synchronized (still
-      temporary) is dropped by the promotion.
-    - The slot is missing on a promoted standby and capture checkpointed it on the old
-      timeline, even with nothing applied yet: capture streamed from a slot there, and a
-      new one, made at the new primary's current WAL position, would skip what the
-      standby had past capture's position and everything written since the promotion
-      (the records already in Kafka would reach the lake, with a gap after them).
-    - The slot is ahead of capture's last checkpoint: someone advanced it, and WAL in
-      between may never have reached Kafka.
+    A missing slot is created only on a fresh start: no checkpoint, no applied record,
+    no table whose changes were taken from it. Anything else on the control topic means
+    capture streamed from a slot of this name, and a new one, made at the server's
+    current WAL position, would skip every change between where capture was and now.
+    Apply would never notice: the records already in Kafka reach the lake, with a gap
+    after them. So a missing slot is refused when
+
+    - the lake has applied records of our topics: the slot was dropped, or a promoted
+      standby lacks it because it had no failover-ready copy (before PostgreSQL 17 a
+      standby keeps no logical slot at all, and from 17 a copy that was not yet
+      synchronized, still temporary, is dropped by the promotion);
+    - capture checkpointed it, even with nothing applied yet: dropped on the same
+      timeline, or missing on a promoted standby (the checkpoint is on the old one);
+    - tables were being snapshotted or streamed from it, with no checkpoint yet: a
+      checkpoint is written only once the slot can be confirmed past the point where it
+      was made (apply applied something, or WAL with nothing for capture went by), so
+      a slot dropped soon after capture began leaves only these.
+
+    The fresh start is the resync (docs/operations.md, resync after a lost slot): it
+    deletes the control topic with the rest, so the next start finds no history and
+    creates the slot, and snapshots every table from there.
+
+    A slot ahead of capture's last checkpoint is refused too: someone advanced it, and
+    WAL in between may never have reached Kafka.
 
     A slot behind the checkpoint is accepted: capture confirms nothing before its
     checkpoint is delivered, so that is a slot whose confirmations never reached the
@@ -197,13 +218,21 @@ def check_slot_history(
     applied = sorted(applied_topics)
     if slot is None and applied:
         held = f"the control topic shows applied changes for {', '.join(applied)}"
-        raise ConfigError(_missing_slot(slot_name, held, failed_over))
-    if slot is None and failed_over and checkpoint is not None:
+        raise ConfigError(_missing_slot(slot_name, held, failed_over, same_timeline))
+    if slot is None and checkpoint is not None:
+        where = " on the server this one was promoted from" if failed_over else ""
         held = (
-            f"capture streamed it up to {format_lsn(checkpoint)} on the server this one was "
-            "promoted from (its last checkpoint on the control topic)"
+            f"capture streamed it up to {format_lsn(checkpoint)}{where} (its last "
+            "checkpoint on the control topic)"
         )
-        raise ConfigError(_missing_slot(slot_name, held, True))
+        raise ConfigError(_missing_slot(slot_name, held, failed_over, same_timeline))
+    streamed = sorted(streamed_tables)
+    if slot is None and streamed:
+        held = (
+            f"capture was taking the changes of {', '.join(streamed)} from it (their "
+            "states on the control topic), before its first checkpoint"
+        )
+        raise ConfigError(_missing_slot(slot_name, held, failed_over, same_timeline))
     if slot is not None and checkpoint is not None and slot.confirmed_flush > checkpoint:
         raise ConfigError(
             f"replication slot {slot_name} is at {format_lsn(slot.confirmed_flush)}, past the "
@@ -213,22 +242,33 @@ def check_slot_history(
         )
 
 
-def _missing_slot(slot_name: str, held: str, failed_over: bool) -> str:
+def _missing_slot(slot_name: str, held: str, failed_over: bool, same_timeline: bool) -> str:
     """Why a missing slot is refused: what the pipeline ``held`` of it, why it is gone,
     and the resync."""
-    cause = (
-        "this server is a promoted standby (its timeline changed since capture's last "
-        "checkpoint) with no copy of the slot: before PostgreSQL 17 a standby keeps no "
-        "logical slots, and from 17 only a synchronized, failover-ready copy of a "
-        "failover slot survives the promotion (docs/capture.md, a primary that fails over)"
-        if failed_over
-        else "the slot was dropped (or, after a failover, the promoted standby had no "
-        "failover-ready copy of it, which before PostgreSQL 17 it never has: "
-        "docs/operations.md, a primary that fails over)"
-    )
+    if failed_over:
+        cause = (
+            "this server is a promoted standby (its timeline changed since capture's last "
+            "checkpoint) with no copy of the slot: before PostgreSQL 17 a standby keeps no "
+            "logical slots, and from 17 only a synchronized, failover-ready copy of a "
+            "failover slot survives the promotion (docs/capture.md, a primary that fails "
+            "over)"
+        )
+    elif same_timeline:
+        cause = (
+            "the slot was dropped (this is the server and the timeline capture last "
+            "checkpointed it on, so no failover took it)"
+        )
+    else:
+        cause = (
+            "the slot was dropped (or, after a failover, the promoted standby had no "
+            "failover-ready copy of it, which before PostgreSQL 17 it never has: "
+            "docs/operations.md, a primary that fails over)"
+        )
     return (
         f"replication slot {slot_name} does not exist, but {held}: {cause}, and a new slot "
-        f"would silently skip every change made since. Resync the pipeline: {slot_resync()}"
+        "would silently skip every change made since, so capture makes one only on a fresh "
+        f"start, with no history of the slot on the control topic. Resync the pipeline: "
+        f"{slot_resync()}"
     )
 
 

@@ -2,7 +2,8 @@
 
 Changes made in PostgreSQL are decoded back from Kafka and replayed per key; the result
 must equal the source tables. The slot must not move before the control topic says the
-records are applied, must move once it does, and must keep moving while idle.
+records are applied, must move once it does, and must keep moving while idle. A slot
+advanced or dropped behind capture's back is refused.
 """
 
 from __future__ import annotations
@@ -16,16 +17,25 @@ from typing import Any
 
 import psycopg
 import pytest
+from confluent_kafka.admin import AdminClient
 from psycopg import sql
 
-from capture.errors import ConfigError
+from capture.errors import SLOT_RESYNC, ConfigError
+from capture.publish.control import ControlReader
 from capture.service import CaptureService
 from capture.settings import CaptureSettings
-from schemas.lsn import parse_lsn
+from schemas.control import TableState
+from schemas.lsn import format_lsn, parse_lsn
 from schemas.reader import ContractReader
-from tests.plugins.capture import CaptureThread, capture_settings, confirmed_lsn, slot_active
+from tests.plugins.capture import (
+    CaptureThread,
+    capture_settings,
+    confirmed_lsn,
+    slot_active,
+    table_status,
+)
 from tests.plugins.services import Services
-from tests.plugins.topics import consume_all, replay, report_applied
+from tests.plugins.topics import consume_all, read_to_end, replay, report_applied, schema_reader
 from tests.plugins.waiting import wait_for
 
 Connection = psycopg.Connection[tuple[object, ...]]
@@ -196,3 +206,95 @@ def test_slot_advanced_behind_our_back_is_refused(
             CaptureService(capture.settings, timer_stop).run()
     finally:
         timer.cancel()
+
+
+def _delete_pipeline_topics(bootstrap: str, prefix: str) -> None:
+    """Step 4 of the resync after a lost slot: every topic of the pipeline (change,
+    schema and control topics), waited for until the broker has let go of them."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+
+    def pipeline_topics() -> list[str]:
+        return [t for t in admin.list_topics(timeout=10).topics if t.startswith(f"{prefix}.")]
+
+    for future in admin.delete_topics(pipeline_topics(), operation_timeout=30).values():
+        future.result(30)
+    wait_for(lambda: not pipeline_topics(), "the pipeline's topics were never deleted", 60)
+
+
+def test_slot_dropped_before_anything_was_applied_is_refused_until_a_fresh_start(
+    capture: RunningCapture, pg: Connection, services: Services, unique_name: str
+) -> None:
+    """A slot dropped on the same server and timeline after capture checkpointed it, with
+    nothing applied yet: a new slot would start at the server's current WAL and skip the
+    changes in between, while the records already in Kafka would reach the lake with the
+    gap after them. Capture refuses; the resync (which deletes the control topic, so the
+    next start finds no history of the slot) is the fresh start that proceeds."""
+    s = sql.Identifier(capture.schema)
+    bootstrap = services.kafka_bootstrap_servers
+    topic = f"{unique_name}.{capture.schema}.orders"
+    # WAL with nothing for capture lets it confirm, so it checkpoints the slot.
+    start = confirmed_lsn(pg, unique_name)
+    pg.execute(sql.SQL("INSERT INTO {}.uncaptured VALUES (1)").format(s))
+    wait_for(lambda: confirmed_lsn(pg, unique_name) > start, "idle confirmation never came", 30)
+    # Published, never applied: the slot stays behind it.
+    pg.execute(sql.SQL("INSERT INTO {}.orders VALUES (7, 'published', 1)").format(s))
+    assert len(consume_all(bootstrap, [topic], 1)) == 1
+    capture.stop_and_join()
+    assert not capture.errors, capture.errors
+    reader = ControlReader(capture.settings.kafka, None)
+    try:
+        state = reader.load(unique_name)
+    finally:
+        reader.close()
+    assert state.checkpoint is not None, "capture wrote no slot checkpoint"
+    assert not state.applied_topics(unique_name)
+
+    wait_for(lambda: not slot_active(pg, unique_name), "the walsender never let go", 30)
+    pg.execute("SELECT pg_drop_replication_slot(%s)", [unique_name])
+    # The change a new slot would skip.
+    pg.execute(sql.SQL("INSERT INTO {}.orders VALUES (8, 'while the slot was gone', 2)").format(s))
+    # A capture that wrongly started streaming would stop itself after 20 s.
+    timer_stop = threading.Event()
+    timer = threading.Timer(20, timer_stop.set)
+    timer.start()
+    try:
+        with pytest.raises(ConfigError) as refused:
+            CaptureService(capture.settings, timer_stop).run()
+    finally:
+        timer.cancel()
+    message = str(refused.value)
+    assert message.startswith(f"replication slot {unique_name} does not exist, but capture ")
+    assert f"streamed it up to {format_lsn(state.checkpoint)} (its last checkpoint" in message
+    assert "the slot was dropped (this is the server and the timeline capture last " in message
+    assert "would silently skip every change made since" in message
+    assert "delete this pipeline's change, schema and control topics" in message
+    assert "CAPTURE_SNAPSHOT_MODE=initial" in message
+    assert message.endswith(f"({SLOT_RESYNC})")
+    made = pg.execute(
+        "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", [unique_name]
+    ).fetchone()
+    assert made is None, "capture made a slot it refused to trust"
+
+    # The fresh start: the resync's topics deleted (nothing was applied, so the lake
+    # holds nothing of them), capture started with a snapshot (read in this process:
+    # worker processes would only add their start-up).
+    _delete_pipeline_topics(bootstrap, unique_name)
+    fresh = capture.settings.model_copy(update={"snapshot_mode": "initial", "snapshot_workers": 1})
+    runner = CaptureThread(fresh)
+    try:
+        runner.start(pg)
+        orders = f"{capture.schema}.orders"
+        wait_for(
+            lambda: (
+                (found := table_status(fresh, orders)) is not None
+                and found.state is TableState.STREAMING
+            ),
+            "the fresh start never snapshotted the table",
+            90,
+        )
+        assert not runner.errors, runner.errors
+        messages = read_to_end(bootstrap, topic)
+        rows = replay(schema_reader(bootstrap, fresh.kafka.schema_topic, 1), messages)
+        assert sorted(int(row["id"]) for row in rows[topic].values()) == [7, 8]
+    finally:
+        runner.close(pg)

@@ -208,6 +208,7 @@ def test_a_checkpoint_of_another_cluster_is_refused_before_a_slot_is_made(
             position=Lsn(0x100),
             checkpoint=Lsn(0x100),
             applied_topics=[],
+            streamed_tables=[],
             warn_retained_bytes=0,
             metrics=CaptureMetrics(),
         )

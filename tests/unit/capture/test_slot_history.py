@@ -7,6 +7,7 @@ import pytest
 from capture.errors import ConfigError
 from capture.publish.control import ControlState
 from capture.source.setup import SlotState, check_slot_history
+from schemas.control import TableState, TableStatus
 from schemas.lsn import Lsn
 
 APPLIED = {("cdc.public.orders", 0): 10, ("other.public.x", 0): 5}
@@ -18,8 +19,19 @@ def _slot(lsn: int, created: bool = False) -> SlotState:
 
 def _check(slot: SlotState | None, state: ControlState) -> None:
     check_slot_history(
-        slot, "s", checkpoint=state.checkpoint, applied_topics=state.applied_topics("cdc")
+        slot,
+        "s",
+        checkpoint=state.checkpoint,
+        applied_topics=state.applied_topics("cdc"),
+        streamed_tables=state.streamed_tables(),
     )
+
+
+def _states(**tables: TableState) -> dict[str, TableStatus]:
+    return {
+        f"public.{name}": TableStatus("s", f"public.{name}", state, None, None, 0)
+        for name, state in tables.items()
+    }
 
 
 def test_fresh_start_is_accepted() -> None:
@@ -68,6 +80,59 @@ def test_a_promoted_standby_without_the_slot_is_refused_before_anything_was_appl
     assert "delete the lake and every checkpoint of apply's queries" in message
     assert "CAPTURE_SNAPSHOT_MODE=initial" in message
     assert message.endswith("(docs/operations.md, resync after a lost slot)")
+
+
+def test_a_slot_dropped_before_anything_was_applied_is_refused_with_its_position() -> None:
+    # The same server and timeline: capture checkpointed the slot at 1/100 and published
+    # changes after it, apply had not applied any. A new slot would start at the
+    # server's current WAL and the changes in between would never reach Kafka.
+    with pytest.raises(ConfigError) as refused:
+        _check(None, ControlState(Lsn(0x1_0000_0100), {}))
+    message = str(refused.value)
+    assert message.startswith("replication slot s does not exist, but capture streamed it ")
+    assert "up to 1/100 (its last checkpoint on the control topic)" in message
+    assert "promoted from" not in message
+    assert "the slot was dropped" in message
+    assert "would silently skip every change made since" in message
+    assert "capture makes one only on a fresh start" in message
+    assert "delete this pipeline's change, schema and control topics" in message
+    assert message.endswith("(docs/operations.md, resync after a lost slot)")
+
+
+def test_a_slot_missing_on_the_checkpoints_server_and_timeline_was_dropped_there() -> None:
+    with pytest.raises(ConfigError) as refused:
+        check_slot_history(None, "s", checkpoint=Lsn(0x100), applied_topics=(), same_timeline=True)
+    message = str(refused.value)
+    assert "the slot was dropped (this is the server and the timeline capture last " in message
+    assert "so no failover took it" in message
+    assert "promoted standby" not in message
+
+
+def test_a_slot_dropped_before_its_first_checkpoint_is_refused_naming_the_tables() -> None:
+    # Nothing confirmed yet (an unapplied snapshot or changes pin the slot where it was
+    # made), so no checkpoint: the table states show capture was taking changes from it.
+    state = ControlState(
+        None,
+        {},
+        _states(a=TableState.STREAMING, b=TableState.SNAPSHOT, c=TableState.CATCH_UP),
+    )
+    with pytest.raises(ConfigError) as refused:
+        _check(None, state)
+    message = str(refused.value)
+    assert "capture was taking the changes of public.a, public.b, public.c from it" in message
+    assert "before its first checkpoint" in message
+    assert "Resync the pipeline" in message
+
+
+def test_tables_that_took_no_changes_from_the_slot_leave_a_fresh_start() -> None:
+    # Pending tables are snapshotted from a point of their own, errored ones only after a
+    # resync: a new slot skips nothing of theirs (a resync request before the first
+    # start, a start that failed before its first snapshot).
+    _check(None, ControlState(None, {}, _states(a=TableState.PENDING, b=TableState.ERRORED)))
+
+
+def test_an_existing_slot_with_table_states_and_no_checkpoint_is_adopted() -> None:
+    _check(_slot(100), ControlState(None, {}, _states(a=TableState.STREAMING)))
 
 
 def test_a_promoted_standby_without_the_slot_or_a_checkpoint_is_a_fresh_start() -> None:
