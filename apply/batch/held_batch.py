@@ -16,11 +16,18 @@ the batch after ``foreachBatch`` returns. Batch ``n`` reads from the offsets of 
 ``(topic, partition, offset, value)``, a tombstone's value None, as the source gives
 them.
 
-Anything unusual leaves the batch to Spark (None): the first batch (Spark reads from
-the earliest offsets, which the log does not hold), a partition new in this batch, an
-offset log that is not local or not in the expected form, more than ``limit`` records,
-or records that do not arrive within the timeout (retention took them, a broker is away:
-Spark's read then fails or waits as it always did).
+A partition the previous entry does not hold (every partition of the query's first
+batch, a table's topic new since the last batch) Spark reads from its earliest offset,
+which no log records. The driver reads it too when that offset is 0: a partition's
+earliest offset only ever grows, so if it is 0 now it was 0 when Spark planned the
+batch. A partition retention has trimmed is left to Spark. A restarted job's first
+batch often meets one (a table that had no rows yet), and a snapshot's first batch is
+all of them: read by Spark, those were the slowest batches of a start (docs/benchmarks.md).
+
+Anything unusual leaves the batch to Spark (None): a new partition whose earliest offset
+is not 0, an offset log that is not local or not in the expected form, more than
+``limit`` records, or records that do not arrive within the timeout (retention took
+them, a broker is away: Spark's read then fails or waits as it always did).
 """
 
 from __future__ import annotations
@@ -30,10 +37,10 @@ import logging
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from apply.lake.delta_log import local_path
 from runtime.kafka_client import KafkaConf
@@ -52,7 +59,9 @@ class OffsetRange:
 
     topic: str
     partition: int
-    start: int
+    start: int | None
+    """None: the partition's earliest offset, where Spark reads a partition new to the
+    query from (module docstring)."""
     end: int
 
 
@@ -76,11 +85,17 @@ def batch_ranges(checkpoint: str, batch_id: int) -> tuple[OffsetRange, ...] | No
     """The ranges batch ``batch_id`` of the query checkpointed at ``checkpoint`` reads
     (module docstring), non-empty ones only; None when they cannot be known here."""
     root = local_path(checkpoint)
-    if root is None or batch_id < 1:
+    if root is None or batch_id < 0:
         return None
+    offsets = Path(root) / "offsets"
     try:
-        end = parse_offset_log((Path(root) / "offsets" / str(batch_id)).read_text("utf-8"))
-        start = parse_offset_log((Path(root) / "offsets" / str(batch_id - 1)).read_text("utf-8"))
+        end = parse_offset_log((offsets / str(batch_id)).read_text("utf-8"))
+        # The first batch reads every partition from its earliest offset.
+        start = (
+            {}
+            if batch_id == 0
+            else parse_offset_log((offsets / str(batch_id - 1)).read_text("utf-8"))
+        )
     except OSError:
         return None
     if end is None or start is None:
@@ -89,9 +104,7 @@ def batch_ranges(checkpoint: str, batch_id: int) -> tuple[OffsetRange, ...] | No
     for topic, partitions in sorted(end.items()):
         for partition, until in sorted(partitions.items()):
             since = start.get(topic, {}).get(partition)
-            if since is None:
-                return None  # a new partition: Spark reads it from its earliest offset
-            if until > since:
+            if until > (0 if since is None else since):
                 ranges.append(OffsetRange(topic, partition, since, until))
     return tuple(ranges)
 
@@ -114,14 +127,17 @@ class HeldBatchReader:
         """The records of a batch's ``ranges`` (:func:`batch_ranges`), or None when the
         batch is Spark's to read: more than ``limit`` records, or a read that fails
         (module docstring)."""
-        if sum(r.end - r.start for r in ranges) > limit:
+        if sum(r.end - (r.start or 0) for r in ranges) > limit:
             return None
         if not ranges:
             return []
         with self._lock:
             if self._consumer is None:
                 self._consumer = Consumer(self._conf)
-            return _fetch(self._consumer, ranges, self._timeout_s)
+            known = _from_earliest(self._consumer, ranges, self._timeout_s)
+            if known is None:
+                return None
+            return _fetch(self._consumer, known, self._timeout_s)
 
     def close(self) -> None:
         with self._lock:
@@ -130,12 +146,43 @@ class HeldBatchReader:
                 self._consumer = None
 
 
+def _from_earliest(
+    consumer: Consumer, ranges: tuple[OffsetRange, ...], timeout_s: float
+) -> tuple[OffsetRange, ...] | None:
+    """``ranges`` with each partition read from its earliest offset starting at 0; None
+    when one of them has an earliest offset past 0, or the broker does not say (Spark
+    reads the batch: module docstring)."""
+    known = []
+    for offset_range in ranges:
+        if offset_range.start is None:
+            where = TopicPartition(offset_range.topic, offset_range.partition)
+            try:
+                earliest, _ = consumer.get_watermark_offsets(where, timeout=timeout_s)
+            except KafkaException as exc:
+                log.warning(
+                    "a new partition's earliest offset is unknown (%s): Spark reads the batch", exc
+                )
+                return None
+            if earliest != 0:
+                log.info(
+                    "%s [%d] begins at offset %d, not 0: Spark reads the batch",
+                    offset_range.topic,
+                    offset_range.partition,
+                    earliest,
+                )
+                return None
+            known.append(replace(offset_range, start=0))
+        else:
+            known.append(offset_range)
+    return tuple(known)
+
+
 def _fetch(
     consumer: Consumer, ranges: tuple[OffsetRange, ...], timeout_s: float
 ) -> list[HeldRecord] | None:
     ends: Mapping[tuple[str, int], int] = {(r.topic, r.partition): r.end for r in ranges}
     pending = set(ends)
-    consumer.assign([TopicPartition(r.topic, r.partition, r.start) for r in ranges])
+    consumer.assign([TopicPartition(r.topic, r.partition, r.start or 0) for r in ranges])
     records: list[HeldRecord] = []
     deadline = time.monotonic() + timeout_s
     try:

@@ -1,13 +1,14 @@
 """apply.batch.held_batch against a real broker: the records of a batch's offset ranges, read
 in the driver, are exactly the ones in those ranges, tombstones included; a batch over
-the bound, or whose offsets the log cannot give, is left to Spark."""
+the bound, whose offsets the log cannot give, or that begins a partition retention has
+trimmed, is left to Spark."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from confluent_kafka import Producer
+from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
@@ -42,6 +43,7 @@ def test_the_driver_reads_exactly_the_batchs_records(
     a, b = topics
     checkpoint = tmp_path / "checkpoint"
     (checkpoint / "offsets").mkdir(parents=True)
+    (checkpoint / "offsets" / "5").write_text(offsets_entry({a: {"0": 0, "1": 0}, b: {"0": 0}}))
     (checkpoint / "offsets" / "6").write_text(
         offsets_entry({a: {"0": 2, "1": 10}, b: {"0": 0, "1": 5}})
     )
@@ -65,6 +67,24 @@ def test_the_driver_reads_exactly_the_batchs_records(
         assert sorted(reader.read(ranges, limit=13) or []) == sorted(held)
         # One record over the bound, or a batch the log does not give: Spark's.
         assert reader.read(ranges, limit=12) is None
-        assert batch_ranges(str(checkpoint), 6) is None
+        assert batch_ranges(str(checkpoint), 4) is None
+
+        # Batch 6 read b's partition 1 from its earliest offset, as Spark reads a partition
+        # new to the query (and a query's first batch, every partition): 0 here.
+        first = batch_ranges(str(checkpoint), 6)
+        assert first is not None
+        held = reader.read(first, limit=17)
+        assert held is not None
+        expected = [
+            (topic, partition, offset, sent[(topic, partition)][offset])
+            for topic, partition, end in ((a, 0, 2), (a, 1, 10), (b, 1, 5))
+            for offset in range(end)
+        ]
+        assert sorted(held, key=lambda r: (r[0], r[1], r[2])) == expected
+        # Once retention has trimmed such a partition, where Spark began is unknown: Spark's.
+        trimmed = admin.delete_records([TopicPartition(b, 1, 2)])
+        for future in trimmed.values():
+            future.result(30)
+        assert reader.read(first, limit=17) is None
     finally:
         reader.close()

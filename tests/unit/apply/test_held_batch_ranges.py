@@ -50,8 +50,13 @@ def test_what_the_log_cannot_say_is_left_to_spark(tmp_path: Path) -> None:
         },
     )
 
-    assert batch_ranges(str(tmp_path), 0) is None  # read from the earliest offsets
-    assert batch_ranges(str(tmp_path), 1) is None  # a partition new in the batch
+    # The first batch, and a partition new in a batch, read from the earliest offset,
+    # which the reader asks the broker for (start None).
+    assert batch_ranges(str(tmp_path), 0) == (OffsetRange("cdc.public.a", 0, None, 10),)
+    assert batch_ranges(str(tmp_path), 1) == (
+        OffsetRange("cdc.public.a", 0, 10, 12),
+        OffsetRange("cdc.public.new", 0, None, 4),
+    )
     assert batch_ranges(str(tmp_path), 3) is None  # no entry yet
     assert batch_ranges(str(tmp_path), 2) is not None
     assert batch_ranges("s3a://bucket/checkpoint", 2) is None
