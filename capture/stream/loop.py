@@ -181,7 +181,9 @@ class ReplicationLoop:
         for table in self._flow.to_compare():
             self._flow.publication_seen(table, self._published(table), start)
         self._in_progress = (
-            InProgressTransactions(settings.streaming_spool_max_bytes, settings.spool_dir)
+            InProgressTransactions(
+                settings.streaming_spool_max_bytes, settings.spool_dir, self._changes
+            )
             if settings.streaming
             else None
         )
