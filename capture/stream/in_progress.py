@@ -23,7 +23,8 @@ frames that belong to that protocol (:meth:`~InProgressTransactions.takes`) and:
   unstreamed transaction's messages are, but the encoded changes, whose records need
   only the commit's fields, the ordinal and the headers written around them. For the
   replay the change stream knows the transaction's table versions
-  (:attr:`~capture.stream.change_stream.ChangeStream.replayed_codecs`) and takes them
+  (:attr:`~capture.stream.change_stream.ChangeStream.replayed_codecs`, set at the
+  commit, cleared by the loop when the replay's last frame is handled) and takes them
   at the replayed Relations, so the encoded bytes match the version it encodes with.
   The loop hands them to the compiled stream
   (:meth:`~capture.stream.compiled_stream.CompiledStream.take_frames`) or to
@@ -182,9 +183,11 @@ class InProgressTransactions:
                 format_lsn(message.end_lsn),
                 held - self._spools.size,
             )
-            return _replay(
-                message, changes, self._changes, {} if versions is None else versions.by_encoder
-            )
+            if self._changes is not None:
+                # Until the loop ends the replay (it clears them): the replayed frames
+                # are handled after the spool is read, a batch at a time.
+                self._changes.replayed_codecs = {} if versions is None else versions.by_encoder
+            return _replay(message, changes)
         # Stream Stop, and the Origin a replayed transaction's first block may carry:
         # nothing to keep.
         return None
@@ -226,16 +229,10 @@ class InProgressTransactions:
 
 
 def _replay(
-    commit: StreamCommit,
-    changes: Generator[StreamedChange, None, None],
-    stream: ChangeStream | None,
-    versions: dict[int, TableCodec],
+    commit: StreamCommit, changes: Generator[StreamedChange, None, None]
 ) -> Generator[ReplayFrame, None, None]:
-    """``commit``'s transaction as an unstreamed one: Begin, the changes, Commit; while
-    it runs, ``stream`` knows the table versions its changes were encoded with. Closing
+    """``commit``'s transaction as an unstreamed one: Begin, the changes, Commit. Closing
     the replay early closes the spool's file."""
-    if stream is not None:
-        stream.replayed_codecs = versions
     try:
         yield (
             _BEGIN.pack(BEGIN, commit.commit_lsn, commit.commit_time, commit.xid),
@@ -249,5 +246,3 @@ def _replay(
         )
     finally:
         changes.close()
-        if stream is not None:
-            stream.replayed_codecs = {}

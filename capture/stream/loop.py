@@ -307,6 +307,7 @@ class ReplicationLoop:
         replay, self._replay = self._replay, None
         if replay is not None:
             replay.close()
+        self._changes.replayed_codecs = {}
         if self._in_progress is not None:
             self._in_progress.close()
 
@@ -437,6 +438,7 @@ class ReplicationLoop:
         transaction's book id)."""
         self._replay = None
         self._replay_frames, self._replay_at = [], 0
+        self._changes.replayed_codecs = {}
         if self._compiled is not None:
             self._compiled.from_python()
 
