@@ -362,3 +362,54 @@ def test_changes_encoded_as_they_arrive_make_the_unstreamed_records(tmp_path):
     # The change stream took the version the rows were encoded with: the compiled
     # stream, which compares encoders, produces them as they are.
     assert stream.codecs[OID].relation.columns[-1].name == "extra"
+
+
+@pytest.mark.parametrize("same_schema", [True, False], ids=["twin", "other-schema"])
+def test_an_encoded_row_meets_another_version_of_its_table_at_the_commit(tmp_path, same_schema):
+    """The change stream may hold another codec of the same relation at the commit than
+    the one that encoded the rows: with the same schema the records are the unstreamed
+    ones (the bytes are the same), with another the table is errored, never published
+    with bytes of another schema."""
+    pytest.importorskip("capture_native")
+    stream = ChangeStream(describe_text, "cdc")
+    reference = ChangeStream(describe_text, "cdc")
+    transactions = InProgressTransactions(1 << 20, tmp_path, stream)
+    for payload, wal_start in [
+        (stream_start(XID, first_segment=True), 0),
+        (relation(XID), 0),
+        (insert(XID, 1), 0x100),
+        (STREAM_STOP, 0),
+    ]:
+        transactions.handle(payload, Lsn(wal_start))
+    replay = transactions.handle(stream_commit(XID), Lsn(END_LSN))
+    assert replay is not None
+    # Another transaction's Relation of the same table reached the stream first.
+    describe = describe_text if same_schema else describe_wider
+    twin = ChangeStream(describe, "cdc")
+    list(twin.handle_frame(begin(OTHER), Lsn(0x10)))
+    list(twin.handle_frame(relation(None), Lsn(0x10)))
+    stream.codecs[OID] = twin.codecs[OID]
+    made: list[Output] = []
+    for payload, change_lsn in replay:
+        made += stream.handle_frame(payload, change_lsn)
+    transactions.close()
+    if not same_schema:
+        assert not any(isinstance(out, OutgoingRecord) for out in made)
+        assert "public.orders" in stream.errored
+        return
+    expected: list[Output] = []
+    for payload, change_lsn in [
+        (begin(XID), Lsn(COMMIT_LSN)),
+        (relation(None), Lsn(0)),
+        (insert(None, 1), Lsn(0x100)),
+        (commit(), Lsn(END_LSN)),
+    ]:
+        expected += reference.handle_frame(payload, change_lsn)
+    assert made == expected
+
+
+def describe_wider(relation: Relation) -> list[ColumnMapping]:
+    """:func:`describe_text` with ``note`` published as ``int8``: another schema for the
+    same relation."""
+    mappings = describe_text(relation)
+    return [mappings[0], dataclasses.replace(mappings[0], pg_type_name="int8"), *mappings[2:]]
