@@ -12,7 +12,9 @@ frames that belong to that protocol (:meth:`~InProgressTransactions.takes`) and:
   the xid, bounds-checked). A row message the compiled encoder takes whole is stored
   encoded (:mod:`capture.stream.encoded_change`: the key fields and the value's images)
   by the table version of the transaction's own latest Relation of the table, that is
-  the relation as it was when the change was made; a Relation is decoded for that, and
+  the relation as it was when the change was made (but for a table with ``REPLICA
+  IDENTITY FULL``, whose key capture reads from the catalog, which does not show what
+  the open transaction changed); a Relation is decoded for that, and
   stored as it came, like every other message (in its protocol-version-1 form), to be
   decoded at the replay where an unstreamed transaction's are. Origin messages (no xid)
   carry nothing capture publishes and are not spooled.
@@ -57,6 +59,7 @@ from pathlib import Path
 
 from capture.pgoutput import (
     Relation,
+    ReplicaIdentity,
     StreamAbort,
     StreamBlocks,
     StreamCommit,
@@ -89,6 +92,8 @@ closes one)."""
 # Begin and Commit of protocol version 1, as pgoutput writes them.
 _BEGIN = struct.Struct("!BQqI")
 _COMMIT = struct.Struct("!BBQQq")
+
+_FULL = ReplicaIdentity.FULL
 
 ReplayFrame = tuple[bytes, Lsn]
 """A pgoutput message of a replayed transaction (protocol version 1) and the change LSN
@@ -210,7 +215,11 @@ class InProgressTransactions:
         tag = message[0]
         if tag == RELATION:
             relation = decode(message)
-            if isinstance(relation, Relation):
+            if isinstance(relation, Relation) and relation.replica_identity is _FULL:
+                # Keyed from the catalog (by its primary key, capture.source.setup), which
+                # shows nothing the open transaction changed: decoded at the commit.
+                versions.current.pop(relation.oid, None)
+            elif isinstance(relation, Relation):
                 known = (*versions.current.values(), *versions.by_encoder.values())
                 codec = changes.codec_in_stream(relation, known)
                 if codec is None:

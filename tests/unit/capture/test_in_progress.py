@@ -413,3 +413,26 @@ def describe_wider(relation: Relation) -> list[ColumnMapping]:
     same relation."""
     mappings = describe_text(relation)
     return [mappings[0], dataclasses.replace(mappings[0], pg_type_name="int8"), *mappings[2:]]
+
+
+def test_rows_of_a_table_keyed_from_the_catalog_are_decoded_at_the_commit(tmp_path):
+    """REPLICA IDENTITY FULL: capture reads the key from the catalog, which does not show
+    what the open transaction changed, so its rows are spooled as they came."""
+    pytest.importorskip("capture_native")
+    stream = ChangeStream(describe_text, "cdc")
+    transactions = InProgressTransactions(1 << 20, tmp_path, stream)
+    full = relation(XID).replace(b"orders\x00d", b"orders\x00f")
+    decoded = decode(full[:1] + full[5:])
+    assert isinstance(decoded, Relation)
+    assert decoded.replica_identity.value == "f"
+    for payload, wal_start in [
+        (stream_start(XID, first_segment=True), 0),
+        (full, 0),
+        (insert(XID, 1), 0x100),
+        (STREAM_STOP, 0),
+    ]:
+        transactions.handle(payload, Lsn(wal_start))
+    replay = transactions.handle(stream_commit(XID), Lsn(END_LSN))
+    assert replay is not None
+    assert [payload for payload, _ in replay][2] == insert(None, 1)
+    transactions.close()
