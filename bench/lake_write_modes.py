@@ -1,13 +1,15 @@
 """Copy-on-write against deletion vectors: what one MERGE commit costs each write mode.
 
 Usage: ``.venv/bin/python -m bench.lake_write_modes [--rows 100000 1000000]
-[--batches 10 1000 100000] [--keys random hot] [--repeat 3] [--file-rows N]``
+[--batches 10 1000 100000] [--keys random hot] [--modes delta-rs spark-cow spark-dv]
+[--repeat 3] [--reads 3] [--file-rows N]``
 
 For each table size (``--rows``) a ``pgbench_accounts``-shaped table (``aid`` int key,
 ``bid`` int, ``abalance`` int, ``filler`` char(84), plus apply's position and commit-time
 columns) is written once as apply leaves it after upkeep's compaction: sorted by key, in
-files of ``--file-rows`` rows (default 1,000,000: about what OPTIMIZE's 128 MB target
-packs for this shape, so up to 1M rows the table is one file). For each batch of updates
+files of ``--file-rows`` rows (default 10,000,000: about what OPTIMIZE's 128 MB target
+packs for this shape, 1.2 MB per 100,000 rows; so the default tables are one file each,
+and a smaller ``--file-rows`` shows a table of several). For each batch of updates
 by key (``--batches`` sizes times ``--keys`` distributions), each write mode MERGEs
 ``--repeat`` such batches, one commit each, into its own fresh copy of that table:
 
@@ -74,7 +76,7 @@ FIRST_LSN = 0x1_0000_0000
 FIRST_TS = 1_795_000_000_000_000  # 2026-11-18, µs since 1970 UTC
 DEFAULT_ROWS = (100_000, 1_000_000)
 DEFAULT_BATCHES = (10, 1_000, 100_000)
-DEFAULT_FILE_ROWS = 1_000_000
+DEFAULT_FILE_ROWS = 10_000_000
 DEFAULT_HOT_SHARE = 0.01
 ROWS_COPIED = ("numTargetRowsCopied", "num_target_rows_copied")
 """The name Spark's and delta-rs's MERGE give the rows they rewrote unchanged."""
@@ -83,9 +85,21 @@ ROWS_COPIED = ("numTargetRowsCopied", "num_target_rows_copied")
 class Mode(StrEnum):
     """How a batch reaches the table (module docstring)."""
 
-    DELTA_RS = "a delta-rs cow"
-    SPARK_COW = "b spark cow"
-    SPARK_DV = "c spark dv"
+    DELTA_RS = "delta-rs"
+    SPARK_COW = "spark-cow"
+    SPARK_DV = "spark-dv"
+
+    @property
+    def label(self) -> str:
+        """The mode as the report prints it, with the module docstring's letter."""
+        return LABELS[self]
+
+
+LABELS = {
+    Mode.DELTA_RS: "a delta-rs cow",
+    Mode.SPARK_COW: "b spark cow",
+    Mode.SPARK_DV: "c spark dv",
+}
 
 
 class Keys(StrEnum):
@@ -572,7 +586,7 @@ def report(results: Mapping[tuple[Case, Mode], CaseResult], baseline: Mode) -> N
         )
         copied = "-" if mine.rows_copied is None else f"{mine.rows_copied:,.0f}"
         print(
-            f"{case.rows:>10,} {case.keys:>6} {case.batch:>7,} {mode:<15} "
+            f"{case.rows:>10,} {case.keys:>6} {case.batch:>7,} {mode.label:<15} "
             f"{mine.wall_s * 1e3:>8.0f} {mine.cpu_s * 1e3:>8.0f} {_mb(mine.data_bytes):>8} "
             f"{mine.data_files:>5.0f} {mine.dv_bytes:>7,.0f} {copied:>9} "
             f"{_mb(mine.disk_bytes):>8} {mine.read_s * 1e3:>8.0f} {mine.read_cpu_s * 1e3:>7.0f} "
@@ -686,9 +700,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         say(f"load {load_average()}, {time.monotonic() - started:.0f} s in all")
         print(
             f"medians over {arguments.repeat} commits; CPU = this process + the Spark JVM; "
-            f"ratios against {arguments.modes[0]}; new MB = data files the commit added; "
-            "disk MB = the table after the commits, before VACUUM; read = one full scan "
-            "(delta-rs QueryBuilder)"
+            f"ratios against {arguments.modes[0].label}; new MB = data files the commit added; "
+            "disk MB = the table after the commits, before VACUUM; read = median of "
+            f"{arguments.reads} full scans (delta-rs QueryBuilder)"
         )
         report(results, arguments.modes[0])
     finally:
