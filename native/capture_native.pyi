@@ -346,6 +346,14 @@ class OpenTransaction:
     def id(self) -> int:
         """Its id in the in-flight book."""
 
+ENCODED_CHANGE: int
+"""The tag of a change a streamed transaction's spool holds encoded, capture's own
+message (no pgoutput message has it): Int32 relation oid, Int8 pgoutput tag, Int64 the
+identity (``id``) of the :class:`TextRowEncoder` that encoded it, Int32 the key fields'
+length, the key fields, then the value's fields after ``ordinal``
+(``capture/stream/encoded_change.py`` writes it, :meth:`CompiledStream.take_frames`
+produces it)."""
+
 @final
 class CompiledStream:
     """Streamed changes from the replication connection's buffer to the producer's
@@ -381,7 +389,9 @@ class CompiledStream:
         to its Stream Stop, both included, is handed back (:attr:`Stop.FRAME`)."""
     def take_frames(self, frames: list[bytes], start: int, /) -> CompiledStreamRead:
         """Take ``frames[start:]`` (XLogData payloads of a streamed transaction replayed
-        from its spool) as :meth:`read` takes libpq's: :attr:`Stop.FRAME` at a frame for
+        from its spool, pgoutput messages or :data:`ENCODED_CHANGE` ones, produced as they
+        are when the armed table version's encoder is the one that encoded them) as
+        :meth:`read` takes libpq's: :attr:`Stop.FRAME` at a frame for
         the Python path (``frames[start + taken]``), :attr:`Stop.FULL` at one the
         producer's queue held back (``frames[start + taken]``, to give again),
         :attr:`Stop.EMPTY` once all are taken."""

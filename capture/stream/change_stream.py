@@ -25,11 +25,11 @@ they need a resync (docs/architecture.md) -- the other tables keep streaming.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
-from capture.errors import TableError
+from capture.errors import ProtocolError, TableError
 from capture.metrics import Tally
 from capture.pgoutput import (
     Begin,
@@ -47,6 +47,9 @@ from capture.pgoutput.messages import DELETE, INSERT, UPDATE, frozen_constructor
 from capture.publish.schema_registration import Framer, single_object
 from capture.records import OutgoingRecord, SchemaRecord
 from capture.rows.codec import DescribeColumns, TableCodec
+from capture.stream import encoded_change
+from capture.stream.encoded_change import ENCODED_CHANGE
+from schemas.avro_binary import long_
 from schemas.change_record import (
     transaction_fields,
 )
@@ -59,7 +62,7 @@ from schemas.headers import (
     position_headers,
     record_headers,
 )
-from schemas.lsn import Lsn
+from schemas.lsn import Lsn, format_lsn
 from schemas.operation import Operation
 from schemas.schema_topic import table_schema_messages
 
@@ -191,6 +194,14 @@ class ChangeStream:
     """Bumped whenever a table's codec, its errored mark or its schema's publication
     changes: what the compiled stream's arming depends on
     (:mod:`capture.stream.compiled_stream`)."""
+    replayed_codecs: dict[int, TableCodec] = field(default_factory=dict)
+    """The table versions that encoded the changes of the streamed transaction being
+    replayed, by their compiled encoder's ``id`` (:mod:`capture.stream.encoded_change`);
+    set by the loop for the replay, empty otherwise."""
+    _streamed_codecs: dict[int, TableCodec] = field(default_factory=dict)
+    """By oid, the latest table version :meth:`codec_in_stream` made: a Relation the
+    stream sends later for the same relation takes it rather than a twin, so the
+    changes it encoded are produced as they are."""
     _published_schemas: set[int] = field(default_factory=set)
     _tx: _Transaction | None = None
     _encoded_operations: dict[int, Operation] = field(init=False, repr=False)
@@ -296,6 +307,8 @@ class ChangeStream:
                     )
                     out.append(record)
                     return iter(out)
+        if tag == ENCODED_CHANGE:
+            return self._encoded_change(data, change_lsn)
         message = decode(data)
         # A transaction's bounds are a third of the frames of small transactions: taken
         # here, without the type tests of handle().
@@ -339,6 +352,94 @@ class ChangeStream:
             (commit_header, operation, fingerprint_header),
         )
 
+    def codec_in_stream(self, relation: Relation, known: Iterable[TableCodec]) -> TableCodec | None:
+        """The table version a streamed transaction's changes after its Relation
+        ``relation`` are encoded with as they arrive: the cached one, or one of ``known``
+        (the transaction's own so far), when the relation is the same, else a new one;
+        None when the table cannot be encoded (its changes are then spooled as they came
+        and fail at the commit, as unstreamed). The cache is left alone: the relation is
+        the transaction's, not yet the stream's."""
+        rekeyed = self.rekey(relation)
+        cached = self.codecs.get(relation.oid)
+        if cached is not None and cached.relation == rekeyed:
+            return cached
+        for codec in known:
+            if codec.relation == rekeyed:
+                return codec
+        try:
+            codec = self._new_codec(rekeyed)
+        except TableError:
+            return None
+        self._streamed_codecs[relation.oid] = codec
+        return codec
+
+    def _new_codec(self, relation: Relation) -> TableCodec:
+        """A codec for ``relation``: the replayed streamed transaction's own when it has
+        one for the same relation (its changes were encoded with it), else a new one."""
+        for codec in self.replayed_codecs.values():
+            if codec.relation == relation:
+                return codec
+        streamed = self._streamed_codecs.get(relation.oid)
+        if streamed is not None and streamed.relation == relation:
+            return streamed
+        return TableCodec(
+            relation,
+            self.describe(relation),
+            self.topic_prefix,
+            self.framer,
+            compiled=self.compiled_rows,
+        )
+
+    def _encoded_change(self, data: bytes, change_lsn: Lsn) -> Iterator[Output]:
+        """The record of a change its streamed transaction encoded when it arrived
+        (:mod:`capture.stream.encoded_change`): the bytes it holds, with the
+        transaction's fields and ordinal written around them as :meth:`handle_frame`
+        writes them around the compiled encoder's."""
+        change = encoded_change.decode(data)
+        codec = self.codecs.get(change.oid)
+        if codec is None or codec.table in self.errored:
+            return iter(())
+        operation = self._encoded_operations.get(change.tag)
+        encoded_by = self.replayed_codecs.get(change.encoder)
+        if operation is None or encoded_by is None:
+            raise ProtocolError(
+                f"a spooled change of {codec.table} names an encoder or operation "
+                f"(tag {change.tag}) the replayed transaction does not have: the spool and "
+                "the replay disagree; restart capture"
+            )
+        out: list[Output] = []
+        if encoded_by is not codec and (
+            encoded_by.relation != codec.relation
+            or encoded_by.schemas.value_fingerprint != codec.schemas.value_fingerprint
+        ):
+            error = TableError(
+                codec.table,
+                "a streamed transaction's change was encoded with another version of the "
+                f"table than the stream has at its commit; resync {codec.table}",
+            )
+            if self.defer_errors:
+                out.append(ChangeFailed(codec.table, error))
+            else:
+                self.error_table(codec.table, error)
+            return iter(out)
+        tx = self._tx
+        if tx is None:
+            raise TableError(codec.table, "a change arrived outside a transaction")
+        shape = tx.shapes.get((codec, change.tag))
+        if shape is None:
+            shape = self._shape(codec, change.tag, operation, tx)
+            tx.shapes[(codec, change.tag)] = shape
+        key_header, value_start, value_middle, shared = shape
+        _, ordinal = self._record_start(codec, operation, out)
+        value = b"".join(
+            (value_start, long_(change_lsn), value_middle, long_(ordinal), change.images)
+        )
+        headers = headers_at(shared, format_lsn(change_lsn).encode("ascii"))
+        out.append(
+            _new_record(codec.topic, key_header + change.key_fields, value, headers, codec.table)
+        )
+        return iter(out)
+
     def _relation(self, relation: Relation, out: list[Output]) -> None:
         self._codec_for(self.rekey(relation), out)
         if self.report_relations:
@@ -352,13 +453,7 @@ class ChangeStream:
         table = f"{relation.namespace}.{relation.name}"
         self.version += 1
         try:
-            self.codecs[relation.oid] = TableCodec(
-                relation,
-                self.describe(relation),
-                self.topic_prefix,
-                self.framer,
-                compiled=self.compiled_rows,
-            )
+            self.codecs[relation.oid] = self._new_codec(relation)
         except TableError as exc:
             self.errored[table] = exc
             self.codecs.pop(relation.oid, None)

@@ -34,9 +34,11 @@ module decides which, and keeps the Python objects that stay the authority in st
   block a change carries an xid where it would read the relation OID. The loop spools
   them, and replays a committed streamed transaction from its spool through
   :meth:`CompiledStream.take_frames`, which takes the replayed frames as it takes
-  libpq's (they are the frames the unstreamed transaction would have been), without
-  the socket being read meanwhile; the frames it hands back go through the Python path
-  as usual.
+  libpq's (they are the frames the unstreamed transaction would have been, but for rows
+  encoded when they arrived, which it produces as they are when the armed table
+  version's encoder wrote them: :mod:`capture.stream.encoded_change`), without the
+  socket being read meanwhile; the frames it hands back go through the Python path as
+  usual.
 - **Backpressure.** The loop checks the in-flight bound per burst (``budget`` frames)
   instead of per frame, so it may overshoot the bound by up to one burst.
 

@@ -6,18 +6,29 @@ With ``CAPTURE_STREAMING`` the server sends a transaction that outgrows its
 Commit or Stream Abort (docs/streaming.md). :class:`InProgressTransactions` takes the
 frames that belong to that protocol (:meth:`~InProgressTransactions.takes`) and:
 
-- **Spools a block's changes** (:mod:`capture.stream.streamed_transactions`): each message
-  that carries an xid is stored in its protocol-version-1 form, the xid taken off
+- **Encodes and spools a block's changes** (:mod:`capture.stream.streamed_transactions`):
+  each message that carries an xid has it taken off
   (:func:`~capture.pgoutput.stream_block.split_stream_xid`, which reads only the tag and
-  the xid, bounds-checked). The rest is decoded at the replay, where an unstreamed
-  transaction's messages are decoded too: decoding it twice would cost a good part of
-  what handling a change does, and a malformed message ends the attempt either way.
-  Origin messages (no xid) carry nothing capture publishes and are not spooled.
+  the xid, bounds-checked). A row message the compiled encoder takes whole is stored
+  encoded (:mod:`capture.stream.encoded_change`: the key fields and the value's images)
+  by the table version of the transaction's own latest Relation of the table, that is
+  the relation as it was when the change was made (but for a table with ``REPLICA
+  IDENTITY FULL``, whose key capture reads from the catalog, which does not show what
+  the open transaction changed); a Relation is decoded for that, and
+  stored as it came, like every other message (in its protocol-version-1 form), to be
+  decoded at the replay where an unstreamed transaction's are. Origin messages (no xid)
+  carry nothing capture publishes and are not spooled.
 - **Drops what aborts**: Stream Abort of a subtransaction voids it and the ones begun
   inside it, of the whole transaction its spool.
 - **Replays at Stream Commit**: a Begin with the commit's LSN, time and xid, the spooled
   messages with their change LSNs, and a Commit with the end LSN, each as the bytes an
-  unstreamed transaction's messages are. The loop hands them to the compiled stream
+  unstreamed transaction's messages are, but the encoded changes, whose records need
+  only the commit's fields, the ordinal and the headers written around them. For the
+  replay the change stream knows the transaction's table versions
+  (:attr:`~capture.stream.change_stream.ChangeStream.replayed_codecs`, set at the
+  commit, cleared by the loop when the replay's last frame is handled) and takes them
+  at the replayed Relations, so the encoded bytes match the version it encodes with.
+  The loop hands them to the compiled stream
   (:meth:`~capture.stream.compiled_stream.CompiledStream.take_frames`) or to
   :meth:`~capture.stream.change_stream.ChangeStream.handle_frame`, as it does an
   unstreamed transaction's frames, so the records, their ordinals and their positions
@@ -46,16 +57,29 @@ import struct
 from collections.abc import Generator
 from pathlib import Path
 
-from capture.pgoutput import StreamAbort, StreamBlocks, StreamCommit, StreamStart, split_stream_xid
+from capture.pgoutput import (
+    Relation,
+    ReplicaIdentity,
+    StreamAbort,
+    StreamBlocks,
+    StreamCommit,
+    StreamStart,
+    decode,
+    split_stream_xid,
+)
 from capture.pgoutput.messages import (
     BEGIN,
     COMMIT,
+    RELATION,
     STREAM_ABORT,
     STREAM_COMMIT,
     STREAM_START,
     STREAM_STOP,
 )
 from capture.pgoutput.stream_block import STREAMED_XID_TAGS
+from capture.rows.codec import TableCodec
+from capture.stream import encoded_change
+from capture.stream.change_stream import ChangeStream
 from capture.stream.streamed_transactions import StreamedChange, StreamedTransactions
 from schemas.lsn import Lsn, format_lsn
 
@@ -69,19 +93,41 @@ closes one)."""
 _BEGIN = struct.Struct("!BQqI")
 _COMMIT = struct.Struct("!BBQQq")
 
+_FULL = ReplicaIdentity.FULL
+
 ReplayFrame = tuple[bytes, Lsn]
 """A pgoutput message of a replayed transaction (protocol version 1) and the change LSN
 an unstreamed frame of it carries (its XLogData ``wal_start``)."""
 
 
+class _TableVersions:
+    """The table versions one open streamed transaction encodes its changes with."""
+
+    __slots__ = ("by_encoder", "current")
+
+    def __init__(self) -> None:
+        self.current: dict[int, TableCodec] = {}
+        """By oid, the version of the transaction's latest Relation of the table."""
+        self.by_encoder: dict[int, TableCodec] = {}
+        """Every version that encoded a change, by its compiled encoder's ``id``: held
+        so that the identity names one encoder until the replay ends."""
+
+
 class InProgressTransactions:
     """The streamed transactions of one replication attempt (see the module's text)."""
 
-    __slots__ = ("_blocks", "_spools", "peak_bytes", "streamed")
+    __slots__ = ("_blocks", "_changes", "_spools", "_versions", "peak_bytes", "streamed")
 
-    def __init__(self, max_bytes: int, directory: Path | None) -> None:
+    def __init__(
+        self, max_bytes: int, directory: Path | None, changes: ChangeStream | None = None
+    ) -> None:
+        """``changes``: the change stream the replays go to, whose table versions encode
+        the changes as they arrive; without it the spools hold the messages as they
+        came, decoded and encoded at the replay."""
         self._blocks = StreamBlocks()
         self._spools = StreamedTransactions(max_bytes, directory)
+        self._changes = changes
+        self._versions: dict[int, _TableVersions] = {}
         self.peak_bytes = 0
         """The most bytes the spools held at once (benchmarks and the log)."""
         self.streamed = 0
@@ -111,6 +157,8 @@ class InProgressTransactions:
         block = self._blocks.block_xid
         if block is not None and len(payload) > 0 and payload[0] in STREAMED_XID_TAGS:
             subxid, unstreamed = split_stream_xid(payload)
+            if self._changes is not None:
+                unstreamed = self._as_spooled(block, unstreamed, wal_start, self._changes)
             spools = self._spools
             spools.append(block, subxid, wal_start, unstreamed)
             self.peak_bytes = max(self.peak_bytes, spools.size)
@@ -123,19 +171,27 @@ class InProgressTransactions:
                     "transaction %d is streamed in progress: spooled until it ends", message.xid
                 )
             self._spools.start(message.xid, first_segment=message.first_segment)
+            if message.first_segment:
+                self._versions[message.xid] = _TableVersions()
         elif isinstance(message, StreamAbort):
             self._spools.abort(message.xid, message.subxid)
             if message.subxid == message.xid:
+                self._versions.pop(message.xid, None)
                 log.info("streamed transaction %d aborted: nothing of it is published", message.xid)
         elif isinstance(message, StreamCommit):
             held = self._spools.size
             changes = self._spools.commit(message.xid)
+            versions = self._versions.pop(message.xid, None)
             log.info(
                 "streamed transaction %d committed at %s: replaying its spool (%d bytes)",
                 message.xid,
                 format_lsn(message.end_lsn),
                 held - self._spools.size,
             )
+            if self._changes is not None:
+                # Until the loop ends the replay (it clears them): the replayed frames
+                # are handled after the spool is read, a batch at a time.
+                self._changes.replayed_codecs = {} if versions is None else versions.by_encoder
             return _replay(message, changes)
         # Stream Stop, and the Origin a replayed transaction's first block may carry:
         # nothing to keep.
@@ -144,7 +200,41 @@ class InProgressTransactions:
     def close(self) -> None:
         """Release every spool (the end of the attempt)."""
         self._spools.close()
+        self._versions.clear()
         self._blocks.reset()
+
+    def _as_spooled(
+        self, xid: int, message: bytes, change_lsn: Lsn, changes: ChangeStream
+    ) -> bytes:
+        """What the spool of ``xid`` holds for ``message`` (protocol version 1): a row
+        message encoded by the transaction's current version of its table where the
+        compiled encoder takes it whole, anything else as it is."""
+        versions = self._versions.get(xid)
+        if versions is None:
+            return message  # the spool refuses the change: no block of xid is open
+        tag = message[0]
+        if tag == RELATION:
+            relation = decode(message)
+            if isinstance(relation, Relation) and relation.replica_identity is _FULL:
+                # Keyed from the catalog (by its primary key, capture.source.setup), which
+                # shows nothing the open transaction changed: decoded at the commit.
+                versions.current.pop(relation.oid, None)
+            elif isinstance(relation, Relation):
+                known = (*versions.current.values(), *versions.by_encoder.values())
+                codec = changes.codec_in_stream(relation, known)
+                if codec is None:
+                    versions.current.pop(relation.oid, None)
+                else:
+                    versions.current[relation.oid] = codec
+            return message
+        if tag in changes.encoded_operations:
+            codec = versions.current.get(int.from_bytes(message[1:5]))
+            if codec is not None and codec.compiled is not None:
+                encoded = encoded_change.encode(codec.compiled, message, change_lsn)
+                if encoded is not None:
+                    versions.by_encoder[id(codec.compiled)] = codec
+                    return encoded
+        return message
 
 
 def _replay(

@@ -22,9 +22,11 @@ Loop invariants:
   once per status interval; the slot's retained WAL is read by
   :mod:`capture.source.wal_safety` on a connection and thread of its own, and a lost slot
   found there ends the attempt here with its resync procedure.
-- With ``CAPTURE_STREAMING``, transactions in progress are spooled as their blocks come
-  (:mod:`capture.stream.in_progress`) and replayed at their Stream Commit through the
-  path an unstreamed transaction takes. While a replay is under way the socket is not
+- With ``CAPTURE_STREAMING``, transactions in progress are encoded and spooled as their
+  blocks come (:mod:`capture.stream.in_progress`) and replayed at their Stream Commit
+  through the path an unstreamed transaction takes; the change stream knows the
+  transaction's table versions from the commit until the replay's last frame is handled
+  (:meth:`ReplicationLoop._replay_done`). While a replay is under way the socket is not
   read (the transactions after it stay behind it, in commit order) and the replay is
   paused at the in-flight bound like reading is. While any streamed transaction is
   open, a keepalive's ``wal_end`` is not confirmable (docs/streaming.md). The spools
@@ -181,7 +183,9 @@ class ReplicationLoop:
         for table in self._flow.to_compare():
             self._flow.publication_seen(table, self._published(table), start)
         self._in_progress = (
-            InProgressTransactions(settings.streaming_spool_max_bytes, settings.spool_dir)
+            InProgressTransactions(
+                settings.streaming_spool_max_bytes, settings.spool_dir, self._changes
+            )
             if settings.streaming
             else None
         )
@@ -305,6 +309,7 @@ class ReplicationLoop:
         replay, self._replay = self._replay, None
         if replay is not None:
             replay.close()
+        self._changes.replayed_codecs = {}
         if self._in_progress is not None:
             self._in_progress.close()
 
@@ -435,6 +440,7 @@ class ReplicationLoop:
         transaction's book id)."""
         self._replay = None
         self._replay_frames, self._replay_at = [], 0
+        self._changes.replayed_codecs = {}
         if self._compiled is not None:
             self._compiled.from_python()
 

@@ -9,9 +9,11 @@ changes go to a spool file of their own, and come back in stream order at the co
 Invariants:
 
 - A spooled change is a pgoutput message in its protocol-version-1 form (the block's xid
-  taken off, :func:`capture.pgoutput.stream_block.split_stream_xid`) with its change LSN
-  (the XLogData ``wal_start``) and the subxid it carried. Replayed at the commit between
-  a Begin and a Commit, it yields the records the unstreamed transaction would.
+  taken off, :func:`capture.pgoutput.stream_block.split_stream_xid`), or a row already
+  encoded (:mod:`capture.stream.encoded_change`), with its change LSN (the XLogData
+  ``wal_start``) and the subxid it carried; this module stores the bytes it is given and
+  reads neither. Replayed at the commit between a Begin and a Commit, it yields the
+  records the unstreamed transaction would.
 - **Subtransaction aborts.** A session runs one subtransaction at a time and the server
   streams changes in the order they were made, so every change streamed after the first
   change of the subtransaction ``S`` that Stream Abort names was made by the rolled-back

@@ -56,6 +56,10 @@ const COMMIT_SIZE: usize = 26;
 /// pgoutput Stream Start and Stream Stop (protocol version 2 and later, with `streaming`).
 const STREAM_START: u8 = b'S';
 const STREAM_STOP: u8 = b'E';
+/// A change a streamed transaction's spool holds encoded ([`EncodedChange`]): capture's
+/// own message, never sent by a server; no pgoutput message has this tag. Exported as
+/// `capture_native.ENCODED_CHANGE`, its one definition.
+pub const ENCODED_CHANGE: u8 = b'X';
 /// Microseconds from 1970-01-01 to PostgreSQL's epoch, 2000-01-01.
 const PG_EPOCH_UNIX_MICROS: i64 = 946_684_800_000_000;
 /// librdkafka's error code for a full producer queue.
@@ -323,6 +327,7 @@ impl CompiledStream {
                 Taken::Done
             }
             INSERT | UPDATE | DELETE => self.row_change(wal_start, message),
+            ENCODED_CHANGE => self.encoded_change(wal_start, message),
             _ => Taken::Pass,
         }
     }
@@ -344,42 +349,80 @@ impl CompiledStream {
     }
 
     fn row_change(&mut self, wal_start: u64, message: &[u8]) -> Taken {
-        let Some(transaction) = self.transaction.as_ref() else {
-            return Taken::Pass;
-        };
         if message.len() < 6 {
             return Taken::Pass;
         }
         let oid = u32::from_be_bytes(message[1..5].try_into().expect("four bytes"));
-        let Some(table) = self.tables.get(&oid) else {
+        let Some(slot) = self.armed_slot(oid, message[0], wal_start) else {
             return Taken::Pass;
         };
-        let slot = match message[0] {
-            INSERT => 0,
-            UPDATE => 1,
-            _ => 2,
-        };
-        let Some(operation) = table.operations[slot].as_ref() else {
-            return Taken::Pass;
-        };
-        if transaction.commit_lsn <= table.publish_after || wal_start > i64::MAX as u64 {
-            return Taken::Pass;
-        }
+        let table = self.tables.get(&oid).expect("armed");
         let Some((row, key_fields, image)) = table.encoder.get().row_message_fields(message) else {
             return Taken::Pass;
         };
+        self.produce(wal_start, oid, slot, &key_fields, |value| image.write(value, &row))
+    }
+
+    /// A change its streamed transaction's spool holds encoded already
+    /// (`capture/stream/encoded_change.py`): produced as `row_change` produces a row
+    /// message, its key fields and images as they are, when the table version armed for
+    /// its oid is the one that encoded it (the same encoder object); anything else goes
+    /// to the Python path.
+    fn encoded_change(&mut self, wal_start: u64, message: &[u8]) -> Taken {
+        let Some(change) = EncodedChange::read(message) else {
+            return Taken::Pass;
+        };
+        let Some(slot) = self.armed_slot(change.oid, change.tag, wal_start) else {
+            return Taken::Pass;
+        };
+        let table = self.tables.get(&change.oid).expect("armed");
+        if table.encoder.as_ptr() as u64 != change.encoder {
+            return Taken::Pass;
+        }
+        self.produce(wal_start, change.oid, slot, change.key_fields, |value| {
+            value.extend_from_slice(change.images);
+        })
+    }
+
+    /// The operation slot of a change with `tag` of the table `oid` in the open
+    /// transaction, when the compiled stream may produce it: a transaction is open, the
+    /// table and operation are armed, and the transaction commits after the table's
+    /// snapshot.
+    fn armed_slot(&self, oid: u32, tag: u8, wal_start: u64) -> Option<usize> {
+        let transaction = self.transaction.as_ref()?;
+        let table = self.tables.get(&oid)?;
+        let slot = match tag {
+            INSERT => 0,
+            UPDATE => 1,
+            DELETE => 2,
+            _ => return None,
+        };
+        table.operations[slot].as_ref()?;
+        if transaction.commit_lsn <= table.publish_after || wal_start > i64::MAX as u64 {
+            return None;
+        }
+        Some(slot)
+    }
+
+    /// Produce the record of an armed table and operation (`armed_slot`): key
+    /// `key_fields` after the table's key header; value the operation's prefix, the
+    /// transaction's fields, `wal_start`, the ordinal, then what `images` writes.
+    fn produce(&mut self, wal_start: u64, oid: u32, slot: usize, key_fields: &[u8], images: impl FnOnce(&mut Vec<u8>)) -> Taken {
+        let transaction = self.transaction.as_ref().expect("checked by armed_slot");
+        let table = self.tables.get(&oid).expect("checked by armed_slot");
+        let operation = table.operations[slot].as_ref().expect("checked by armed_slot");
         let mut key = Vec::with_capacity(table.key_header.len() + key_fields.len());
         key.extend_from_slice(&table.key_header);
-        key.extend_from_slice(&key_fields);
+        key.extend_from_slice(key_fields);
         let mut value = Vec::with_capacity(
-            operation.value_prefix.len() + transaction.commit_field.len() + transaction.transaction_fields.len() + row.len() + 24,
+            operation.value_prefix.len() + transaction.commit_field.len() + transaction.transaction_fields.len() + 128,
         );
         value.extend_from_slice(&operation.value_prefix);
         value.extend_from_slice(&transaction.commit_field);
         write_long(&mut value, wal_start as i64);
         value.extend_from_slice(&transaction.transaction_fields);
         write_long(&mut value, transaction.ordinal);
-        image.write(&mut value, &row);
+        images(&mut value);
         let change_text = lsn_text(wal_start);
         let headers = [
             HeaderField { name: &self.commit_header, value: Some(&transaction.commit_text) },
@@ -406,6 +449,39 @@ impl CompiledStream {
         entry.records += 1;
         entry.bytes += size;
         Taken::Done
+    }
+}
+
+/// A change of a streamed transaction encoded when it arrived, as its spool holds it
+/// (`capture/stream/encoded_change.py` writes it): [`ENCODED_CHANGE`], Int32 relation
+/// oid, Int8 pgoutput tag (`I`, `U`, `D`), Int64 the encoder's identity (the address of
+/// the `TextRowEncoder` that encoded it), Int32 the key fields' length, the key fields,
+/// then the value's fields after `ordinal` (the images) to the end.
+struct EncodedChange<'a> {
+    oid: u32,
+    tag: u8,
+    encoder: u64,
+    key_fields: &'a [u8],
+    images: &'a [u8],
+}
+
+/// Size of an [`EncodedChange`]'s fixed head.
+const ENCODED_CHANGE_HEAD: usize = 18;
+
+impl<'a> EncodedChange<'a> {
+    /// The change in `message`; None when it is not one or is cut short (the Python
+    /// path then says what is wrong with it).
+    fn read(message: &'a [u8]) -> Option<EncodedChange<'a>> {
+        if *message.first()? != ENCODED_CHANGE || message.len() < ENCODED_CHANGE_HEAD {
+            return None;
+        }
+        let oid = u32::from_be_bytes(message[1..5].try_into().ok()?);
+        let tag = message[5];
+        let encoder = u64_at(message, 6);
+        let key_length = usize::try_from(u32::from_be_bytes(message[14..18].try_into().ok()?)).ok()?;
+        let key_end = ENCODED_CHANGE_HEAD.checked_add(key_length)?;
+        let key_fields = message.get(ENCODED_CHANGE_HEAD..key_end)?;
+        Some(EncodedChange { oid, tag, encoder, key_fields, images: &message[key_end..] })
     }
 }
 
@@ -656,6 +732,25 @@ mod tests {
         // Out of order: still passed, for the Python path to refuse.
         assert!(in_block_after(true, STREAM_START));
         assert!(!in_block_after(false, STREAM_STOP));
+    }
+
+    #[test]
+    fn an_encoded_change_reads_back_its_parts_and_refuses_a_short_one() {
+        let mut message = vec![ENCODED_CHANGE];
+        message.extend_from_slice(&16384u32.to_be_bytes());
+        message.push(INSERT);
+        message.extend_from_slice(&0x7F00_0000_1234u64.to_be_bytes());
+        message.extend_from_slice(&2u32.to_be_bytes());
+        message.extend_from_slice(&[0x02, 0x04, 0x00, 0x02, 0x06]);
+        let change = EncodedChange::read(&message).expect("a whole change");
+        assert_eq!((change.oid, change.tag, change.encoder), (16384, INSERT, 0x7F00_0000_1234));
+        assert_eq!(change.key_fields, [0x02, 0x04]);
+        assert_eq!(change.images, [0x00, 0x02, 0x06]);
+        // Key fields longer than what follows, a cut head, another tag: not taken.
+        assert!(EncodedChange::read(&message[..ENCODED_CHANGE_HEAD + 1]).is_none());
+        assert!(EncodedChange::read(&message[..ENCODED_CHANGE_HEAD - 1]).is_none());
+        assert!(EncodedChange::read(&[INSERT; 32]).is_none());
+        assert!(EncodedChange::read(&[]).is_none());
     }
 
     #[test]

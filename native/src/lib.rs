@@ -786,6 +786,7 @@ fn capture_native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<compiled_stream::TableCount>()?;
     module.add_class::<compiled_stream::OpenTransaction>()?;
     module.add_function(wrap_pyfunction!(key_partitions, module)?)?;
+    module.add("ENCODED_CHANGE", compiled_stream::ENCODED_CHANGE)?;
     Ok(())
 }
 

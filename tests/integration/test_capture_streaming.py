@@ -44,6 +44,10 @@ SENTINEL = 1_000_000
 """The key of a small transaction written last: once its record is in, everything
 before it has been received."""
 STREAMED_LOG = "is streamed in progress"
+FIRST_ADDED = 10_000
+"""The first key of the rows written after a column was added."""
+ADDED = 200
+"""Rows written after each added column."""
 
 
 @pytest.fixture(scope="module")
@@ -137,10 +141,17 @@ def test_streamed_transactions_publish_the_unstreamed_records_and_nothing_rolled
     compiled: bool,
 ) -> None:
     """``compiled``: the streaming capture replays through the compiled stream, or with
-    ``CAPTURE_COMPILED_STREAM=false`` through the Python loop."""
+    ``CAPTURE_COMPILED_STREAM=false`` through the Python loop.
+
+    The streamed transactions: one with a rolled-back savepoint that added a column; one
+    rolled back whole; and one open while another transaction adds a column to the table,
+    that then writes rows under it, adds a column itself and writes rows again. Rows are
+    encoded as they arrive, each by the table as it was when it was written, and make the
+    records of the unstreamed path."""
     name = unique_name
     table = _create(pg, name)
-    tables = [f"public.{name}"]
+    other = _create(pg, f"{name}_o")
+    tables = [f"public.{name}", f"public.{name}_o"]
     settings = _streaming(capture_settings(services, f"{name}_s", tables), streaming_dsn, tmp_path)
     streamed = CaptureThread(settings.model_copy(update={"compiled_stream": compiled}))
     unstreamed = CaptureThread(capture_settings(services, f"{name}_u", tables))
@@ -162,25 +173,60 @@ def test_streamed_transactions_publish_the_unstreamed_records_and_nothing_rolled
             writer.commit()
             # A whole transaction rolled back after the server streamed some of it.
             _insert(writer, table, 3 * PART + 1, 4 * PART)
-            _wait_streamed(pg, slot, 2, streamed_bytes)
+            streamed_bytes = _wait_streamed(pg, slot, 2, streamed_bytes)
             writer.rollback()
+            # Schema changes while a streamed transaction is open: a column added by
+            # another transaction, then one by the streamed transaction itself.
+            with psycopg.connect(services.postgres_dsn) as concurrent:
+                _insert(concurrent, other, 1, PART)
+                _wait_streamed(pg, slot, 3, streamed_bytes)
+                writer.execute(sql.SQL("ALTER TABLE {} ADD COLUMN note text").format(table))
+                writer.commit()
+                concurrent.execute(
+                    sql.SQL(
+                        "INSERT INTO {} SELECT g, repeat('x', 200), 'n' || g "
+                        "FROM generate_series(%s::int, %s::int) g"
+                    ).format(table),
+                    [FIRST_ADDED, FIRST_ADDED + ADDED - 1],
+                )
+                concurrent.execute(sql.SQL("ALTER TABLE {} ADD COLUMN rank int").format(table))
+                concurrent.execute(
+                    sql.SQL(
+                        "INSERT INTO {} SELECT g, repeat('x', 200), 'n' || g, mod(g, 7) "
+                        "FROM generate_series(%s::int, %s::int) g"
+                    ).format(table),
+                    [FIRST_ADDED + ADDED, FIRST_ADDED + 2 * ADDED - 1],
+                )
+                concurrent.commit()
             _insert(writer, table, SENTINEL, SENTINEL)
             writer.commit()
-        streamed_records = _records(streamed.settings, name, 2 * PART + 1)
-        unstreamed_records = _records(unstreamed.settings, name, 2 * PART + 1)
+        expected = 2 * PART + 2 * ADDED + 1
+        streamed_records = _records(streamed.settings, name, expected)
+        unstreamed_records = _records(unstreamed.settings, name, expected)
         assert not streamed.errors, streamed.errors
     finally:
         streamed.close(pg)
         unstreamed.close(pg)
     kept = [*range(1, PART + 1), *range(2 * PART + 1, 3 * PART + 1)]
-    assert [int(key["id"]) for key, _ in streamed_records] == [*kept, SENTINEL]
+    added = list(range(FIRST_ADDED, FIRST_ADDED + 2 * ADDED))
+    assert [int(key["id"]) for key, _ in streamed_records] == [*kept, *added, SENTINEL]
     # Field for field, positions included: the records of the same transactions sent
     # whole at their commit.
     assert streamed_records == unstreamed_records
     assert all("extra" not in value["after"] for _, value in streamed_records)
-    big = {value["commit_lsn"] for _, value in streamed_records[:-1]}
-    assert len(big) == 1
-    assert [value["ordinal"] for _, value in streamed_records[:-1]] == list(range(len(kept)))
+    first, altered = streamed_records[: len(kept)], streamed_records[len(kept) : -1]
+    # The second's ordinals follow the rows it wrote to the other table first.
+    for transaction, start in ((first, 0), (altered, PART)):
+        assert len({value["commit_lsn"] for _, value in transaction}) == 1
+        ordinals = [value["ordinal"] for _, value in transaction]
+        assert ordinals == list(range(start, start + len(transaction)))
+    # Each row as the table was when it was written: the rows before the second column
+    # was added have only the first.
+    assert [sorted(value["after"]) for _, value in altered] == [
+        *[["id", "note", "v"]] * ADDED,
+        *[["id", "note", "rank", "v"]] * ADDED,
+    ]
+    assert altered[-1][1]["after"]["rank"] == added[-1] % 7
 
 
 def test_capture_killed_mid_stream_publishes_the_transaction_once_after_a_restart(

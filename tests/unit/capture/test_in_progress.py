@@ -3,6 +3,7 @@ unstreamed transaction, aborted (sub)transactions gone, and what the loop may co
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from capture.errors import ProtocolError
-from capture.pgoutput import Begin, Commit, StreamOrderError, decode
+from capture.pgoutput import Begin, Commit, Relation, StreamOrderError, decode
 from capture.records import OutgoingRecord
+from capture.rows.typemap import ColumnMapping, TextKind
 from capture.stream.change_stream import ChangeStream, Output
 from capture.stream.in_progress import InProgressTransactions
 from schemas.lsn import Lsn
@@ -268,3 +270,169 @@ def test_closing_a_replay_midway_releases_the_spool(streams, tmp_path):
     assert next(replay)[0] == relation(None)
     replay.close()
     assert _spool_files(tmp_path) == 0
+
+
+def wide_relation(xid: int | None) -> bytes:
+    """``public.orders`` after ``ADD COLUMN extra text``."""
+    columns = (
+        b"\x01id\x00" + struct.pack("!Ii", 20, -1) + b"\x00note\x00" + struct.pack("!Ii", 25, -1)
+        + b"\x00extra\x00" + struct.pack("!Ii", 25, -1)
+    )  # fmt: skip
+    return (
+        b"R" + _xid(xid) + struct.pack("!I", OID) + b"public\x00orders\x00d"
+        + struct.pack("!H", 3) + columns
+    )  # fmt: skip
+
+
+def wide_insert(xid: int | None, key: int) -> bytes:
+    values = [str(key).encode(), f"row {key}".encode(), b"more"]
+    row = struct.pack("!H", 3) + b"".join(b"t" + struct.pack("!I", len(v)) + v for v in values)
+    return b"I" + _xid(xid) + struct.pack("!I", OID) + b"N" + row
+
+
+def describe_text(relation: Relation) -> list[ColumnMapping]:
+    """:func:`describe_relation` with the compiled encoder's text kinds."""
+    kinds: dict[str, TextKind] = {"int8": "long", "text": "string"}
+    return [
+        dataclasses.replace(mapping, text_kind=kinds[mapping.pg_type_name])
+        for mapping in describe_relation(relation)
+    ]
+
+
+def test_changes_encoded_as_they_arrive_make_the_unstreamed_records(tmp_path):
+    """With the change stream at hand, rows are spooled encoded, each by the table version
+    of the transaction's Relation before it (a column added mid-transaction, and one
+    added in a rolled-back savepoint), and the replay makes the records a change stream
+    makes of the same transaction unstreamed, byte for byte."""
+    pytest.importorskip("capture_native")
+    from capture.stream.encoded_change import ENCODED_CHANGE  # noqa: PLC0415
+
+    # The stream knows the table as it was before the transaction.
+    stream = ChangeStream(describe_text, "cdc")
+    reference = ChangeStream(describe_text, "cdc")
+    for known in (stream, reference):
+        list(known.handle_frame(begin(OTHER), Lsn(0x10)))
+        list(known.handle_frame(relation(None), Lsn(0x10)))
+        list(known.handle_frame(commit(), Lsn(0x20)))
+    transactions = InProgressTransactions(1 << 20, tmp_path, stream)
+    frames = [
+        (stream_start(XID, first_segment=True), 0),
+        (relation(XID), 0),
+        (insert(XID, 1), 0x100),
+        (relation(SUBXID), 0),
+        (wide_relation(SUBXID), 0),
+        (wide_insert(SUBXID, 2), 0x140),
+        (STREAM_STOP, 0),
+        (stream_abort(XID, SUBXID), 0),
+        (stream_start(XID, first_segment=False), 0),
+        (relation(XID), 0),
+        (insert(XID, 3), 0x180),
+        (wide_relation(XID), 0),
+        (wide_insert(XID, 4), 0x1C0),
+        (STREAM_STOP, 0),
+    ]
+    for payload, wal_start in frames:
+        assert transactions.handle(payload, Lsn(wal_start)) is None
+    replay = transactions.handle(stream_commit(XID), Lsn(END_LSN))
+    assert replay is not None
+    made: list[Output] = []
+    spooled: list[bytes] = []
+    for payload, change_lsn in replay:
+        spooled.append(payload)
+        made += stream.handle_frame(payload, change_lsn)
+    transactions.close()
+    assert sum(payload[0] == ENCODED_CHANGE for payload in spooled) == 3
+    # The versions that encoded them, kept for the replay until the loop ends it.
+    assert len(stream.replayed_codecs) == 2
+    unstreamed = [
+        (begin(XID), Lsn(COMMIT_LSN)),
+        (relation(None), Lsn(0)),
+        (insert(None, 1), Lsn(0x100)),
+        (relation(None), Lsn(0)),
+        (insert(None, 3), Lsn(0x180)),
+        (wide_relation(None), Lsn(0)),
+        (wide_insert(None, 4), Lsn(0x1C0)),
+        (commit(), Lsn(END_LSN)),
+    ]
+    expected: list[Output] = []
+    for payload, change_lsn in unstreamed:
+        expected += reference.handle_frame(payload, change_lsn)
+    assert made == expected
+    assert sum(isinstance(out, OutgoingRecord) for out in made) == 3
+    # The change stream took the version the rows were encoded with: the compiled
+    # stream, which compares encoders, produces them as they are.
+    assert stream.codecs[OID].relation.columns[-1].name == "extra"
+
+
+@pytest.mark.parametrize("same_schema", [True, False], ids=["twin", "other-schema"])
+def test_an_encoded_row_meets_another_version_of_its_table_at_the_commit(tmp_path, same_schema):
+    """The change stream may hold another codec of the same relation at the commit than
+    the one that encoded the rows: with the same schema the records are the unstreamed
+    ones (the bytes are the same), with another the table is errored, never published
+    with bytes of another schema."""
+    pytest.importorskip("capture_native")
+    stream = ChangeStream(describe_text, "cdc")
+    reference = ChangeStream(describe_text, "cdc")
+    transactions = InProgressTransactions(1 << 20, tmp_path, stream)
+    for payload, wal_start in [
+        (stream_start(XID, first_segment=True), 0),
+        (relation(XID), 0),
+        (insert(XID, 1), 0x100),
+        (STREAM_STOP, 0),
+    ]:
+        transactions.handle(payload, Lsn(wal_start))
+    replay = transactions.handle(stream_commit(XID), Lsn(END_LSN))
+    assert replay is not None
+    # Another transaction's Relation of the same table reached the stream first.
+    describe = describe_text if same_schema else describe_wider
+    twin = ChangeStream(describe, "cdc")
+    list(twin.handle_frame(begin(OTHER), Lsn(0x10)))
+    list(twin.handle_frame(relation(None), Lsn(0x10)))
+    stream.codecs[OID] = twin.codecs[OID]
+    made: list[Output] = []
+    for payload, change_lsn in replay:
+        made += stream.handle_frame(payload, change_lsn)
+    transactions.close()
+    if not same_schema:
+        assert not any(isinstance(out, OutgoingRecord) for out in made)
+        assert "public.orders" in stream.errored
+        return
+    expected: list[Output] = []
+    for payload, change_lsn in [
+        (begin(XID), Lsn(COMMIT_LSN)),
+        (relation(None), Lsn(0)),
+        (insert(None, 1), Lsn(0x100)),
+        (commit(), Lsn(END_LSN)),
+    ]:
+        expected += reference.handle_frame(payload, change_lsn)
+    assert made == expected
+
+
+def describe_wider(relation: Relation) -> list[ColumnMapping]:
+    """:func:`describe_text` with ``note`` published as ``int8``: another schema for the
+    same relation."""
+    mappings = describe_text(relation)
+    return [mappings[0], dataclasses.replace(mappings[0], pg_type_name="int8"), *mappings[2:]]
+
+
+def test_rows_of_a_table_keyed_from_the_catalog_are_decoded_at_the_commit(tmp_path):
+    """REPLICA IDENTITY FULL: capture reads the key from the catalog, which does not show
+    what the open transaction changed, so its rows are spooled as they came."""
+    pytest.importorskip("capture_native")
+    stream = ChangeStream(describe_text, "cdc")
+    transactions = InProgressTransactions(1 << 20, tmp_path, stream)
+    full = relation(XID).replace(b"orders\x00d", b"orders\x00f")
+    decoded = decode(full[:1] + full[5:])
+    assert isinstance(decoded, Relation)
+    assert decoded.replica_identity.value == "f"
+    for payload, wal_start in [
+        (stream_start(XID, first_segment=True), 0),
+        (full, 0),
+        (insert(XID, 1), 0x100),
+        (STREAM_STOP, 0),
+    ]:
+        transactions.handle(payload, Lsn(wal_start))
+    replay = transactions.handle(stream_commit(XID), Lsn(END_LSN))
+    assert replay is not None
+    assert [payload for payload, _ in replay][2] == insert(None, 1)
+    transactions.close()

@@ -46,9 +46,15 @@ def _members(cls: ast.ClassDef) -> dict[str, bool]:
 
 
 def test_the_stub_declares_what_the_extension_exports(compiled: ModuleType) -> None:
-    declared = {
-        node.name for node in _stub().body if isinstance(node, ast.ClassDef | ast.FunctionDef)
-    }
+    body = _stub().body
+    declared = {node.name for node in body if isinstance(node, ast.ClassDef | ast.FunctionDef)}
+    # Module constants, each documented by the string right after it.
+    for at, node in enumerate(body):
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            following = body[at + 1] if at + 1 < len(body) else None
+            assert isinstance(following, ast.Expr), node.target.id
+            assert isinstance(following.value, ast.Constant), node.target.id
+            declared.add(node.target.id)
     exported = {name for name in dir(compiled) if not name.startswith("_")} - {_SELF}
     assert exported == declared
 
