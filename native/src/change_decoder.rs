@@ -900,9 +900,19 @@ impl ChangeDecoder {
                 Role::Ordinal => ordinal = reader.long()?,
                 Role::CommitTs => commit_ts = reader.long()?,
                 Role::Unchanged => {
-                    let list = compiled.value(py, &mut reader, field)?;
-                    let list = list.cast_into::<PyList>().map_err(|_| Malformed::Refused)?;
-                    unchanged = Some(list.to_tuple());
+                    // An array of strings (Compiled::new checks), nearly always empty:
+                    // read into a tuple without the list fastavro builds first.
+                    let mut names = Vec::new();
+                    while let Some(count) = reader.block()? {
+                        for _ in 0..count {
+                            names.push(PyString::new(py, reader.utf8()?));
+                        }
+                    }
+                    unchanged = Some(if names.is_empty() {
+                        PyTuple::empty(py)
+                    } else {
+                        PyTuple::new(py, names).map_err(|_| Malformed::Refused)?
+                    });
                 }
                 Role::Before | Role::After => {
                     let slot = usize::from(*role == Role::After);
