@@ -46,7 +46,7 @@ const WRITER_KEY_SIZE: usize = 8;
 const REGISTRY_KEY_PAD: usize = WRITER_KEY_SIZE - (REGISTRY_HEADER - 1);
 /// The longest varint a 64-bit value takes.
 const MAX_VARINT_BYTES: usize = 10;
-/// Below this many bytes a decimal's unscaled value has at most 963,000 digits, so
+/// Below this many bytes a decimal's unscaled value has fewer than 963,300 digits, so
 /// Python's decimal context (Emax 999,999) cannot overflow building it: a decimal nobody
 /// projects is then checked without building it.
 const DECIMAL_SAFE_BYTES: usize = 400_000;
