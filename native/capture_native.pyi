@@ -1,6 +1,7 @@
-"""Types of ``capture_native``, the compiled part of capture: the row encoder
-(``src/lib.rs``), the record producer (``src/producer.rs``) and the compiled stream
-(``src/compiled_stream.rs``); those files say how each is held to the Python path.
+"""Types of ``capture_native``, the compiled part of capture and apply: the row encoder
+(``src/lib.rs``), the record producer (``src/producer.rs``), the compiled stream
+(``src/compiled_stream.rs``) and apply's change decoder (``src/change_decoder.rs``);
+those files say how each is held to the Python path.
 
 Every value the extension hands back is one of the frozen classes below, read by field
 name; a class the caller never builds has no constructor here.
@@ -411,3 +412,46 @@ class CompiledStream:
         never)."""
     def __len__(self) -> int:
         """How many tables are armed."""
+
+# -- apply's change decoder (src/change_decoder.rs) -----------------------------------
+
+@final
+class DecodedFields:
+    """What ``apply.lake.driver_plan`` builds a ``DecodedChange`` from, for one record."""
+
+    @property
+    def op(self) -> str:
+        """The operation's symbol (``c``, ``u``, ``d``, ``r``, ``t``)."""
+    @property
+    def commit_lsn(self) -> int:
+        """The commit LSN, as the record's long."""
+    @property
+    def ordinal(self) -> int:
+        """The record's ordinal in its transaction."""
+    @property
+    def commit_ts(self) -> int:
+        """The commit time, microseconds since 1970-01-01 UTC."""
+    @property
+    def unchanged(self) -> tuple[str, ...]:
+        """``unchanged_columns``."""
+    @property
+    def row(self) -> tuple[Any, ...]:
+        """The ``after`` image, else ``before``, projected onto the decoder's names:
+        each value as fastavro reads it with logical types but ``decimal`` read as
+        their physical type; None for a null, a name the record lacks, or no image."""
+
+@final
+class ChangeDecoder:
+    """The decoder of one writer schema's change records, projected onto the columns of
+    a table. Immutable: one decoder serves any thread."""
+
+    def __init__(self, schema_json: str, writer_key: bytes, names: list[str | None], /) -> None:
+        """Records written with ``schema_json`` (the writer schema, as
+        ``ValueSchema.decode_json`` holds it) whose header (single-object or Schema
+        Registry) names ``writer_key`` (the fingerprint's 8 little-endian bytes); each
+        row projected onto ``names`` (per column, the Row field's name, or None).
+        Raises ValueError for a schema the decoder does not read (fastavro does) or a
+        key of another size."""
+    def decode(self, values: list[bytes], /) -> list[DecodedFields | None]:
+        """Each record value decoded; None where its header names another writer or its
+        body does not decode, as ``driver_plan._decode`` says."""

@@ -10,7 +10,10 @@ delta-rs:
 1. **decode** (:func:`decode_records`): fastavro, with the writer schema's dates, times,
    timestamps and UUIDs read as their physical Avro values, so every value is the exact
    integer or text ``from_avro`` hands Spark (PostgreSQL's infinities included, which
-   Python's ``date`` and ``datetime`` cannot hold), and decimals as ``Decimal``;
+   Python's ``date`` and ``datetime`` cannot hold), and decimals as ``Decimal``. Where
+   the ``capture_native`` extension is built, its ``ChangeDecoder`` decodes instead,
+   with the same results (``native/src/change_decoder.rs``; fastavro stays for a schema
+   it does not read and where it is not built);
 2. **measure** (:func:`measure_changes`): per partition the newest position and its
    commit time, replays, TRUNCATEs and malformed records, as
    :func:`apply.lake.spark_merge.measure` does;
@@ -28,7 +31,8 @@ writes the same records both ways and compares the tables column by column.
 One difference is deliberate: Java's Avro decoder reads a body cut inside a trailing
 number as if the missing bytes were zeros (:mod:`apply.lake.decode`); fastavro refuses it,
 so such a record is malformed here and the table is parked, where the JVM would have
-written the zeros.
+written the zeros. The compiled decoder also refuses a varint longer than 10 bytes, as
+the JVM does, where fastavro reads one (no writer produces it).
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa  # type: ignore[import-untyped]
 from fastavro import parse_schema, schemaless_reader
@@ -72,6 +76,16 @@ from schemas import registry_framing
 from schemas.lsn import Lsn
 from schemas.operation import Operation
 from schemas.single_object import FINGERPRINT_SIZE, HEADER_SIZE, MARKER, fingerprint_bytes
+
+if TYPE_CHECKING:
+    from capture_native import ChangeDecoder, DecodedFields
+
+try:
+    from capture_native import ChangeDecoder as _Compiled
+
+    _COMPILED: type[ChangeDecoder] | None = _Compiled
+except ImportError:  # not built here: fastavro decodes every record
+    _COMPILED = None
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +161,10 @@ def _decode(
     record: CollectedRecord, key: bytes, parsed: Any, names: Sequence[str | None]
 ) -> DecodedChange | None:
     """One record decoded and projected onto ``names`` (None: a column the writer schema
-    lacks); None when it does not decode, or its header names another writer."""
+    lacks); None when it does not decode, or its header names another writer.
+
+    The compiled decoder (:func:`_compiled_decoder`) gives the same for every record:
+    tests/unit/apply/test_driver_plan_native.py holds the two equal."""
     body = _body(record.value, key)
     if body is None:
         return None
@@ -168,20 +185,63 @@ def _decode(
         return None
 
 
+@lru_cache(maxsize=256)
+def _compiled_decoder(
+    decode_json: str, key: bytes, names: tuple[str | None, ...]
+) -> ChangeDecoder | None:
+    """The compiled decoder of a writer schema and projection, once per both; None
+    without the extension or for a schema it does not read (fastavro decodes those).
+
+    It gives what :func:`_decode` gives for every record:
+    tests/unit/apply/test_driver_plan_native.py holds the two equal."""
+    if _COMPILED is None:
+        return None
+    try:
+        return _COMPILED(decode_json, key, list(names))
+    except ValueError as exc:
+        log.info("driver decode of a writer schema by fastavro: %s", exc)
+        return None
+
+
+def _change(record: CollectedRecord, fields: DecodedFields | None) -> DecodedChange | None:
+    if fields is None:
+        return None
+    return DecodedChange(
+        partition=record.partition,
+        offset=record.offset,
+        op=fields.op,
+        position=Position(Lsn(fields.commit_lsn), fields.ordinal),
+        commit_ts=fields.commit_ts,
+        unchanged=fields.unchanged,
+        row=fields.row,
+    )
+
+
 def decode_records(
     records: Iterable[CollectedRecord], schema: ValueSchema, columns: Sequence[ColumnSpec]
 ) -> DecodedRecords:
     """The records of one writer schema, decoded and projected onto ``columns`` (a
     column the writer schema lacks is None). A record that does not decode, or whose
     header names another writer, counts as malformed."""
+    # Parsed even for the compiled decoder: a schema fastavro refuses fails the batch
+    # as it always did.
     parsed = _reader_schema(schema.decode_json)
     key = fingerprint_bytes(schema.fingerprint)
     present = {column.name for column in schema.columns}
     names = [column.name if column.name in present else None for column in columns]
+    compiled = _compiled_decoder(schema.decode_json, key, tuple(names))
+    decoded: Iterable[tuple[CollectedRecord, DecodedChange | None]]
+    if compiled is None:
+        decoded = ((record, _decode(record, key, parsed, names)) for record in records)
+    else:
+        held = list(records)
+        fields = compiled.decode([record.value for record in held])
+        decoded = (
+            (record, _change(record, item)) for record, item in zip(held, fields, strict=True)
+        )
     changes = []
     malformed: dict[int, tuple[int, int]] = {}
-    for record in records:
-        change = _decode(record, key, parsed, names)
+    for record, change in decoded:
         if change is None:
             count, first = malformed.get(record.partition, (0, record.offset))
             malformed[record.partition] = (count + 1, min(first, record.offset))

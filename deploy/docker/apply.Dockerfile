@@ -24,6 +24,21 @@ COPY deploy/jars/objectstore/pom.xml deploy/jars/objectstore/pom.xml
 RUN mvn -B -f deploy/jars/objectstore/pom.xml dependency:copy-dependencies \
         -DincludeScope=runtime -DoutputDirectory=/jars
 
+# Stage 1c: the compiled part (native/, the `capture_native` extension), whose change
+# decoder decodes the records of the batches the driver writes itself
+# (apply.lake.driver_plan; without it fastavro does, slower). Built as capture's image
+# builds it: a wheel from the Rust toolchain in a stage of its own, so the final image
+# carries no compiler; abi3 (CPython 3.11 and later), so the Debian python3 of this
+# stage builds it for the image's 3.11.
+FROM rust:1-slim-bookworm AS native
+RUN apt-get update -qq \
+    && apt-get install -y -qq --no-install-recommends python3 python3-venv \
+    && rm -rf /var/lib/apt/lists/* \
+    && python3 -m venv /opt/maturin && /opt/maturin/bin/pip install -q "maturin>=1.9.4,<2"
+WORKDIR /tmp/native
+COPY native ./
+RUN /opt/maturin/bin/maturin build --release --quiet -o /wheels
+
 # Stage 2: Python 3.11 with a Java 17 runtime. The JRE is taken from the Temurin image
 # rather than from apt because the Debian release under python:3.11-slim decides which
 # OpenJDK versions apt offers, and Spark is run and tested here on 17.
@@ -47,7 +62,8 @@ COPY schemas ./schemas
 COPY runtime ./runtime
 COPY pipeline ./pipeline
 COPY deploy ./deploy
-RUN pip install ".[apply]" && rm -rf /tmp/src
+COPY --from=native /wheels /tmp/wheels
+RUN pip install ".[apply]" /tmp/wheels/*.whl && rm -rf /tmp/src /tmp/wheels
 
 # Every resolved jar is copied, including the libraries the pyspark wheel already ships at
 # other versions: the apply job drops those at start (deploy.local.jars.spark_jars keeps

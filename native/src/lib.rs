@@ -26,6 +26,7 @@
 //! - **No state.** An encoder is the immutable per-table-version plan; calls share
 //!   nothing, so one encoder serves any thread.
 
+mod change_decoder;
 mod compiled_stream;
 mod producer;
 
@@ -785,6 +786,8 @@ fn capture_native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<compiled_stream::TransactionPart>()?;
     module.add_class::<compiled_stream::TableCount>()?;
     module.add_class::<compiled_stream::OpenTransaction>()?;
+    module.add_class::<change_decoder::ChangeDecoder>()?;
+    module.add_class::<change_decoder::DecodedFields>()?;
     module.add_function(wrap_pyfunction!(key_partitions, module)?)?;
     module.add("ENCODED_CHANGE", compiled_stream::ENCODED_CHANGE)?;
     Ok(())

@@ -8,8 +8,10 @@ from decimal import Decimal
 from typing import Any
 
 from schemas import column_type as ct
-from schemas.change_record import Column
+from schemas.change_record import Change, Column
 from schemas.column_type import ColumnType
+from schemas.lsn import Lsn
+from schemas.operation import Operation
 
 EVERY_TYPE = (
     Column("id", ct.LONG, nullable=False, key=True),
@@ -59,3 +61,51 @@ EXTREMES: dict[str, Any] = {
     "local": ct.TIMESTAMP_POSITIVE_INFINITY,
 }
 """PostgreSQL's infinities and 24:00:00, which Python's date and datetime cannot hold."""
+
+
+def every_kind_of_change() -> list[Change]:
+    """Changes of a table of :data:`EVERY_TYPE` with every image a record can carry:
+    every value, nulls, the edges (:data:`EXTREMES`, NaN and infinities, empty values,
+    the widest decimals), a before image, unchanged TOAST columns, key-only and whole
+    DELETEs, a TRUNCATE. Their ordinals are their indexes."""
+    key = {"id": 7}
+    full = {**key, **EVERY_VALUE}
+    edges = (
+        full
+        | EXTREMES
+        | {
+            "small": -(2**31),
+            "score": float("inf"),
+            "ratio": -0.0,
+            "blob": b"",
+            "_pg_Order_20Note": "",
+            "amount": Decimal("-9999999999.99"),
+            "wide": Decimal("9" * 28 + "." + "9" * 10),
+            "tags": [],
+            "grid": [[], [None], [2**31 - 1, -(2**31)]],
+        }
+    )
+    nulls = dict.fromkeys(EVERY_VALUE) | key
+    images: list[tuple[Operation, dict[str, Any]]] = [
+        (Operation.INSERT, {"after": full}),
+        (Operation.READ, {"after": nulls}),
+        (Operation.UPDATE, {"after": edges}),
+        (
+            Operation.UPDATE,
+            {"before": full, "after": full | {"ratio": float("nan"), "score": float("-inf")}},
+        ),
+        (
+            Operation.UPDATE,
+            {
+                "after": nulls | {"flag": False},
+                "unchanged_columns": ("blob", "_pg_Order_20Note"),
+            },
+        ),
+        (Operation.DELETE, {"before": key, "before_key_only": True}),
+        (Operation.DELETE, {"before": full}),
+        (Operation.TRUNCATE, {}),
+    ]
+    return [
+        Change(op, Lsn(0x10_0000_0000 + n), Lsn(0x20), 9, 1_715_941_815_123_456, n, **fields)
+        for n, (op, fields) in enumerate(images)
+    ]
