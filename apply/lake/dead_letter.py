@@ -73,6 +73,7 @@ from pyspark.sql.types import (
 
 from apply.errors import TransientError
 from apply.lake.decode import COMMIT_LSN, ORDINAL, decode_positions
+from apply.lake.delta_log import newest_local_version, sync_commits
 from apply.lake.delta_schema import ValueSchema
 from apply.lake.positions import Position, TopicPartition
 from apply.lake.table_lock import TABLE_LOCKS
@@ -262,7 +263,22 @@ def park(
     written per table."""
     if not requests:
         return {}
-    _ensure(spark, path)
+    with TABLE_LOCKS.held(path):
+        before = newest_local_version(path)
+        _ensure(spark, path)
+        written = _park_new(spark, path, batch, batch_id, requests)
+        # Parked counts as applied: the slot is confirmed past these records once the
+        # batch's progress is published, so the commits must outlive a host crash
+        # (apply.lake.delta_log.sync_commits), the table's creation included.
+        newest = newest_local_version(path)
+        if newest is not None:
+            sync_commits(path, 0 if before is None else before + 1, newest)
+        return written
+
+
+def _park_new(
+    spark: SparkSession, path: str, batch: DataFrame, batch_id: int, requests: Sequence[ParkRequest]
+) -> dict[str, int]:
     frames = [_records(batch, request, batch_id) for request in requests]
     new = frames[0]
     for frame in frames[1:]:
@@ -284,13 +300,12 @@ def park(
             "batch_id": batch_id,
             "parked": {table: n for table, n in sorted(written.items()) if n},
         }
-        with TABLE_LOCKS.held(path):
-            (
-                new.write.format("delta")
-                .mode("append")
-                .option("userMetadata", json.dumps(metadata, separators=(",", ":")))
-                .save(path)
-            )
+        (
+            new.write.format("delta")
+            .mode("append")
+            .option("userMetadata", json.dumps(metadata, separators=(",", ":")))
+            .save(path)
+        )
         return written
     finally:
         new.unpersist()

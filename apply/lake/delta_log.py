@@ -161,9 +161,11 @@ def sync_commits(table_path: str, first: int, last: int) -> int:
         return 0
     directories = {os.path.join(root, "_delta_log")}
     if first <= 0:
-        # The batch created the table: the directories that name its log, the table and
-        # its schema were made with it, and a crash could take their entries back too.
-        directories.update({root, os.path.dirname(root) or "."})
+        # The batch created the table: the directories that name its log, the table, its
+        # schema and (a schema's first table) the schema's own may be new with it, and a
+        # crash could take their entries back too.
+        schema = os.path.dirname(root) or "."
+        directories.update({root, schema, os.path.dirname(schema) or "."})
     files = 0
     for version in range(max(first, 0), last + 1):
         commit = os.path.join(root, "_delta_log", f"{version:020d}.json")
@@ -180,6 +182,20 @@ def sync_commits(table_path: str, first: int, last: int) -> int:
     for directory in sorted(directories):
         _fsync(directory, directory=True)
     return files + len(directories)
+
+
+def newest_local_version(table_path: str) -> int | None:
+    """The newest commit version in the log of the local table at ``table_path``, read
+    from its directory; None when the table is not local or has no commit yet."""
+    root = local_path(table_path)
+    if root is None:
+        return None
+    try:
+        names = os.listdir(os.path.join(root, "_delta_log"))
+    except FileNotFoundError:
+        return None
+    versions = [int(name[:-5]) for name in names if name.endswith(".json") and name[:-5].isdigit()]
+    return max(versions, default=None)
 
 
 def _object(value: object, version: int, line: int, what: str) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from apply.lake.delta_log import (
     MalformedCommitError,
     commit_file,
     local_path,
+    newest_local_version,
     parse_commit,
     sync_commits,
 )
@@ -178,11 +179,15 @@ def test_every_file_a_commit_adds_and_their_directories_are_flushed(tmp_path: Pa
 
     # Commit 1: its two data files, the commit, and three directories (two partitions and
     # the log). Both commits, the table's creation among them: four data files, two
-    # commits, the same three directories, the table's and the one holding it.
+    # commits, the same three directories, the table's, the one holding it (a schema's)
+    # and the one holding that (the lake root's).
     assert sync_commits(str(tmp_path), 1, 1) == 2 + 1 + 3
-    assert sync_commits(f"file:{tmp_path}", 0, 1) == 4 + 2 + 3 + 2
+    assert sync_commits(f"file:{tmp_path}", 0, 1) == 4 + 2 + 3 + 3
     assert sync_commits(str(tmp_path), 2, 1) == 0
     assert sync_commits("s3a://bucket/t", 0, 1) == 0
+    assert newest_local_version(str(tmp_path)) == 1
+    assert newest_local_version(str(tmp_path / "none")) is None
+    assert newest_local_version("s3a://bucket/t") is None
 
 
 def test_a_commit_whose_data_file_is_missing_cannot_be_made_durable(tmp_path: Path) -> None:
