@@ -20,6 +20,7 @@ from capture.source.wal_safety import SlotLostError, read_keep_size, read_slot_w
 from deploy.local.postgres import LocalPostgres
 from tests.plugins.capture import capture_settings
 from tests.plugins.services import Services
+from tests.plugins.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -27,6 +28,12 @@ pytestmark = pytest.mark.slow
 @pytest.fixture
 def postgres(private_postgres: LocalPostgres) -> LocalPostgres:
     return private_postgres
+
+
+def _keep_size(dsn: str) -> int:
+    """The cap a new session sees (a reload reaches new sessions first)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return read_keep_size(conn)
 
 
 def _lose_slot(conn: psycopg.Connection[tuple[object, ...]], slot: str) -> None:
@@ -51,7 +58,10 @@ def test_a_lost_slot_is_a_config_error_naming_the_resync(
         conn.execute("SELECT pg_reload_conf()")
         conn.execute("CREATE TABLE public.t (id int PRIMARY KEY)")
         conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", [unique_name])
-        assert read_keep_size(conn) == 1024 * 1024
+    # pg_reload_conf() only signals the postmaster; a session sees the cap once the
+    # reload reached it, which on a busy machine can take longer than two statements.
+    wait_for(lambda: _keep_size(postgres.dsn) == 1024 * 1024, "max_slot_wal_keep_size = 1MB", 30)
+    with psycopg.connect(postgres.dsn, autocommit=True) as conn:
         _lose_slot(conn, unique_name)
 
     local = Services(postgres.dsn, services.kafka_bootstrap_servers, services.mode)
