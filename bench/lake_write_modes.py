@@ -55,6 +55,7 @@ directory is deleted at the end.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -68,6 +69,9 @@ from enum import StrEnum
 from functools import partial
 from pathlib import Path
 from typing import Any
+
+from apply.lake.delta_log import commit_file
+from bench.pipeline_run import process_cpu_s
 
 SEED = 20261202
 APP_ID = "bench-lake-write-modes"
@@ -153,12 +157,9 @@ def commit_writes(actions: Iterable[Mapping[str, Any]]) -> CommitWrites:
     )
 
 
-def commit_file(table: Path, version: int) -> Path:
-    return table / "_delta_log" / f"{version:020d}.json"
-
-
 def read_commit(table: Path, version: int) -> CommitWrites:
-    lines = commit_file(table, version).read_text().splitlines()
+    # Newline-delimited JSON: split on "\n" only (a string may hold U+2028 raw).
+    lines = Path(commit_file(str(table), version)).read_text("utf-8").split("\n")
     return commit_writes(json.loads(line) for line in lines if line.strip())
 
 
@@ -167,16 +168,11 @@ def bytes_on_disk(directory: Path) -> int:
 
 
 def jvm_cpu_s(pids: Iterable[int]) -> float:
-    """CPU seconds of ``pids`` so far (utime + stime, ``/proc``)."""
-    tick = os.sysconf("SC_CLK_TCK")
+    """CPU seconds of ``pids`` so far; a process gone counts nothing."""
     total = 0.0
     for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        # utime and stime are fields 14 and 15 of stat; after ")" they are 11 and 12.
-        total += (int(fields[11]) + int(fields[12])) / tick
+        with contextlib.suppress(OSError):
+            total += process_cpu_s(pid)
     return total
 
 

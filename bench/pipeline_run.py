@@ -88,6 +88,14 @@ def load_average() -> tuple[float, float, float]:
     return os.getloadavg()
 
 
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds process ``pid`` has used so far (utime + stime, ``/proc``); OSError
+    once it is gone."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    # utime and stime are fields 14 and 15 of stat; after ")" they are 11 and 12.
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 @dataclass
 class ProcessTree:
     """CPU seconds and peak RSS of a process and its descendants, sampled."""
@@ -97,13 +105,9 @@ class ProcessTree:
     peak_rss: dict[int, int] = field(default_factory=dict)
 
     def sample(self) -> None:
-        tick = os.sysconf("SC_CLK_TCK")
         for pid in self._pids():
             with contextlib.suppress(OSError, ValueError, IndexError):
-                stat = Path(f"/proc/{pid}/stat").read_text()
-                fields = stat.rsplit(")", 1)[1].split()
-                # utime and stime are fields 14 and 15 of stat; after ")" they are 11, 12.
-                self.cpu_s[pid] = (int(fields[11]) + int(fields[12])) / tick
+                self.cpu_s[pid] = process_cpu_s(pid)
                 for line in Path(f"/proc/{pid}/status").read_text().splitlines():
                     if line.startswith("VmHWM:"):
                         self.peak_rss[pid] = int(line.split()[1]) * 1024
