@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -28,27 +27,22 @@ import psycopg
 import pytest
 
 from deploy.local import stack
-from schemas.control import TableState
 from tests.plugins.capture import table_status
 from tests.plugins.pipeline import (
     PGBENCH_TABLES,
     RATE,
     SECONDS,
     Pipeline,
-    assert_lake_equals_source,
     create_database,
     finish_workload,
     kafka_pid,
     kill_9_during_the_workload,
-    one_table_pipeline,
     pgbench,
     pgbench_pipeline,
     start_and_catch_up,
     start_pgbench,
     start_workload,
-    wait_caught_up,
 )
-from tests.plugins.telemetry import status
 from tests.plugins.waiting import wait_for
 
 pytestmark = pytest.mark.slow
@@ -171,86 +165,4 @@ def test_kill_9_of_capture_mid_snapshot_resumes_and_ends_equal(
         assert "snapshot of public.pgbench_accounts resumes at block" in resumed, resumed[-4000:]
         assert pipeline.capture.kills == 1
     finally:
-        pipeline.stop()
-
-
-SNAPSHOT_ROWS = 20_000
-"""Enough rows that the first batch's MERGE outlasts the broker's shutdown (under a
-second): the broker goes after the batch read its records and before its publish."""
-FAILING_S = 15
-"""How long the broker stays away once apply's publish is failing: three attempts or
-more (each waits 5 s for acknowledgements, then backs off, apply/control/feedback.py), where
-three failed the job before."""
-
-
-def _writes(dsn: str, stop: threading.Event) -> None:
-    """The operator's workload: an insert and an update every second."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        n = 0
-        while not stop.wait(1.0):
-            n += 1
-            conn.execute("INSERT INTO public.t VALUES (%s, 'new')", [SNAPSHOT_ROWS + n])
-            conn.execute("UPDATE public.t SET v = 'changed' WHERE id = %s", [n])
-
-
-def test_apply_waits_out_a_broker_stopped_during_its_publish(
-    spark: Any, own_stack: stack.StackState, unique_name: str, tmp_path: Path
-) -> None:
-    """The broker stops after a batch read its records and before it published them:
-    apply stays up, not ready while the publish fails, and once the broker is back the
-    publish gets through, the slot passes the WAL written and the lake equals the source
-    (docs/architecture.md, failure model)."""
-    pipeline = one_table_pipeline(own_stack, unique_name, tmp_path, SNAPSHOT_ROWS)
-    dsn = pipeline.dsn
-    # Not ready a second into a run of failures, so the outage shows on /readyz at once.
-    pipeline.apply.env["APPLY_METRICS__NOT_READY_AFTER_S"] = "1"
-    kafka = own_stack.kafka
-    stop_writes = threading.Event()
-    writer = threading.Thread(target=_writes, args=(dsn, stop_writes), daemon=True)
-    try:
-        pipeline.capture.start()
-        capture_settings, _ = pipeline.settings()
-
-        def snapshot_published() -> bool:
-            found = table_status(capture_settings, "public.t")
-            return found is not None and found.state is TableState.STREAMING
-
-        # The whole snapshot in Kafka before apply starts: its first batch holds it all.
-        wait_for(snapshot_published, f"the snapshot of public.t\n{pipeline.logs()}", 300)
-        pipeline.apply.start()
-        apply_url = pipeline.apply.metrics_url(timeout_s=300)
-        created = Path(pipeline.table_path("public.t")) / "_delta_log" / f"{0:020}.json"
-        wait_for(created.exists, f"apply to create public.t\n{pipeline.logs()}", 300)
-        assert kafka.stop()
-        writer.start()
-        # The MERGE ends, the publish fails, a second later apply is not ready.
-        wait_for(
-            lambda: status(apply_url, "/readyz") == 503,
-            f"apply to turn not ready while it cannot publish\n{pipeline.logs()}",
-            180,
-        )
-        time.sleep(FAILING_S)  # the outage itself, past the attempts that once failed
-        assert pipeline.apply.running(), pipeline.logs()
-        assert status(apply_url, "/readyz") == 503
-        assert status(apply_url, "/healthz") == 200
-        kafka.start()
-        wait_for(
-            lambda: status(apply_url, "/readyz") == 200,
-            f"apply to be ready again\n{pipeline.logs()}",
-            120,
-        )
-        stop_writes.set()
-        writer.join(10)
-        wait_caught_up(pipeline)
-        assert pipeline.apply.running(), pipeline.logs()
-        assert pipeline.capture.running(), pipeline.logs()
-        log = pipeline.apply.log.read_text(errors="replace")
-        assert f"publishing to {unique_name}._control failed, retrying until it succeeds" in log
-        assert f"publishing to {unique_name}._control succeeded after" in log
-        assert "STREAM_FAILED" not in log
-        assert_lake_equals_source(spark, pipeline)
-    finally:
-        stop_writes.set()
-        if not kafka.running():
-            kafka.start()
         pipeline.stop()

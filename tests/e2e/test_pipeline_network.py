@@ -13,14 +13,18 @@ written, verify reports every table equal and no key is twice in Delta.
   waits connect directly.
 - Kafka: clients connect to the address the broker *advertises*, so the module's broker
   advertises the proxy's port (``proxied_stack``): capture's producer and control
-  consumer and apply's Spark Kafka source reach the broker only through the proxy.
+  consumer and apply's Spark Kafka source reach the broker only through the proxy. The
+  proxy reads Kafka's requests, so it can also hold the control topic's writes alone
+  while reads and the change topics' writes go on.
 
 ``CDC_SOAK_SECONDS`` sets the workload length for the long form (``make soak``).
 """
 
 from __future__ import annotations
 
+import json
 import os
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,7 +32,10 @@ from typing import Any
 
 import psycopg
 import pytest
+from deltalake import DeltaTable
 
+from schemas.control import TableState
+from tests.plugins.capture import table_status
 from tests.plugins.pipeline import (
     PGBENCH_TABLES,
     Pipeline,
@@ -36,12 +43,14 @@ from tests.plugins.pipeline import (
     assert_lake_equals_source,
     create_database,
     dsn_through,
+    one_table_pipeline,
     pgbench,
     slot_confirmed,
     start_pgbench,
     wait_caught_up,
 )
 from tests.plugins.tcp_proxy import Cut, TcpProxy
+from tests.plugins.telemetry import status
 from tests.plugins.waiting import wait_for
 
 pytestmark = pytest.mark.slow
@@ -178,3 +187,119 @@ def test_services_cut_off_kafka_recover_by_themselves(
     _cut_for(kafka_proxy, KAFKA_CUT_S)
     wait_for(lambda: kafka_proxy.forwarded > before, "the Kafka clients to reconnect", 120)
     _finish(spark, pipeline, bench)
+
+
+SNAPSHOT_ROWS = 2_000
+APPLY_CLIENT = "apply-under-test"
+FAILING_S = 15
+"""How long the broker stays away once apply's publish is failing: three attempts or
+more (each waits 5 s for acknowledgements, then backs off, apply/control/feedback.py), where
+three failed the job before."""
+
+
+def _writes(dsn: str, stop: threading.Event) -> None:
+    """The operator's workload: an insert and an update every second."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        n = 0
+        while not stop.wait(1.0):
+            n += 1
+            conn.execute("INSERT INTO public.t VALUES (%s, 'new')", [SNAPSHOT_ROWS + n])
+            conn.execute("UPDATE public.t SET v = 'changed' WHERE id = %s", [n])
+
+
+def test_apply_waits_out_a_broker_stopped_during_its_publish(
+    spark: Any, proxied_stack: ProxiedStack, unique_name: str, tmp_path: Path
+) -> None:
+    """A batch read its records and committed them, and its publish to the control topic
+    gets no answer (the proxy holds the control topic's writes: no race with how fast the
+    batch is); then the broker stops altogether. apply stays up, not ready while the
+    publish fails, and once the broker is back and answers, the publish gets through,
+    the slot passes the WAL written and the lake equals the source (docs/architecture.md,
+    failure model)."""
+    kafka_proxy = proxied_stack.kafka_proxy
+    kafka = proxied_stack.state.kafka
+    pipeline = one_table_pipeline(
+        proxied_stack.state,
+        unique_name,
+        tmp_path,
+        SNAPSHOT_ROWS,
+        bootstrap=proxied_stack.bootstrap_servers,
+    )
+    control_topic = f"{unique_name}._control"
+    # Not ready a second into a run of failures, so the outage shows on /readyz at once.
+    pipeline.apply.env["APPLY_METRICS__NOT_READY_AFTER_S"] = "1"
+    # Named, so the proxy holds apply's writes alone: capture's checkpoints go on, and its
+    # change records with them (they share its producer's connection).
+    pipeline.apply.env["APPLY_KAFKA__CLIENT"] = json.dumps({"client.id": APPLY_CLIENT})
+    stop_writes = threading.Event()
+    writer = threading.Thread(target=_writes, args=(pipeline.dsn, stop_writes), daemon=True)
+    try:
+        pipeline.capture.start()
+        capture_settings, _ = pipeline.settings()
+
+        def snapshot_published() -> bool:
+            found = table_status(capture_settings, "public.t")
+            return found is not None and found.state is TableState.STREAMING
+
+        wait_for(snapshot_published, f"the snapshot of public.t\n{pipeline.logs()}", 300)
+        pipeline.apply.start()
+        apply_url = pipeline.apply.metrics_url(timeout_s=300)
+        # The snapshot's batch is committed and published (its line is logged after the
+        # publish), and apply is ready.
+        wait_for(
+            lambda: "batch 0 table public.t: records=" in pipeline.apply.log.read_text(),
+            f"apply to apply and publish the snapshot\n{pipeline.logs()}",
+            300,
+        )
+        wait_for(lambda: status(apply_url, "/readyz") == 200, "apply to be ready", 60)
+        lake = DeltaTable(pipeline.table_path("public.t"))
+        assert lake.count() == SNAPSHOT_ROWS
+        applied = lake.version()
+
+        kafka_proxy.hold_writes(control_topic, client_id=APPLY_CLIENT)
+        writer.start()
+        # The next batch commits, its publish gets no answer, a second later apply is
+        # not ready.
+        refused = f"publishing to {control_topic} failed, retrying until it succeeds"
+        wait_for(
+            lambda: refused in pipeline.apply.log.read_text(errors="replace"),
+            f"apply's publish to fail\n{pipeline.logs()}",
+            120,
+        )
+        assert kafka_proxy.holding >= 1
+        wait_for(
+            lambda: status(apply_url, "/readyz") == 503,
+            f"apply to turn not ready while it cannot publish\n{pipeline.logs()}",
+            60,
+        )
+        lake.update_incremental()
+        assert lake.version() > applied, "no batch was committed before the failed publish"
+        # The broker itself goes while the publish waits, past the attempts that once
+        # failed the job, and the operator's writes go on.
+        assert kafka.stop()
+        time.sleep(FAILING_S)
+        assert pipeline.apply.running(), pipeline.logs()
+        assert status(apply_url, "/readyz") == 503
+        assert status(apply_url, "/healthz") == 200
+        kafka.start()
+        kafka_proxy.release_writes()
+        wait_for(
+            lambda: status(apply_url, "/readyz") == 200,
+            f"apply to be ready again\n{pipeline.logs()}",
+            120,
+        )
+        stop_writes.set()
+        writer.join(10)
+        wait_caught_up(pipeline)
+        assert pipeline.apply.running(), pipeline.logs()
+        assert pipeline.capture.running(), pipeline.logs()
+        log = pipeline.apply.log.read_text(errors="replace")
+        assert f"publishing to {control_topic} succeeded after" in log
+        assert "STREAM_FAILED" not in log
+        assert_lake_equals_source(spark, pipeline)
+    finally:
+        stop_writes.set()
+        kafka_proxy.release_writes()
+        if not kafka.running():
+            kafka.start()
+        pipeline.stop()

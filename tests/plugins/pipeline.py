@@ -78,7 +78,7 @@ def proxied_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxiedS
 
     root = tmp_path_factory.mktemp("proxied-stack")
     kafka_port = free_port()
-    with TcpProxy("127.0.0.1", kafka_port) as proxy:
+    with TcpProxy("127.0.0.1", kafka_port, kafka_frames=True) as proxy:
         # The proxy forwards before the broker starts: its readiness probe goes through it.
         state = stack.up(
             root, env_file=None, kafka_port=kafka_port, kafka_advertised_port=proxy.port
@@ -435,9 +435,12 @@ def kill_9_during_the_workload(spark: Any, pipeline: Pipeline) -> None:
     assert pipeline.apply.kills == KILLS
 
 
-def one_table_pipeline(state: stack.StackState, name: str, workdir: Path, rows: int) -> Pipeline:
+def one_table_pipeline(
+    state: stack.StackState, name: str, workdir: Path, rows: int, *, bootstrap: str | None = None
+) -> Pipeline:
     """capture and apply, not started yet, for a new database with one table,
-    ``public.t (id int PRIMARY KEY, v text)``, holding ``rows`` rows for its snapshot."""
+    ``public.t (id int PRIMARY KEY, v text)``, holding ``rows`` rows for its snapshot;
+    they reach Kafka at ``bootstrap`` (a proxy before the stack's broker), or directly."""
     dsn = create_database(state.postgres.dsn, name)
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE public.t (id int PRIMARY KEY, v text)")
@@ -445,7 +448,7 @@ def one_table_pipeline(state: stack.StackState, name: str, workdir: Path, rows: 
     return Pipeline(
         name=name,
         dsn=dsn,
-        bootstrap=state.kafka.bootstrap_servers,
+        bootstrap=bootstrap or state.kafka.bootstrap_servers,
         tables=("public.t",),
         workdir=workdir,
     )

@@ -16,6 +16,18 @@ delivered in order, as TCP retransmission would after a partition heals, and con
 accepted during a blackhole are connected to the target then, as a connect whose SYN
 retries outlasted the outage. Connections reset by a cut stay closed.
 
+A proxy made with ``kafka_frames=True`` stands before a Kafka broker and can also refuse
+one topic's writes while everything else flows: :meth:`TcpProxy.hold_writes` holds each
+client connection at the first Produce request (API key 0) that names the topic (and, when
+given, comes from one ``client.id``), and :meth:`TcpProxy.release_writes` lets it go on.
+Requests are read whole (Kafka frames each as a 4-byte size and the body: the API key,
+its version, a correlation id and the client id as a 2-byte length and its bytes), so a
+hold starts at a request's boundary; the held request and whatever the client sends after it on that
+connection wait, in order, while the broker's answers to earlier requests still come
+back. To the client this is a broker that does not answer its writes: what a partition
+whose leader is stuck looks like. Reads, metadata and other topics' writes on other
+connections go on.
+
 Invariant: while cut, no byte reaches the target or the client; the proxy never alters,
 drops or reorders the bytes of a connection it keeps open.
 
@@ -37,6 +49,13 @@ from types import TracebackType
 
 _POLL_S = 0.05
 _CHUNK = 64 * 1024
+_KAFKA_SIZE = struct.Struct(">i")
+_KAFKA_API_KEY = struct.Struct(">h")
+_KAFKA_PRODUCE = 0
+_KAFKA_CLIENT_ID_AT = 12
+"""Where a request's client id starts: after the size, API key, API version and
+correlation id (request header versions 1 and 2, every Produce request's)."""
+_KAFKA_SIZE_OF_LENGTH = 2
 
 
 class Cut(enum.Enum):
@@ -71,8 +90,11 @@ class _Connection:
 class TcpProxy:
     """Forwards ``127.0.0.1:<port>`` to ``target``; see the module docstring."""
 
-    def __init__(self, target_host: str, target_port: int) -> None:
+    def __init__(self, target_host: str, target_port: int, *, kafka_frames: bool = False) -> None:
         self._target = (target_host, target_port)
+        self._kafka_frames = kafka_frames
+        self._held_writes: tuple[bytes, bytes | None] | None = None
+        self._holding = 0
         self._listener = socket.create_server(("127.0.0.1", 0))
         self._listener.settimeout(_POLL_S)
         self._flowing = threading.Event()
@@ -130,6 +152,24 @@ class TcpProxy:
     def restore(self) -> None:
         self._mode = None
         self._flowing.set()
+
+    def hold_writes(self, topic: str, *, client_id: str | None = None) -> None:
+        """Hold every connection at its first Produce request naming ``topic``, of
+        ``client_id`` alone when given (module docstring); only for a proxy made with
+        ``kafka_frames=True``."""
+        if not self._kafka_frames:
+            raise ValueError("hold_writes needs a proxy made with kafka_frames=True")
+        self._held_writes = (topic.encode(), None if client_id is None else client_id.encode())
+
+    def release_writes(self) -> None:
+        """Let the held requests, and every later one, through."""
+        self._held_writes = None
+
+    @property
+    def holding(self) -> int:
+        """Connections waiting at a held Produce request now."""
+        with self._lock:
+            return self._holding
 
     def close(self) -> None:
         self._closing.set()
@@ -200,7 +240,10 @@ class TcpProxy:
         connection.upstream.settimeout(None)
         with self._lock:
             self._forwarded += 1
-        self._spawn(self._pump, connection, connection.client, connection.upstream)
+        if self._kafka_frames:
+            self._spawn(self._pump_requests, connection, connection.client, connection.upstream)
+        else:
+            self._spawn(self._pump, connection, connection.client, connection.upstream)
         self._spawn(self._pump, connection, connection.upstream, connection.client)
 
     def _pump(self, connection: _Connection, source: socket.socket, sink: socket.socket) -> None:
@@ -219,6 +262,66 @@ class TcpProxy:
         except (OSError, ValueError):
             pass  # closed under us by a cut or by the other direction
         self._drop(connection, reset=False)
+
+    def _pump_requests(
+        self, connection: _Connection, source: socket.socket, sink: socket.socket
+    ) -> None:
+        """:meth:`_pump` for a client's Kafka requests: forwards whole requests only, and
+        waits at one :meth:`hold_writes` names."""
+        pending = bytearray()
+        try:
+            while self._wait_flowing(connection):
+                ready, _, _ = select.select([source], [], [], _POLL_S)
+                if not ready:
+                    continue
+                data = source.recv(_CHUNK)
+                if not data:
+                    break
+                pending += data
+                while len(pending) >= _KAFKA_SIZE.size:
+                    end = _KAFKA_SIZE.size + _KAFKA_SIZE.unpack_from(pending)[0]
+                    if len(pending) < end:
+                        break  # the rest of this request is still on its way
+                    request = bytes(pending[:end])
+                    del pending[:end]
+                    if not self._wait_writable(connection, request):
+                        return
+                    if not self._wait_flowing(connection):
+                        return
+                    sink.sendall(request)
+        except (OSError, ValueError):
+            pass  # closed under us by a cut or by the other direction
+        self._drop(connection, reset=False)
+
+    def _held(self, request: bytes) -> bool:
+        held = self._held_writes
+        if held is None or len(request) < _KAFKA_CLIENT_ID_AT + _KAFKA_SIZE_OF_LENGTH:
+            return False
+        topic, client_id = held
+        if _KAFKA_API_KEY.unpack_from(request, _KAFKA_SIZE.size)[0] != _KAFKA_PRODUCE:
+            return False
+        if client_id is not None:
+            length = _KAFKA_API_KEY.unpack_from(request, _KAFKA_CLIENT_ID_AT)[0]
+            start = _KAFKA_CLIENT_ID_AT + _KAFKA_SIZE_OF_LENGTH
+            if request[start : start + max(length, 0)] != client_id:
+                return False
+        return topic in request
+
+    def _wait_writable(self, connection: _Connection, request: bytes) -> bool:
+        """Block while ``request`` is a write :meth:`hold_writes` holds; False once the
+        connection or proxy closed."""
+        if not self._held(request):
+            return True
+        with self._lock:
+            self._holding += 1
+        try:
+            while self._held(request):
+                if connection.closed.wait(_POLL_S) or self._closing.is_set():
+                    return False
+            return True
+        finally:
+            with self._lock:
+                self._holding -= 1
 
     def _drop(self, connection: _Connection, *, reset: bool) -> None:
         with self._lock:

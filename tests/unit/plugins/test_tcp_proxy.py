@@ -1,10 +1,13 @@
-"""The test proxy over loopback sockets: forwarding, a reset cut, a blackhole cut, restore."""
+"""The test proxy over loopback sockets: forwarding, a reset cut, a blackhole cut, restore,
+and a Kafka topic's writes held and released."""
 
 from __future__ import annotations
 
 import select
 import socket
+import struct
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -156,3 +159,86 @@ def test_a_target_that_is_down_resets_the_client() -> None:
         down.bind(("127.0.0.1", 0))
         with TcpProxy("127.0.0.1", down.getsockname()[1]) as proxy:
             assert turned_away(proxy)
+
+
+def kafka_request(api_key: int, body: bytes, client_id: bytes = b"rdkafka") -> bytes:
+    """A request as Kafka frames it: a 4-byte size, then the header (API key, version,
+    correlation id, client id) and the rest."""
+    header = struct.pack(">hhih", api_key, 9, 1, len(client_id)) + client_id
+    payload = header + body
+    return struct.pack(">i", len(payload)) + payload
+
+
+PRODUCE, FETCH = 0, 1
+
+
+def test_held_writes_wait_in_order_and_other_requests_flow(echo: EchoServer) -> None:
+    with TcpProxy("127.0.0.1", echo.port, kafka_frames=True) as proxy:
+        control = kafka_request(PRODUCE, b"\x00\x07app._control records")
+        read = kafka_request(FETCH, b"\x00\x07app._control from 5")
+        other = kafka_request(PRODUCE, b"\x00\x05app.t records")
+        proxy.hold_writes("app._control")
+        with connect(proxy) as held, connect(proxy) as free:
+            # A read of the topic, and a write of another, pass.
+            held.sendall(read)
+            assert receive(held, len(read)) == read
+            free.sendall(other)
+            assert receive(free, len(other)) == other
+            # The write waits, and so does what its connection sends after it.
+            held.sendall(control + read)
+            assert not readable(held, 0.5)
+            assert proxy.holding == 1
+            free.sendall(other)
+            assert receive(free, len(other)) == other
+            proxy.release_writes()
+            assert receive(held, len(control) + len(read)) == control + read
+            assert proxy.holding == 0
+
+
+def test_a_request_split_across_sends_is_judged_whole(echo: EchoServer) -> None:
+    with TcpProxy("127.0.0.1", echo.port, kafka_frames=True) as proxy:
+        request = kafka_request(PRODUCE, b"\x00\x07app._control " + bytes(100_000))
+        proxy.hold_writes("app._control")
+        with connect(proxy) as sock:
+            for start in range(0, len(request), 7_000):
+                sock.sendall(request[start : start + 7_000])
+            assert not readable(sock, 0.5)
+            assert proxy.holding == 1
+            proxy.release_writes()
+            assert receive(sock, len(request)) == request
+
+
+def test_a_held_connection_that_closes_lets_go(echo: EchoServer) -> None:
+    with TcpProxy("127.0.0.1", echo.port, kafka_frames=True) as proxy:
+        proxy.hold_writes("app._control")
+        with connect(proxy) as sock:
+            sock.sendall(kafka_request(PRODUCE, b"app._control"))
+            deadline = time.monotonic() + WAIT_S
+            while proxy.holding == 0 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert proxy.holding == 1
+            proxy.cut(Cut.RESET)  # closes it, as a broker that went away does
+            assert closed_by_peer(sock)
+            deadline = time.monotonic() + WAIT_S
+            while proxy.holding and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert proxy.holding == 0
+
+
+def test_writes_are_held_only_by_a_kafka_proxy(proxy: TcpProxy) -> None:
+    with pytest.raises(ValueError, match="kafka_frames=True"):
+        proxy.hold_writes("app._control")
+
+
+def test_writes_held_for_one_client_leave_another_clients_through(echo: EchoServer) -> None:
+    with TcpProxy("127.0.0.1", echo.port, kafka_frames=True) as proxy:
+        theirs = kafka_request(PRODUCE, b"app._control", client_id=b"capture")
+        mine = kafka_request(PRODUCE, b"app._control", client_id=b"apply")
+        proxy.hold_writes("app._control", client_id="apply")
+        with connect(proxy) as capture, connect(proxy) as apply:
+            capture.sendall(theirs)
+            assert receive(capture, len(theirs)) == theirs
+            apply.sendall(mine)
+            assert not readable(apply, 0.5)
+            proxy.release_writes()
+            assert receive(apply, len(mine)) == mine
