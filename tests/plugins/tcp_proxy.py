@@ -22,11 +22,11 @@ client connection at the first Produce request (API key 0) that names the topic 
 given, comes from one ``client.id``), and :meth:`TcpProxy.release_writes` lets it go on.
 Requests are read whole (Kafka frames each as a 4-byte size and the body: the API key,
 its version, a correlation id and the client id as a 2-byte length and its bytes), so a
-hold starts at a request's boundary; the held request and whatever the client sends after it on that
-connection wait, in order, while the broker's answers to earlier requests still come
-back. To the client this is a broker that does not answer its writes: what a partition
-whose leader is stuck looks like. Reads, metadata and other topics' writes on other
-connections go on.
+hold starts at a request's boundary; the held request and whatever the client sends
+after it on that connection wait, in order, while the broker's answers to earlier
+requests still come back. To the client this is a broker that does not answer its
+writes: what a partition whose leader is stuck looks like. Reads, metadata and other
+topics' writes on other connections go on.
 
 Invariant: while cut, no byte reaches the target or the client; the proxy never alters,
 drops or reorders the bytes of a connection it keeps open.
@@ -50,12 +50,12 @@ from types import TracebackType
 _POLL_S = 0.05
 _CHUNK = 64 * 1024
 _KAFKA_SIZE = struct.Struct(">i")
-_KAFKA_API_KEY = struct.Struct(">h")
+_KAFKA_INT16 = struct.Struct(">h")
+"""An API key, and a string's length."""
 _KAFKA_PRODUCE = 0
 _KAFKA_CLIENT_ID_AT = 12
 """Where a request's client id starts: after the size, API key, API version and
 correlation id (request header versions 1 and 2, every Produce request's)."""
-_KAFKA_SIZE_OF_LENGTH = 2
 
 
 class Cut(enum.Enum):
@@ -295,14 +295,14 @@ class TcpProxy:
 
     def _held(self, request: bytes) -> bool:
         held = self._held_writes
-        if held is None or len(request) < _KAFKA_CLIENT_ID_AT + _KAFKA_SIZE_OF_LENGTH:
+        if held is None or len(request) < _KAFKA_CLIENT_ID_AT + _KAFKA_INT16.size:
             return False
         topic, client_id = held
-        if _KAFKA_API_KEY.unpack_from(request, _KAFKA_SIZE.size)[0] != _KAFKA_PRODUCE:
+        if _KAFKA_INT16.unpack_from(request, _KAFKA_SIZE.size)[0] != _KAFKA_PRODUCE:
             return False
         if client_id is not None:
-            length = _KAFKA_API_KEY.unpack_from(request, _KAFKA_CLIENT_ID_AT)[0]
-            start = _KAFKA_CLIENT_ID_AT + _KAFKA_SIZE_OF_LENGTH
+            length = _KAFKA_INT16.unpack_from(request, _KAFKA_CLIENT_ID_AT)[0]
+            start = _KAFKA_CLIENT_ID_AT + _KAFKA_INT16.size
             if request[start : start + max(length, 0)] != client_id:
                 return False
         return topic in request
