@@ -7,7 +7,10 @@
 //! then the message (a pgoutput message in its protocol-version-1 form, or a row encoded
 //! when it arrived, `capture/stream/encoded_change.py`). At the commit it hands over the
 //! file's *live ranges*: the byte ranges whose entries no Stream Abort voided, in file
-//! order. [`SpoolReader`] reads the entries of those ranges and nothing else.
+//! order, and the subxids rolled back. [`SpoolReader`] reads the entries of those ranges
+//! and nothing else, and skips an entry of a rolled-back subxid found in them (the
+//! ranges leave out every such entry the spool could tell apart; the subxid decides, as
+//! in the Python replay).
 //!
 //! Invariants:
 //!
@@ -26,6 +29,7 @@
 //!   past it only when told ([`Replay::advance`]): a change the producer's full queue held
 //!   back is handed out again by the next call, a change given to the Python path is not.
 
+use std::collections::HashSet;
 use std::fs::File;
 use std::io;
 use std::os::fd::{BorrowedFd, RawFd};
@@ -103,6 +107,8 @@ pub struct SpoolReader<S> {
     source: S,
     /// `(start, end)` byte ranges, ascending, not overlapping.
     ranges: Vec<(u64, u64)>,
+    /// Subxids whose entries are skipped.
+    void: HashSet<u32>,
     /// The range being read, and the position of the next entry.
     range: usize,
     at: u64,
@@ -112,9 +118,10 @@ pub struct SpoolReader<S> {
 }
 
 impl<S: ReadAt> SpoolReader<S> {
-    /// A reader of `ranges` of `source`; refuses ranges that are reversed, overlap or are
-    /// out of order (the caller's bookkeeping is wrong then, not the file).
-    pub fn new(source: S, ranges: Vec<(u64, u64)>) -> Result<SpoolReader<S>, String> {
+    /// A reader of `ranges` of `source`, skipping the entries of `void` subxids; refuses
+    /// ranges that are reversed, overlap or are out of order (the caller's bookkeeping is
+    /// wrong then, not the file).
+    pub fn new(source: S, ranges: Vec<(u64, u64)>, void: HashSet<u32>) -> Result<SpoolReader<S>, String> {
         let mut previous_end = 0;
         for &(start, end) in &ranges {
             if start > end || start < previous_end {
@@ -125,7 +132,7 @@ impl<S: ReadAt> SpoolReader<S> {
             previous_end = end;
         }
         let at = ranges.first().map_or(0, |range| range.0);
-        Ok(SpoolReader { source, ranges, range: 0, at, buffer: Vec::new(), buffer_at: 0 })
+        Ok(SpoolReader { source, ranges, void, range: 0, at, buffer: Vec::new(), buffer_at: 0 })
     }
 
     /// Where the next entry starts in the file (the end of the last range once all are
@@ -134,9 +141,19 @@ impl<S: ReadAt> SpoolReader<S> {
         self.at
     }
 
-    /// The entry at the reader's position, not moved past (`advance`); None once every
-    /// range is read.
+    /// The entry at the reader's position, not moved past (`advance`), past the entries of
+    /// void subxids; None once every range is read.
     pub fn peek(&mut self) -> Result<Option<Entry>, SpoolError> {
+        loop {
+            match self.entry()? {
+                Some(entry) if self.void.contains(&entry.subxid) => self.advance(&entry),
+                next => return Ok(next),
+            }
+        }
+    }
+
+    /// The entry at the reader's position, whichever its subxid.
+    fn entry(&mut self) -> Result<Option<Entry>, SpoolError> {
         let end = loop {
             let Some(&(start, end)) = self.ranges.get(self.range) else {
                 return Ok(None);
@@ -337,12 +354,22 @@ impl SpoolReplay {
 #[pymethods]
 impl SpoolReplay {
     /// The replay of transaction `xid` from the spool open as descriptor `fd` (None:
-    /// it spooled no change), reading the byte `ranges` of it; the commit's fields as
+    /// it spooled no change), reading the byte `ranges` of it but the entries of `void`
+    /// subxids; the commit's fields as
     /// Stream Commit carries them. The descriptor is duplicated: the caller's stays
     /// its own, and must have been flushed.
     #[new]
-    #[pyo3(signature = (fd, ranges, xid, commit_lsn, end_lsn, commit_time, /))]
-    fn new(fd: Option<RawFd>, ranges: Vec<(u64, u64)>, xid: u32, commit_lsn: u64, end_lsn: u64, commit_time: i64) -> PyResult<Self> {
+    #[pyo3(signature = (fd, ranges, void, xid, commit_lsn, end_lsn, commit_time, /))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        fd: Option<RawFd>,
+        ranges: Vec<(u64, u64)>,
+        void: HashSet<u32>,
+        xid: u32,
+        commit_lsn: u64,
+        end_lsn: u64,
+        commit_time: i64,
+    ) -> PyResult<Self> {
         let reader = match fd {
             None => None,
             Some(fd) => {
@@ -354,7 +381,7 @@ impl SpoolReplay {
                 let owned = unsafe { BorrowedFd::borrow_raw(fd) }.try_clone_to_owned().map_err(|e| {
                     PyOSError::new_err(format!("cannot open the spool of streamed transaction {xid} again: {e}"))
                 })?;
-                Some(SpoolReader::new(File::from(owned), ranges).map_err(PyValueError::new_err)?)
+                Some(SpoolReader::new(File::from(owned), ranges, void).map_err(PyValueError::new_err)?)
             }
         };
         Ok(SpoolReplay { replay: Replay::new(reader, xid, commit_lsn, end_lsn, commit_time), xid })
@@ -417,7 +444,7 @@ mod tests {
         let size = file.len() as u64;
         // One range, and the same file cut into two adjacent ones.
         for ranges in [vec![(0, size)], vec![(0, second), (second, size)]] {
-            let mut reader = SpoolReader::new(file.clone(), ranges).unwrap();
+            let mut reader = SpoolReader::new(file.clone(), ranges, HashSet::new()).unwrap();
             assert_eq!(
                 read_all(&mut reader).unwrap(),
                 [(1, 0x100, b"I one".to_vec()), (1, 0x200, vec![]), (2, 0x300, b"I three".to_vec())]
@@ -425,8 +452,8 @@ mod tests {
             assert_eq!(reader.position(), size);
         }
         // No range, or empty ones: nothing.
-        assert!(read_all(&mut SpoolReader::new(file.clone(), vec![]).unwrap()).unwrap().is_empty());
-        assert!(read_all(&mut SpoolReader::new(file, vec![(3, 3)]).unwrap()).unwrap().is_empty());
+        assert!(read_all(&mut SpoolReader::new(file.clone(), vec![], HashSet::new()).unwrap()).unwrap().is_empty());
+        assert!(read_all(&mut SpoolReader::new(file, vec![(3, 3)], HashSet::new()).unwrap()).unwrap().is_empty());
     }
 
     #[test]
@@ -442,7 +469,7 @@ mod tests {
         for byte in &mut file[void_start as usize..void_end as usize] {
             *byte = 0xFF;
         }
-        let mut reader = SpoolReader::new(file, vec![(0, void_start), (void_end, size)]).unwrap();
+        let mut reader = SpoolReader::new(file, vec![(0, void_start), (void_end, size)], HashSet::new()).unwrap();
         assert_eq!(read_all(&mut reader).unwrap(), [(1, 0x100, b"kept".to_vec()), (1, 0x400, b"kept too".to_vec())]);
     }
 
@@ -453,26 +480,38 @@ mod tests {
         // The file ends inside the message, inside the header, or right after it.
         for cut in [size - 1, 7, ENTRY_HEADER as u64] {
             let file = whole[..cut as usize].to_vec();
-            let what = damaged(SpoolReader::new(file, vec![(0, size)]).unwrap().peek());
+            let what = damaged(SpoolReader::new(file, vec![(0, size)], HashSet::new()).unwrap().peek());
             assert!(what.contains("the file ends at byte"), "{what}");
         }
         // A range that ends inside the header, or inside the message.
-        let what = damaged(SpoolReader::new(whole.clone(), vec![(0, 10)]).unwrap().peek());
+        let what = damaged(SpoolReader::new(whole.clone(), vec![(0, 10)], HashSet::new()).unwrap().peek());
         assert!(what.contains("10 bytes of its 16-byte header"), "{what}");
-        let what = damaged(SpoolReader::new(whole.clone(), vec![(0, size - 1)]).unwrap().peek());
+        let what = damaged(SpoolReader::new(whole.clone(), vec![(0, size - 1)], HashSet::new()).unwrap().peek());
         assert!(what.contains("9-byte message, past its range's end"), "{what}");
         // A length past everything (a damaged header) is refused before any read of it.
         let mut huge = whole;
         huge[12..16].copy_from_slice(&u32::MAX.to_be_bytes());
-        let what = damaged(SpoolReader::new(huge, vec![(0, size)]).unwrap().peek());
+        let what = damaged(SpoolReader::new(huge, vec![(0, size)], HashSet::new()).unwrap().peek());
         assert!(what.contains("past its range's end"), "{what}");
     }
 
     #[test]
+    fn an_entry_of_a_void_subxid_in_a_range_is_skipped() {
+        // a, b, a again; b rolled back: its entry sits between two live ones.
+        let mut file = entry(1, 0x100, b"a");
+        file.extend(entry(2, 0x200, b"b"));
+        file.extend(entry(1, 0x300, b"a again"));
+        let size = file.len() as u64;
+        let mut reader = SpoolReader::new(file, vec![(0, size)], HashSet::from([2])).unwrap();
+        assert_eq!(read_all(&mut reader).unwrap(), [(1, 0x100, b"a".to_vec()), (1, 0x300, b"a again".to_vec())]);
+        assert_eq!(reader.position(), size);
+    }
+
+    #[test]
     fn ranges_out_of_order_are_refused() {
-        assert!(SpoolReader::new(Vec::new(), vec![(5, 3)]).is_err());
-        assert!(SpoolReader::new(Vec::new(), vec![(0, 10), (5, 20)]).is_err());
-        assert!(SpoolReader::new(Vec::new(), vec![(0, 10), (10, 20)]).is_ok());
+        assert!(SpoolReader::new(Vec::new(), vec![(5, 3)], HashSet::new()).is_err());
+        assert!(SpoolReader::new(Vec::new(), vec![(0, 10), (5, 20)], HashSet::new()).is_err());
+        assert!(SpoolReader::new(Vec::new(), vec![(0, 10), (10, 20)], HashSet::new()).is_ok());
     }
 
     #[test]
@@ -491,7 +530,7 @@ mod tests {
         file.extend(entry(1, lsn + 1, &big));
         expected.push((1, lsn + 1, big));
         let size = file.len() as u64;
-        assert_eq!(read_all(&mut SpoolReader::new(file, vec![(0, size)]).unwrap()).unwrap(), expected);
+        assert_eq!(read_all(&mut SpoolReader::new(file, vec![(0, size)], HashSet::new()).unwrap()).unwrap(), expected);
     }
 
     fn replayed(replay: &mut Replay<Vec<u8>>) -> Vec<(u64, Vec<u8>)> {
@@ -508,7 +547,7 @@ mod tests {
         let mut file = entry(1, 0x100, b"first");
         file.extend(entry(1, 0x200, b"second"));
         let size = file.len() as u64;
-        let reader = SpoolReader::new(file, vec![(0, size)]).unwrap();
+        let reader = SpoolReader::new(file, vec![(0, size)], HashSet::new()).unwrap();
         let mut replay = Replay::new(Some(reader), 7001, 0x5000, 0x5038, 777);
         let out = replayed(&mut replay);
         let mut begin = vec![BEGIN];
@@ -536,7 +575,7 @@ mod tests {
             file.extend(entry(1, lsn, format!("row {lsn}").as_bytes()));
         }
         let size = file.len() as u64;
-        let reader = SpoolReader::new(file, vec![(0, size)]).unwrap();
+        let reader = SpoolReader::new(file, vec![(0, size)], HashSet::new()).unwrap();
         let mut replay = Replay::new(Some(reader), 1, 0x10, 0x20, 0);
         let mut seen = Vec::new();
         // Take the Begin and two rows, then stop at the third without taking it (a full
@@ -558,7 +597,7 @@ mod tests {
     fn a_closed_replay_hands_out_nothing() {
         let file = entry(1, 1, b"row");
         let size = file.len() as u64;
-        let mut replay = Replay::new(Some(SpoolReader::new(file, vec![(0, size)]).unwrap()), 1, 0x10, 0x20, 0);
+        let mut replay = Replay::new(Some(SpoolReader::new(file, vec![(0, size)], HashSet::new()).unwrap()), 1, 0x10, 0x20, 0);
         replay.next_message().unwrap();
         replay.close();
         assert!(replay.next_message().unwrap().is_none());
@@ -575,7 +614,7 @@ mod tests {
         file.write_all(&entry(4, 0x44, b"spooled")).unwrap();
         let size = file.stream_position().unwrap();
         let owned = unsafe { BorrowedFd::borrow_raw(file.as_raw_fd()) }.try_clone_to_owned().unwrap();
-        let mut reader = SpoolReader::new(File::from(owned), vec![(0, size)]).unwrap();
+        let mut reader = SpoolReader::new(File::from(owned), vec![(0, size)], HashSet::new()).unwrap();
         assert_eq!(read_all(&mut reader).unwrap(), [(4, 0x44, b"spooled".to_vec())]);
         assert_eq!(file.stream_position().unwrap(), size);
     }
