@@ -307,12 +307,7 @@ class ReplicationLoop:
     def _close_streamed(self) -> None:
         """Release the replay under way and every spool: nothing of them outlives the
         attempt."""
-        replay, self._replay = self._replay, None
-        if replay is not None:
-            replay.close()
-        spool, self._spool = self._spool, None
-        if spool is not None:
-            spool.close()
+        self._release_replay()
         self._changes.replayed_codecs = {}
         if self._in_progress is not None:
             self._in_progress.close()
@@ -433,15 +428,19 @@ class ReplicationLoop:
         """The replay ended: its spool is released and the socket is read again. The
         book began and committed the replayed transaction, so the compiled stream goes on
         from there (the next transaction's book id)."""
+        self._release_replay()
+        self._changes.replayed_codecs = {}
+        if self._compiled is not None:
+            self._compiled.from_python()
+
+    def _release_replay(self) -> None:
+        """The replay's spool file and the compiled stream's reader of it, closed."""
         replay, self._replay = self._replay, None
         if replay is not None:
             replay.close()
         spool, self._spool = self._spool, None
         if spool is not None:
             spool.close()
-        self._changes.replayed_codecs = {}
-        if self._compiled is not None:
-            self._compiled.from_python()
 
     def _route(self, outputs: Iterator[Output]) -> None:
         """The change stream's outputs for one frame: records to their tables' flow, the
