@@ -251,12 +251,15 @@ class SpoolSize(threading.Thread):
             fds = list(self._fds.iterdir())
         except OSError:
             return None  # the child is gone
-        held = 0
+        # By file, not by descriptor: a replay reads its spool through a descriptor of
+        # its own (native/src/spool_replay.rs).
+        sizes: dict[tuple[int, int], int] = {}
         for fd in fds:
             with contextlib.suppress(OSError):
                 if str(fd.readlink()).startswith(self._directory):
-                    held += fd.stat().st_size
-        return held
+                    stat = fd.stat()
+                    sizes[(stat.st_dev, stat.st_ino)] = stat.st_size
+        return sum(sizes.values())
 
 
 def _decoding_role(

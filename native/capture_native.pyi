@@ -396,6 +396,17 @@ class CompiledStream:
         the Python path (``frames[start + taken]``), :attr:`Stop.FULL` at one the
         producer's queue held back (``frames[start + taken]``, to give again),
         :attr:`Stop.EMPTY` once all are taken."""
+    def take_spool(self, replay: SpoolReplay, budget: int, /) -> CompiledStreamRead:
+        """Take up to ``budget`` messages of a committed streamed transaction that
+        ``replay`` reads from its spool (its Begin, the entries of the spool's live
+        ranges, its Commit) as :meth:`take_frames` takes the frames of its replay, with
+        no Python object per change: :attr:`Stop.FRAME` at a message for the Python
+        path, in :attr:`CompiledStreamRead.frame` as the XLogData frame the server would
+        have sent (``replay`` goes on after it); :attr:`Stop.FULL` at one the producer's
+        queue held back (``replay`` hands it out again); :attr:`Stop.LIMIT` once
+        ``budget`` are taken; :attr:`Stop.EMPTY` once the Commit is. Raises
+        :class:`SpoolDamagedError` for an entry cut short or past its range, OSError
+        when the file cannot be read."""
     def take_transactions(self) -> list[TransactionPart]:
         """What the compiled stream did since the last call, a part per transaction, in
         order."""
@@ -455,3 +466,41 @@ class ChangeDecoder:
     def decode(self, values: list[bytes], /) -> list[DecodedFields | None]:
         """Each record value decoded; None where its header names another writer or its
         body does not decode, as ``driver_plan._decode`` says."""
+
+@final
+class SpoolReplay:
+    """A committed streamed transaction's replay read from its spool
+    (``native/src/spool_replay.rs``) for :meth:`CompiledStream.take_spool`: the Begin
+    built from the Stream Commit, each entry (``>IQI``: subxid, change LSN, message
+    length; the message) of the file's live ranges, bounds-checked, then the Commit."""
+
+    def __init__(
+        self,
+        fd: int | None,
+        ranges: list[tuple[int, int]],
+        void: set[int],
+        xid: int,
+        commit_lsn: int,
+        end_lsn: int,
+        commit_time: int,
+        /,
+    ) -> None:
+        """The replay of transaction ``xid`` from the spool open as descriptor ``fd``
+        (None: it spooled no change; the descriptor is duplicated, the caller's stays its
+        own and must be flushed), reading the ``(start, end)`` byte ``ranges``
+        (ascending and apart, else ValueError) but the entries of the ``void`` subxids;
+        ``commit_lsn``, ``end_lsn`` and
+        ``commit_time`` (microseconds since 2000-01-01) as Stream Commit carries
+        them."""
+    @property
+    def position(self) -> int:
+        """Where the next spooled entry starts in the file."""
+    @property
+    def done(self) -> bool:
+        """Whether the Commit is taken: nothing is left."""
+    def close(self) -> None:
+        """Release the file (the replay ended, or is abandoned with its attempt)."""
+
+class SpoolDamagedError(Exception):
+    """A spool's entry is cut short, or runs past its live range: the message names the
+    transaction and the byte."""

@@ -33,12 +33,14 @@ module decides which, and keeps the Python objects that stay the authority in st
   frame from a Stream Start to its Stream Stop (it keeps that one bit itself): inside a
   block a change carries an xid where it would read the relation OID. The loop spools
   them, and replays a committed streamed transaction from its spool through
-  :meth:`CompiledStream.take_frames`, which takes the replayed frames as it takes
-  libpq's (they are the frames the unstreamed transaction would have been, but for rows
-  encoded when they arrived, which it produces as they are when the armed table
-  version's encoder wrote them: :mod:`capture.stream.encoded_change`), without the
-  socket being read meanwhile; the frames it hands back go through the Python path as
-  usual.
+  :meth:`CompiledStream.take_spool`: the compiled stream reads the spool's file itself
+  (``native/src/spool_replay.rs``, over the live ranges the spool's bookkeeping gives)
+  and takes the replayed messages as it takes libpq's frames (they are the messages the
+  unstreamed transaction would have been, but for rows encoded when they arrived, which
+  it produces as they are when the armed table version's encoder wrote them:
+  :mod:`capture.stream.encoded_change`), with no Python per change and without the
+  socket being read meanwhile; the messages it hands back, as XLogData frames, go
+  through the Python path as usual, and its reading goes on after them.
 - **Backpressure.** The loop checks the in-flight bound per burst (``budget`` frames)
   instead of per frame, so it may overshoot the bound by up to one burst.
 
@@ -55,11 +57,13 @@ import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from capture.errors import ProtocolError, TransientError
 from capture.in_flight import ProgressBook
 from capture.metrics import CaptureMetrics
 from capture.publish.native_producer import loaded_library
 from capture.rows.codec import TableCodec
 from capture.stream.change_stream import ChangeStream
+from capture.stream.in_progress import StreamedReplay
 from capture.stream.table_states import TableStates
 from schemas.control import TableState
 from schemas.headers import CHANGE_LSN, COMMIT_LSN, operation_headers
@@ -68,13 +72,13 @@ from schemas.operation import Operation
 
 if TYPE_CHECKING:
     from capture_native import CompiledStream as NativeCompiledStream
-    from capture_native import CompiledStreamRead, KafkaProducer
+    from capture_native import CompiledStreamRead, KafkaProducer, SpoolReplay
 
 # ``Stop`` (what a read stopped on) is defined once, by the extension; the loop reads it
 # from here. Where the extension is not built, no CompiledStream can be made, so nothing
 # reads these names.
 with contextlib.suppress(ImportError):
-    from capture_native import OpenTransaction, Stop
+    from capture_native import OpenTransaction, SpoolDamagedError, Stop
 
 __all__ = ["CompiledStream", "Stop", "libpq"]
 
@@ -156,6 +160,46 @@ class CompiledStream:
         read = self._native.take_frames(frames, start)
         self._replay()
         return read
+
+    @staticmethod
+    def open_spool(replay: StreamedReplay) -> SpoolReplay:
+        """The compiled reader of a committed streamed transaction's spool, for
+        :meth:`take_spool`: it reads the file by a descriptor of its own (the spool has
+        no name), from the start of each live range, and builds the replay's Begin and
+        Commit from the Stream Commit. Close it when the replay ends."""
+        from capture_native import SpoolReplay  # noqa: PLC0415
+
+        spool, commit = replay.spool, replay.commit
+        file = spool.file
+        return SpoolReplay(
+            None if file is None else file.fileno(),
+            list(spool.ranges),
+            set(spool.void),
+            commit.xid,
+            commit.commit_lsn,
+            commit.end_lsn,
+            commit.commit_time,
+        )
+
+    def take_spool(self, spool: SpoolReplay, budget: int) -> CompiledStreamRead:
+        """Up to ``budget`` messages of the replay ``spool`` reads (:meth:`open_spool`),
+        taken as :meth:`take_frames` takes the replay's frames: what it stopped on
+        (``Stop.FRAME`` with the XLogData frame of a message for the Python path, after
+        which the replay goes on; ``Stop.FULL`` at a message the producer's queue held
+        back, which the next call takes again; ``Stop.LIMIT`` with ``budget`` taken;
+        ``Stop.EMPTY`` once the Commit is taken). The book has the compiled stream's
+        transactions when this returns or raises."""
+        self._arm()
+        try:
+            return self._native.take_spool(spool, budget)
+        except SpoolDamagedError as exc:
+            raise ProtocolError(
+                f"{exc}; restart capture (the server streams the transaction again)"
+            ) from exc
+        except OSError as exc:
+            raise TransientError(str(exc)) from exc
+        finally:
+            self._replay()
 
     def stop_at(self, lsn: Lsn | None) -> None:
         self._native.stop_at(lsn or 0)

@@ -107,8 +107,9 @@ def parse_copy_data(buf: bytes | memoryview) -> XLogData | PrimaryKeepalive:
 
 def encode_xlog_data(wal_start: Lsn, payload: bytes) -> bytes:
     """An XLogData frame holding ``payload`` at ``wal_start`` (also its ``wal_end``, as a
-    logical walsender sends it; send time 0): how a streamed transaction replayed from
-    its spool reaches the compiled stream, which reads frames as the server sends them."""
+    logical walsender sends it; send time 0): the frame the compiled stream hands back
+    for a replayed message only the Python path takes (``xlog_data`` in
+    ``native/src/compiled_stream.rs`` builds the same bytes)."""
     return _XLOG_DATA_HEADER.pack(XLOG_DATA, wal_start, wal_start, 0) + payload
 
 

@@ -28,14 +28,16 @@ frames that belong to that protocol (:meth:`~InProgressTransactions.takes`) and:
   (:attr:`~capture.stream.change_stream.ChangeStream.replayed_codecs`, set at the
   commit, cleared by the loop when the replay's last frame is handled) and takes them
   at the replayed Relations, so the encoded bytes match the version it encodes with.
-  The loop hands them to the compiled stream
-  (:meth:`~capture.stream.compiled_stream.CompiledStream.take_frames`) or to
-  :meth:`~capture.stream.change_stream.ChangeStream.handle_frame`, as it does an
-  unstreamed transaction's frames, so the records, their ordinals and their positions
-  are those of the same transaction sent unstreamed. The
-  replay is lazy (one spooled change read per item): the loop drains it under the
-  in-flight bound and does not read the socket until it is done, which keeps the
-  transactions after it in commit order.
+  The replay (:class:`StreamedReplay`) is either iterated, one spooled change read per
+  item, and its frames handed to
+  :meth:`~capture.stream.change_stream.ChangeStream.handle_frame` as an unstreamed
+  transaction's are; or, with the compiled stream, read by it from the spool's file
+  itself (:meth:`~capture.stream.compiled_stream.CompiledStream.take_spool`: the same
+  Begin, changes and Commit, over the spool's live ranges), which hands back the
+  messages only the Python path takes. Either way the records, their ordinals and
+  their positions are those of the same transaction sent unstreamed. The loop drains
+  the replay under the in-flight bound and does not read the socket until it is done,
+  which keeps the transactions after it in commit order.
 
 Invariants:
 
@@ -80,7 +82,11 @@ from capture.pgoutput.stream_block import STREAMED_XID_TAGS
 from capture.rows.codec import TableCodec
 from capture.stream import encoded_change
 from capture.stream.change_stream import ChangeStream
-from capture.stream.streamed_transactions import StreamedChange, StreamedTransactions
+from capture.stream.streamed_transactions import (
+    CommittedSpool,
+    StreamedChange,
+    StreamedTransactions,
+)
 from schemas.lsn import Lsn, format_lsn
 
 log = logging.getLogger(__name__)
@@ -150,9 +156,7 @@ class InProgressTransactions:
             len(payload) > 0 and payload[0] in STREAM_TAGS
         )
 
-    def handle(
-        self, payload: bytes | memoryview, wal_start: Lsn
-    ) -> Generator[ReplayFrame, None, None] | None:
+    def handle(self, payload: bytes | memoryview, wal_start: Lsn) -> StreamedReplay | None:
         """One message :meth:`takes`; at a Stream Commit, the transaction's replay."""
         block = self._blocks.block_xid
         if block is not None and len(payload) > 0 and payload[0] in STREAMED_XID_TAGS:
@@ -180,7 +184,7 @@ class InProgressTransactions:
                 log.info("streamed transaction %d aborted: nothing of it is published", message.xid)
         elif isinstance(message, StreamCommit):
             held = self._spools.size
-            changes = self._spools.commit(message.xid)
+            spool = self._spools.committed(message.xid)
             versions = self._versions.pop(message.xid, None)
             log.info(
                 "streamed transaction %d committed at %s: replaying its spool (%d bytes)",
@@ -192,7 +196,7 @@ class InProgressTransactions:
                 # Until the loop ends the replay (it clears them): the replayed frames
                 # are handled after the spool is read, a batch at a time.
                 self._changes.replayed_codecs = {} if versions is None else versions.by_encoder
-            return _replay(message, changes)
+            return StreamedReplay(message, spool)
         # Stream Stop, and the Origin a replayed transaction's first block may carry:
         # nothing to keep.
         return None
@@ -235,6 +239,36 @@ class InProgressTransactions:
                     versions.by_encoder[id(codec.compiled)] = codec
                     return encoded
         return message
+
+
+class StreamedReplay:
+    """A committed streamed transaction's replay: an iterator of the unstreamed
+    transaction's frames (Begin, the spooled changes, Commit), reading the spool one
+    change per item; or its :attr:`commit` and :attr:`spool`, for a reader of the spool's
+    file that builds the same frames (the compiled stream's). Closing it, whichever way
+    it was read, releases the spool."""
+
+    __slots__ = ("_frames", "commit", "spool")
+
+    def __init__(self, commit: StreamCommit, spool: CommittedSpool) -> None:
+        self.commit = commit
+        self.spool = spool
+        self._frames: Generator[ReplayFrame, None, None] | None = None
+
+    def __iter__(self) -> StreamedReplay:
+        return self
+
+    def __next__(self) -> ReplayFrame:
+        frames = self._frames
+        if frames is None:
+            frames = self._frames = _replay(self.commit, self.spool.changes())
+        return next(frames)
+
+    def close(self) -> None:
+        """Release the spool (at the replay's end, or midway with its attempt)."""
+        if self._frames is not None:
+            self._frames.close()
+        self.spool.close()
 
 
 def _replay(

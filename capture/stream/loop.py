@@ -36,11 +36,11 @@ Loop invariants:
 
 from __future__ import annotations
 
-import itertools
 import logging
 import threading
 import time
-from collections.abc import Generator, Iterator
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import psycopg
 
@@ -74,8 +74,8 @@ from capture.stream.change_stream import (
     TransactionStarted,
 )
 from capture.stream.compiled_stream import CompiledStream
-from capture.stream.copy_data import PrimaryKeepalive, encode_xlog_data, parse_copy_data
-from capture.stream.in_progress import InProgressTransactions, ReplayFrame
+from capture.stream.copy_data import PrimaryKeepalive, parse_copy_data
+from capture.stream.in_progress import InProgressTransactions, StreamedReplay
 from capture.stream.replication import Frame, ReplicationStream
 from capture.stream.schema_change import resync_reason_after
 from capture.stream.table_flow import TableFlow
@@ -89,6 +89,9 @@ from schemas.control import (
     TableStatus,
 )
 from schemas.lsn import Lsn, format_lsn
+
+if TYPE_CHECKING:
+    from capture_native import SpoolReplay
 
 log = logging.getLogger(__name__)
 _READ_TIMEOUT_S = 0.1
@@ -191,12 +194,10 @@ class ReplicationLoop:
         )
         """The streamed transactions of this attempt (None without streaming); a spool
         file is made only once a block arrives."""
-        self._replay: Generator[ReplayFrame, None, None] | None = None
+        self._replay: StreamedReplay | None = None
         """A committed streamed transaction being replayed; the socket waits meanwhile."""
-        self._replay_frames: list[bytes] = []
-        """The replay's frames read from the spool for the compiled stream, and how many of
-        them are handled (``_replay_at``)."""
-        self._replay_at = 0
+        self._spool: SpoolReplay | None = None
+        """The compiled stream's reader of the replay's spool, once it began reading."""
         self._stream = ReplicationStream.start(
             dsn,
             password=password,
@@ -306,9 +307,7 @@ class ReplicationLoop:
     def _close_streamed(self) -> None:
         """Release the replay under way and every spool: nothing of them outlives the
         attempt."""
-        replay, self._replay = self._replay, None
-        if replay is not None:
-            replay.close()
+        self._release_replay()
         self._changes.replayed_codecs = {}
         if self._in_progress is not None:
             self._in_progress.close()
@@ -378,7 +377,7 @@ class ReplicationLoop:
             return
         self._route(self._changes.handle_frame(frame.payload, frame.wal_start))
 
-    def _replay_burst(self, replay: Generator[ReplayFrame, None, None]) -> bool:
+    def _replay_burst(self, replay: StreamedReplay) -> bool:
         """A burst of a committed streamed transaction's replay, up to the in-flight
         bound: through the compiled stream where it runs, else through the path of an
         unstreamed transaction's frames in Python. Never idle."""
@@ -397,32 +396,21 @@ class ReplicationLoop:
                 break
         return False
 
-    def _compiled_replay_burst(
-        self, compiled: CompiledStream, replay: Generator[ReplayFrame, None, None]
-    ) -> None:
-        """The replay's frames, read from the spool a batch (the compiled stream's budget)
-        at a time, given to the compiled stream as XLogData frames; those it hands back
-        go through :meth:`_handle`, at most a burst of them, as in
-        :meth:`_compiled_burst`."""
-        frames, at = self._replay_frames, self._replay_at
+    def _compiled_replay_burst(self, compiled: CompiledStream, replay: StreamedReplay) -> None:
+        """The replay through the compiled stream, which reads the spool itself
+        (:meth:`CompiledStream.take_spool`), up to its budget of changes a call, the
+        stop and the in-flight bound checked between calls; a message it hands back goes
+        through :meth:`_handle`, at most a burst of those, as in :meth:`_compiled_burst`."""
+        spool = self._spool
+        if spool is None:
+            spool = self._spool = compiled.open_spool(replay)
         python_frames = 0
         while not (self._stop.is_set() or self._over_bound()):
-            if at == len(frames):
-                frames = [
-                    encode_xlog_data(change_lsn, payload)
-                    for payload, change_lsn in itertools.islice(replay, _COMPILED_BUDGET)
-                ]
-                at = 0
-                if not frames:
-                    self._replay_done()
-                    break
-            read = compiled.take_frames(frames, at)
-            at += read.taken
-            if read.stopped == compiled_stream.Stop.FRAME:
+            read = compiled.take_spool(spool, _COMPILED_BUDGET)
+            if read.stopped == compiled_stream.Stop.FRAME and read.frame is not None:
                 compiled.to_python()
-                self._handle(parse_copy_data(frames[at]))
+                self._handle(parse_copy_data(read.frame))
                 compiled.from_python()
-                at += 1
                 python_frames += 1
                 if python_frames >= _BURST_FRAMES:
                     break
@@ -430,19 +418,29 @@ class ReplicationLoop:
                 # The producer's queue is full: its reports make room.
                 self._publisher.poll(_READ_TIMEOUT_S)
                 break
+            elif read.stopped == compiled_stream.Stop.EMPTY:
+                self._replay_done()
+                break
             else:
-                break  # the batch is taken: the loop's periodic checks run
-        self._replay_frames, self._replay_at = frames, at
+                break  # the budget is taken: the loop's periodic checks run
 
     def _replay_done(self) -> None:
-        """The replay ended: the socket is read again. The book began and committed the
-        replayed transaction, so the compiled stream goes on from there (the next
-        transaction's book id)."""
-        self._replay = None
-        self._replay_frames, self._replay_at = [], 0
+        """The replay ended: its spool is released and the socket is read again. The
+        book began and committed the replayed transaction, so the compiled stream goes on
+        from there (the next transaction's book id)."""
+        self._release_replay()
         self._changes.replayed_codecs = {}
         if self._compiled is not None:
             self._compiled.from_python()
+
+    def _release_replay(self) -> None:
+        """The replay's spool file and the compiled stream's reader of it, closed."""
+        replay, self._replay = self._replay, None
+        if replay is not None:
+            replay.close()
+        spool, self._spool = self._spool, None
+        if spool is not None:
+            spool.close()
 
     def _route(self, outputs: Iterator[Output]) -> None:
         """The change stream's outputs for one frame: records to their tables' flow, the

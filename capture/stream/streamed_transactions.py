@@ -21,8 +21,18 @@ Invariants:
   voids ``S`` and every subxid first seen after ``S``; void changes never come back. When
   they are the end of the file, the file is cut back, so the space returns at once.
   A change of a void subxid is a :class:`ProtocolError`.
-- **Bounded memory**: per transaction, the file's size and, per subxid, where its changes
-  start and end; reading back goes one change at a time through a buffered file.
+- **Live ranges.** The spool also keeps its *runs*: the byte ranges of consecutive
+  changes of one subxid, one per switch from a subxid to another (the server switches
+  when a subtransaction begins or ends). At the commit the runs of subxids not void,
+  merged where they touch, are the file's live ranges (:attr:`CommittedSpool.ranges`),
+  so a reader of the file (the compiled stream's, ``native/src/spool_replay.rs``) skips
+  the void bytes unread. Past :data:`_MAX_RUNS` switches the spool stops keeping runs
+  and its one live range is the whole file. Either way the reader still skips an entry
+  by its subxid (:attr:`CommittedSpool.void`), as the Python replay does: the subxid
+  decides, the ranges only save reading.
+- **Bounded memory**: per transaction, the file's size, per subxid where its changes
+  start and end, and at most :data:`_MAX_RUNS` runs; reading back goes one change at a
+  time through a buffered file.
 - **Bounded disk**: all open spools together hold at most ``max_bytes``; the change that
   would pass it raises :class:`StreamedTransactionTooLargeError`.
 - **Nothing survives the process**: files are unnamed temporary files. A new connection
@@ -48,6 +58,10 @@ from schemas.lsn import Lsn
 
 # subxid, change LSN, length of the message that follows.
 _ENTRY = struct.Struct(">IQI")
+_MAX_RUNS = 4096
+"""Runs a spool keeps (see the module's text): a transaction switching subtransactions
+more often (a loop with an exception block per row) is read whole, void entries skipped
+one by one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,10 +101,19 @@ class _Subxact:
     end_at: int
 
 
+@dataclass(slots=True)
+class _Run:
+    """Consecutive changes of one subxid: bytes ``start`` to ``end`` of the file."""
+
+    subxid: int
+    start: int
+    end: int
+
+
 class _Spool:
     """One top-level transaction's changes; the file is made at the first change."""
 
-    __slots__ = ("file", "size", "subxacts", "void")
+    __slots__ = ("file", "ranged", "runs", "size", "subxacts", "void")
 
     def __init__(self) -> None:
         self.file: IO[bytes] | None = None
@@ -98,6 +121,9 @@ class _Spool:
         # In order of first appearance (dicts keep insertion order).
         self.subxacts: dict[int, _Subxact] = {}
         self.void: set[int] = set()
+        self.runs: list[_Run] = []
+        self.ranged = True
+        """Whether :attr:`runs` covers the file (until :data:`_MAX_RUNS`)."""
 
     def close(self) -> None:
         if self.file is not None:
@@ -171,6 +197,8 @@ class StreamedTransactions:
             spool.subxacts[subxid] = _Subxact(spool.size, spool.size + entry)
         else:
             subxact.end_at = spool.size + entry
+        if spool.ranged:
+            _extend_runs(spool, subxid, spool.size + entry)
         spool.size += entry
         self._total += entry
 
@@ -199,6 +227,11 @@ class StreamedTransactions:
         """A Stream Commit: the transaction's changes in stream order, void ones left
         out. The transaction is no longer open from this call on; its file is closed
         when the iterator ends or is closed."""
+        return self.committed(xid).changes()
+
+    def committed(self, xid: int) -> CommittedSpool:
+        """A Stream Commit: the transaction's spool, for its replay. The transaction is
+        no longer open from this call on; the spool's file is closed with it."""
         spool = self._spools.pop(xid, None)
         if spool is None:
             raise ProtocolError(
@@ -206,7 +239,7 @@ class StreamedTransactions:
                 "see streamed; the stream is not read further"
             )
         self._total -= spool.size
-        return self._replay(xid, spool)
+        return CommittedSpool(xid, spool)
 
     def discard(self) -> None:
         """Drop every open spool: a new connection streams them again from the start."""
@@ -252,6 +285,13 @@ class StreamedTransactions:
                 ) from exc
         self._total -= spool.size - cut
         spool.size = cut
+        runs = spool.runs
+        while runs and runs[-1].start >= cut:
+            runs.pop()
+        if runs and runs[-1].end > cut:
+            runs[-1].end = cut
+        if not spool.ranged and cut == 0:
+            spool.ranged = True
 
     def _drop(self, xid: int) -> None:
         spool = self._spools.pop(xid, None)
@@ -259,8 +299,50 @@ class StreamedTransactions:
             self._total -= spool.size
             spool.close()
 
-    @staticmethod
-    def _replay(xid: int, spool: _Spool) -> Generator[StreamedChange, None, None]:
+
+class CommittedSpool:
+    """A committed transaction's spool, as its replay reads it: in Python one change at a
+    time (:meth:`changes`), or by another reader of :attr:`file` over :attr:`ranges`.
+    Closing it (or the end of :meth:`changes`) closes the file."""
+
+    __slots__ = ("_spool", "ranges", "void", "xid")
+
+    def __init__(self, xid: int, spool: _Spool) -> None:
+        self.xid = xid
+        self._spool = spool
+        self.void: frozenset[int] = frozenset(spool.void)
+        """The subxids rolled back: their entries are left out wherever they are."""
+        ranges: list[tuple[int, int]] = []
+        runs = spool.runs if spool.ranged else [_Run(xid, 0, spool.size)]
+        for run in runs:
+            if run.subxid in spool.void:
+                continue
+            if ranges and ranges[-1][1] == run.start:
+                ranges[-1] = (ranges[-1][0], run.end)
+            else:
+                ranges.append((run.start, run.end))
+        self.ranges: tuple[tuple[int, int], ...] = tuple(ranges)
+        """The byte ranges of the file that may hold changes the replay keeps, in file
+        order; the bytes between them are changes of rolled-back subtransactions."""
+
+    @property
+    def file(self) -> IO[bytes] | None:
+        """The spool's file, all written out (None when no change was spooled, or once
+        closed); its own position is not the reader's to rely on."""
+        file = self._spool.file
+        if file is not None:
+            try:
+                file.flush()
+            except OSError as exc:
+                raise TransientError(
+                    f"cannot write the spool of streamed transaction {self.xid}: {exc}"
+                ) from exc
+        return file
+
+    def changes(self) -> Generator[StreamedChange, None, None]:
+        """The changes in stream order, void ones left out, read one at a time; the file
+        is closed when the iterator ends or is closed."""
+        xid, spool = self.xid, self._spool
         file, void, size = spool.file, spool.void, spool.size
         try:
             if file is None:
@@ -280,6 +362,23 @@ class StreamedTransactions:
             ) from exc
         finally:
             spool.close()
+
+    def close(self) -> None:
+        """Release the file."""
+        self._spool.close()
+
+
+def _extend_runs(spool: _Spool, subxid: int, end: int) -> None:
+    """The spool's runs after a change of ``subxid`` ending at byte ``end``; none past
+    :data:`_MAX_RUNS`."""
+    runs = spool.runs
+    if runs and runs[-1].subxid == subxid:
+        runs[-1].end = end
+    elif len(runs) < _MAX_RUNS:
+        runs.append(_Run(subxid, spool.size, end))
+    else:
+        spool.ranged = False
+        runs.clear()
 
 
 def _read(file: IO[bytes], size: int, xid: int) -> bytes:

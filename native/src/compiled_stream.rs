@@ -42,6 +42,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 use crate::producer::{streamed_opaque, HeaderField, KafkaProducer};
+use crate::spool_replay::SpoolReplay;
 use crate::{write_long, TextRowEncoder, DELETE, INSERT, UPDATE};
 
 /// Replication CopyData tag of an XLogData message, and its header's size: tag, then
@@ -261,6 +262,20 @@ fn in_block_after(open: bool, tag: u8) -> bool {
     }
 }
 
+/// The XLogData frame holding `message` at `wal_start` (also its `wal_end`, send time 0),
+/// as `capture.stream.copy_data.encode_xlog_data` builds it for a replayed change.
+fn xlog_data(py: Python<'_>, wal_start: u64, message: &[u8]) -> PyResult<Py<PyBytes>> {
+    PyBytes::new_with(py, XLOG_DATA_HEADER + message.len(), |frame| {
+        frame[0] = XLOG_DATA;
+        frame[1..9].copy_from_slice(&wal_start.to_be_bytes());
+        frame[9..17].copy_from_slice(&wal_start.to_be_bytes());
+        frame[17..XLOG_DATA_HEADER].fill(0);
+        frame[XLOG_DATA_HEADER..].copy_from_slice(message);
+        Ok(())
+    })
+    .map(Bound::unbind)
+}
+
 fn u64_at(data: &[u8], at: usize) -> u64 {
     u64::from_be_bytes(data[at..at + 8].try_into().expect("eight bytes"))
 }
@@ -295,8 +310,15 @@ impl CompiledStream {
         if frame.len() <= XLOG_DATA_HEADER || frame[0] != XLOG_DATA {
             return Taken::Pass;
         }
-        let wal_start = u64_at(frame, 1);
-        let message = &frame[XLOG_DATA_HEADER..];
+        self.take_message(u64_at(frame, 1), &frame[XLOG_DATA_HEADER..])
+    }
+
+    /// The pgoutput `message` of an XLogData frame at `wal_start` (`take`), or of a
+    /// replayed spool (`take_spool`, where the frame is never built).
+    fn take_message(&mut self, wal_start: u64, message: &[u8]) -> Taken {
+        if message.is_empty() {
+            return Taken::Pass;
+        }
         let open = self.in_block;
         self.in_block = in_block_after(open, message[0]);
         if open || self.in_block {
@@ -612,6 +634,39 @@ impl CompiledStream {
             }
         }
         CompiledStreamRead::stopped(Stop::Empty, taken)
+    }
+
+    /// Take a committed streamed transaction from its spool (`replay`: Begin, the
+    /// entries of the spool's live ranges, Commit) as `take_frames` takes the frames of
+    /// its replay, with no frame built and no Python object per change: at most `budget`
+    /// messages. Stops with [`Stop::Frame`] at a message for the Python path, returned as
+    /// the XLogData frame the server would have sent (the replay goes on after it), with
+    /// [`Stop::Full`] at one the producer's queue held back (the replay hands it out
+    /// again), with [`Stop::Limit`] once `budget` are taken and with [`Stop::Empty`] once
+    /// the Commit is. A damaged spool raises `SpoolDamagedError`, a failed read OSError.
+    fn take_spool(&mut self, py: Python<'_>, mut replay: PyRefMut<'_, SpoolReplay>, budget: usize) -> PyResult<CompiledStreamRead> {
+        let replay = &mut *replay;
+        let mut taken = 0;
+        while taken < budget {
+            let (wal_start, message) = match replay.replay.next_message() {
+                Ok(Some(next)) => next,
+                Ok(None) => return Ok(CompiledStreamRead::stopped(Stop::Empty, taken)),
+                Err(error) => return Err(replay.error(error)),
+            };
+            match self.take_message(wal_start, message) {
+                Taken::Done => {
+                    replay.replay.advance();
+                    taken += 1;
+                }
+                Taken::Pass => {
+                    let frame = Some(xlog_data(py, wal_start, message)?);
+                    replay.replay.advance();
+                    return Ok(CompiledStreamRead { stopped: Stop::Frame, frame, taken });
+                }
+                Taken::Full => return Ok(CompiledStreamRead::stopped(Stop::Full, taken)),
+            }
+        }
+        Ok(CompiledStreamRead::stopped(Stop::Limit, taken))
     }
 
     /// What the compiled stream did since the last call, one part per transaction it

@@ -29,6 +29,7 @@
 mod change_decoder;
 mod compiled_stream;
 mod producer;
+mod spool_replay;
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -786,6 +787,8 @@ fn capture_native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<compiled_stream::TransactionPart>()?;
     module.add_class::<compiled_stream::TableCount>()?;
     module.add_class::<compiled_stream::OpenTransaction>()?;
+    module.add_class::<spool_replay::SpoolReplay>()?;
+    module.add("SpoolDamagedError", module.py().get_type::<spool_replay::SpoolDamagedError>())?;
     module.add_class::<change_decoder::ChangeDecoder>()?;
     module.add_class::<change_decoder::DecodedFields>()?;
     module.add_function(wrap_pyfunction!(key_partitions, module)?)?;

@@ -11,7 +11,9 @@ import pytest
 from capture.errors import ConfigError, ProtocolError
 from capture.pgoutput import Insert, StreamAbort, StreamCommit, StreamStart, decode
 from capture.pgoutput.stream_block import StreamBlocks, split_stream_xid
+from capture.stream import streamed_transactions
 from capture.stream.streamed_transactions import (
+    CommittedSpool,
     StreamedChange,
     StreamedTransactions,
     StreamedTransactionTooLargeError,
@@ -295,3 +297,74 @@ def test_a_stream_with_a_rolled_back_savepoint_replays_as_the_unstreamed_transac
             spool.append(block, subxid, Lsn(wal_start), unstreamed)
     assert [lsn for lsn, _ in replayed] == [0x110, 0x190]
     assert [decode(m) for _, m in replayed] == [decode(change(n)) for n in (1, 4)]
+
+
+def _read_ranges(committed: CommittedSpool) -> list[StreamedChange]:
+    """What a reader of the committed spool's file over its live ranges finds, entries
+    of void subxids skipped, as the compiled stream's reader reads it."""
+    file = committed.file
+    assert file is not None
+    out = []
+    for start, end in committed.ranges:
+        file.seek(start)
+        data = file.read(end - start)
+        at = 0
+        while at < len(data):
+            subxid, change_lsn, length = struct.unpack_from(">IQI", data, at)
+            message = data[at + OVERHEAD : at + OVERHEAD + length]
+            at += OVERHEAD + length
+            if subxid not in committed.void:
+                out.append(StreamedChange(Lsn(change_lsn), message))
+        assert at == len(data)  # a range ends where an entry does
+    return out
+
+
+def test_the_live_ranges_leave_out_a_rolled_back_subtransaction_in_the_middle(spool):
+    """a, b, then a again; b rolled back: its bytes are a gap between two ranges."""
+    spool.start(XID, first_segment=True)
+    kept = spooled(spool, XID, [(XID, 0), (XID + 1, 1)])
+    gap_start = spool.size
+    spooled(spool, XID, [(XID + 2, 2), (XID + 3, 3)])  # d began inside b
+    gap_end = spool.size
+    kept += spooled(spool, XID, [(XID + 1, 4), (XID, 5)])
+    spool.abort(XID, XID + 2)
+    committed = spool.committed(XID)
+    assert committed.ranges == ((0, gap_start), (gap_end, gap_end + gap_start))
+    assert committed.void == {XID + 2, XID + 3}
+    assert _read_ranges(committed) == kept
+    assert list(committed.changes()) == kept
+    assert committed.file is None  # the replay closed it
+
+
+def test_the_live_ranges_after_a_cut_and_without_an_abort(spool):
+    spool.start(XID, first_segment=True)
+    kept = spooled(spool, XID, [(XID, 0), (XID + 1, 1), (XID, 2)])
+    size = spool.size
+    spooled(spool, XID, [(XID + 2, 3)])
+    spool.abort(XID, XID + 2)  # the tail: cut off
+    kept += spooled(spool, XID, [(XID, 4)])
+    committed = spool.committed(XID)
+    assert committed.ranges == ((0, size + OVERHEAD + len(change(4))),)
+    assert _read_ranges(committed) == kept
+    committed.close()
+    # A transaction that spooled nothing has no file and no range.
+    spool.start(OTHER, first_segment=True)
+    empty = spool.committed(OTHER)
+    assert (empty.file, empty.ranges) == (None, ())
+
+
+def test_past_the_runs_it_keeps_the_spool_is_one_range_read_by_subxid(spool, monkeypatch):
+    monkeypatch.setattr(streamed_transactions, "_MAX_RUNS", 4)
+    spool.start(XID, first_segment=True)
+    kept = spooled(spool, XID, [(XID, 0), (XID + 1, 1), (XID, 2), (XID + 1, 3)])
+    spooled(spool, XID, [(XID + 2, 4)])
+    kept += spooled(spool, XID, [(XID + 1, 5), (XID, 6)])
+    spool.abort(XID, XID + 2)
+    committed = spool.committed(XID)
+    assert committed.ranges == ((0, spool_size(kept) + OVERHEAD + len(change(4))),)
+    assert _read_ranges(committed) == kept
+    assert list(committed.changes()) == kept
+
+
+def spool_size(changes: list[StreamedChange]) -> int:
+    return sum(OVERHEAD + len(c.message) for c in changes)
