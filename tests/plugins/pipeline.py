@@ -159,6 +159,17 @@ class Service(ServiceProcess):
 _METRICS_URL = re.compile(r"metrics and health at (http://[0-9.:\[\]a-f]+)")
 
 
+APPLY_JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
+"""The apply processes the scenarios start compile with C1 only. Each lives seconds to
+minutes, and the run is bound by the two cores: C2 spent them compiling code that ran too
+briefly to repay it (the pgbench scenario alone, every JVM on C1 only: 72 and 81 CPU-s
+against 114 and 134, docs/testing.md). The brokers keep both compilers: two of the four
+runs with C1-only brokers met the open fault of docs/testing.md ("a row missing after a
+capture restart"), and no run before them did; until that fault is understood, the
+brokers run as they always have. A long-running apply is better off with both, so
+nothing outside the suite sets this."""
+
+
 @dataclass
 class Pipeline:
     """capture + apply for one database, every name derived from ``name``."""
@@ -217,6 +228,7 @@ class Pipeline:
             ),
             "APPLY_TABLE_PARALLELISM": "2",
             "APPLY_METRICS__PORT": "0",
+            "JAVA_TOOL_OPTIONS": APPLY_JVM_OPTIONS,
         }
         self.capture = Service(
             "capture", [sys.executable, "-m", "capture"], capture_env, self.workdir / "capture.log"

@@ -55,23 +55,9 @@ _STACK_OWNER = TEST_STACK_ROOT.parent / "test-stack.owner"
 RUN_ID_ENV = "CDC_TEST_RUN_ID"
 
 
-JVM_OPTIONS_ENV = "JAVA_TOOL_OPTIONS"
-TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
-"""Every JVM of the run compiles with C1 only. The suite's JVMs live seconds to minutes
-(a broker per module, an apply per scenario and restart, a Spark session per worker) and
-the run is bound by the two cores, not by waits; C2 spent them compiling code that ran
-too briefly to repay it. Measured here (docs/testing.md): the pgbench scenario alone took
-114 and 134 CPU-s with both compilers, 72 and 81 with C1 only; the driver's and Spark's
-MERGEs compared, in the worker's Spark session, 172 and 140. A long-running service is
-better off with both, so nothing outside the suite sets this."""
-
-
 def pytest_configure(config: pytest.Config) -> None:
-    """Name this run once, in the controlling process; xdist workers inherit the name,
-    and the JVM options (unless the caller set its own) that every JVM the run starts
-    picks up from the environment."""
+    """Name this run once, in the controlling process; xdist workers inherit the name."""
     os.environ.setdefault(RUN_ID_ENV, uuid.uuid4().hex)
-    os.environ.setdefault(JVM_OPTIONS_ENV, TEST_JVM_OPTIONS)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

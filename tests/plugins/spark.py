@@ -27,10 +27,6 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
             "spark.sql.shuffle.partitions": "2",
             "spark.sql.warehouse.dir": str(warehouse),
             "spark.driver.memory": "2g",
-            # Both compilers again for this JVM alone: it lives the whole run and does the
-            # most Spark work of any, where C2's code repays its compiling; the JVMs the
-            # run starts and stops keep C1 only (tests.plugins.services.TEST_JVM_OPTIONS).
-            "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=4",
         },
     )
     session = build_session(settings, spark_jars())
