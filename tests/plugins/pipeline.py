@@ -159,7 +159,7 @@ class Service(ServiceProcess):
 _METRICS_URL = re.compile(r"metrics and health at (http://[0-9.:\[\]a-f]+)")
 
 
-APPLY_JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
+C1_ONLY_JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
 """The apply processes the scenarios start compile with C1 only. Each lives seconds to
 minutes, and the run is bound by the two cores: C2 spent them compiling code that ran too
 briefly to repay it (the pgbench scenario alone, every JVM on C1 only: 72 and 81 CPU-s
@@ -228,7 +228,7 @@ class Pipeline:
             ),
             "APPLY_TABLE_PARALLELISM": "2",
             "APPLY_METRICS__PORT": "0",
-            "JAVA_TOOL_OPTIONS": APPLY_JVM_OPTIONS,
+            "JAVA_TOOL_OPTIONS": C1_ONLY_JVM_OPTIONS,
         }
         self.capture = Service(
             "capture", [sys.executable, "-m", "capture"], capture_env, self.workdir / "capture.log"
