@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, cast
 
-from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin._listoffsets import OffsetSpec
 from confluent_kafka.cimpl import NewTopic
 
 from capture.errors import TransientError
@@ -60,6 +61,9 @@ KAFKA_SETTING = "CAPTURE_KAFKA"
 _COMPACTED = {"cleanup.policy": "compact"}
 _FLUSH_TIMEOUT_S = 30.0
 _TOPIC_METADATA_WAIT_S = 30.0
+_LEADERS_WAIT_S = 30.0
+_LEADERS_RETRY_S = 0.05
+_END_OFFSET = OffsetSpec.latest()  # type: ignore[no-untyped-call]  # untyped in confluent-kafka
 
 
 def client_conf(settings: KafkaSettings) -> KafkaConf:
@@ -92,7 +96,22 @@ def producer_conf(settings: KafkaSettings) -> KafkaConf:
 
 class Topics:
     """Creates topics on first use with the configured partitions and replication, and
-    knows how many partitions each topic it ensured has."""
+    knows how many partitions each topic it ensured has.
+
+    A topic is handed to the producer only once every partition's leader answers
+    (:meth:`_await_leaders`). A producer's first record to a partition must not race
+    the partition's leader coming up: the idempotent producer sends its first batches
+    to a partition pipelined, and a broker accepts any sequence number from a producer
+    it has no state for. So when the first batch is refused (``NOT_LEADER_OR_FOLLOWER``,
+    the leader not ready yet) and the second, sent before that answer came, is
+    accepted, the second is in the log without the first, and librdkafka reports the
+    first as delivered, "implicitly acked by subsequent batch success", with no offset.
+    capture stops on such a report (:meth:`ChangePublisher._report`), but the later
+    record is already in the log, and the first one, published again after the
+    restart, lands behind it, where apply's replay rule takes it for a replay and drops
+    it. A just-created topic's partitions are exactly in that state (reproduced: about
+    one new topic in a hundred whose first records came 12 ms apart), and so is a
+    partition whose leader moves while a new producer starts writing to it."""
 
     def __init__(self, settings: KafkaSettings) -> None:
         self._settings = settings
@@ -130,6 +149,7 @@ class Topics:
             # Created by someone else meanwhile: its partitions are theirs, and a topic
             # created a moment ago may show none for a while.
             count = self._await_partitions(topic)
+        self._await_leaders(topic, count)
         self._partitions[topic] = count
 
     def partitions(self, topic: str) -> int:
@@ -144,6 +164,37 @@ class Topics:
         if metadata is None or not metadata.partitions:
             return None
         return len(metadata.partitions)
+
+    def _await_leaders(self, topic: str, count: int) -> None:
+        """Wait until the leader of each of ``topic``'s ``count`` partitions answers a
+        request for its end offset: it is then the leader in its own replica manager,
+        not only in the cluster's metadata (which a broker publishes first), and takes
+        produce requests. Once per topic and process, so once per producer."""
+        deadline = time.monotonic() + _LEADERS_WAIT_S
+        waiting = [TopicPartition(topic, partition) for partition in range(count)]
+        while True:
+            answers = self._admin.list_offsets(
+                dict.fromkeys(waiting, _END_OFFSET), request_timeout=10
+            )
+            refused: list[TopicPartition] = []
+            last: KafkaException | None = None
+            for partition, answer in answers.items():
+                try:
+                    answer.result()
+                except KafkaException as exc:
+                    refused.append(partition)
+                    last = exc
+            if not refused:
+                return
+            if time.monotonic() > deadline:
+                self._admin.poll(0)  # serves the error callback: a refused login says so
+                self._errors.check()
+                raise TransientError(
+                    f"Kafka topic {topic}: {len(refused)} of {count} partitions have no "
+                    f"leader that answers after {_LEADERS_WAIT_S:.0f} s ({last}); retrying"
+                )
+            waiting = refused
+            time.sleep(_LEADERS_RETRY_S)
 
     def _await_partitions(self, topic: str) -> int:
         deadline = time.monotonic() + _TOPIC_METADATA_WAIT_S
