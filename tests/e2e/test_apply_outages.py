@@ -13,8 +13,7 @@ from typing import Any
 import pytest
 
 from deploy.local import stack
-from schemas.control import TableState
-from tests.plugins.capture import table_status
+from tests.plugins.capture import table_streaming
 from tests.plugins.pipeline import (
     assert_lake_equals_source,
     one_table_pipeline,
@@ -41,11 +40,11 @@ def test_apply_started_while_the_broker_is_down_comes_up_by_itself(
         pipeline.capture.start()
         capture_settings, _ = pipeline.settings()
 
-        def snapshot_published() -> bool:
-            found = table_status(capture_settings, "public.t")
-            return found is not None and found.state is TableState.STREAMING
-
-        wait_for(snapshot_published, f"the snapshot of public.t\n{pipeline.logs()}", 300)
+        wait_for(
+            lambda: table_streaming(capture_settings, "public.t"),
+            f"the snapshot of public.t\n{pipeline.logs()}",
+            300,
+        )
         assert kafka.stop()
         pipeline.apply.start()
         apply_url = pipeline.apply.metrics_url(timeout_s=300)

@@ -34,8 +34,7 @@ import psycopg
 import pytest
 from deltalake import DeltaTable
 
-from schemas.control import TableState
-from tests.plugins.capture import table_status
+from tests.plugins.capture import table_streaming
 from tests.plugins.pipeline import (
     PGBENCH_TABLES,
     Pipeline,
@@ -237,11 +236,11 @@ def test_apply_waits_out_a_broker_stopped_during_its_publish(
         pipeline.capture.start()
         capture_settings, _ = pipeline.settings()
 
-        def snapshot_published() -> bool:
-            found = table_status(capture_settings, "public.t")
-            return found is not None and found.state is TableState.STREAMING
-
-        wait_for(snapshot_published, f"the snapshot of public.t\n{pipeline.logs()}", 300)
+        wait_for(
+            lambda: table_streaming(capture_settings, "public.t"),
+            f"the snapshot of public.t\n{pipeline.logs()}",
+            300,
+        )
         pipeline.apply.start()
         apply_url = pipeline.apply.metrics_url(timeout_s=300)
         # The snapshot's batch is committed and published (its line is logged after the

@@ -28,7 +28,7 @@ from capture.publish.control import ControlTopicMissingError
 from capture.service import CaptureService
 from capture.settings import CaptureSettings, KafkaSettings, PostgresSettings
 from runtime.schema_registry import SchemaRegistrySettings
-from schemas.control import TableStatus
+from schemas.control import TableState, TableStatus
 from schemas.lsn import Lsn, parse_lsn
 from tests.plugins.services import Services
 
@@ -98,6 +98,12 @@ def table_status(settings: CaptureSettings, table: str) -> TableStatus | None:
     except ControlTopicMissingError:
         return None
     return next((s for s in statuses if s.table == table), None)
+
+
+def table_streaming(settings: CaptureSettings, table: str) -> bool:
+    """Whether capture recorded ``table`` as streaming: its snapshot is published."""
+    found = table_status(settings, table)
+    return found is not None and found.state is TableState.STREAMING
 
 
 def confirmed_lsn(pg: Connection, slot: str) -> Lsn:
