@@ -70,6 +70,27 @@ def _reset(sock: socket.socket) -> None:
     sock.close()
 
 
+class _KafkaRequests:
+    """Cuts a client's byte stream into whole Kafka requests (each a 4-byte size, then
+    that many bytes)."""
+
+    def __init__(self) -> None:
+        self._pending = bytearray()
+
+    def complete(self, data: bytes) -> list[bytes]:
+        """The requests ``data`` completes, in order; the rest waits for more."""
+        pending = self._pending
+        pending += data
+        done = []
+        while len(pending) >= _KAFKA_SIZE.size:
+            end = _KAFKA_SIZE.size + _KAFKA_SIZE.unpack_from(pending)[0]
+            if len(pending) < end:
+                break  # the rest of this request is still on its way
+            done.append(bytes(pending[:end]))
+            del pending[:end]
+        return done
+
+
 @dataclass(eq=False)
 class _Connection:
     client: socket.socket
@@ -240,35 +261,20 @@ class TcpProxy:
         connection.upstream.settimeout(None)
         with self._lock:
             self._forwarded += 1
-        if self._kafka_frames:
-            self._spawn(self._pump_requests, connection, connection.client, connection.upstream)
-        else:
-            self._spawn(self._pump, connection, connection.client, connection.upstream)
+        requests = _KafkaRequests() if self._kafka_frames else None
+        self._spawn(self._pump, connection, connection.client, connection.upstream, requests)
         self._spawn(self._pump, connection, connection.upstream, connection.client)
 
-    def _pump(self, connection: _Connection, source: socket.socket, sink: socket.socket) -> None:
-        try:
-            while self._wait_flowing(connection):
-                ready, _, _ = select.select([source], [], [], _POLL_S)
-                if not ready:
-                    continue
-                data = source.recv(_CHUNK)
-                if not data:
-                    break
-                # Read before a cut, held until the restore: nothing crosses while cut.
-                if not self._wait_flowing(connection):
-                    return
-                sink.sendall(data)
-        except (OSError, ValueError):
-            pass  # closed under us by a cut or by the other direction
-        self._drop(connection, reset=False)
-
-    def _pump_requests(
-        self, connection: _Connection, source: socket.socket, sink: socket.socket
+    def _pump(
+        self,
+        connection: _Connection,
+        source: socket.socket,
+        sink: socket.socket,
+        requests: _KafkaRequests | None = None,
     ) -> None:
-        """:meth:`_pump` for a client's Kafka requests: forwards whole requests only, and
-        waits at one :meth:`hold_writes` names."""
-        pending = bytearray()
+        """Forward what ``source`` sends to ``sink`` while the connection flows. With
+        ``requests`` (a client's Kafka requests), whole requests only, each waiting while
+        :meth:`hold_writes` names it."""
         try:
             while self._wait_flowing(connection):
                 ready, _, _ = select.select([source], [], [], _POLL_S)
@@ -277,18 +283,13 @@ class TcpProxy:
                 data = source.recv(_CHUNK)
                 if not data:
                     break
-                pending += data
-                while len(pending) >= _KAFKA_SIZE.size:
-                    end = _KAFKA_SIZE.size + _KAFKA_SIZE.unpack_from(pending)[0]
-                    if len(pending) < end:
-                        break  # the rest of this request is still on its way
-                    request = bytes(pending[:end])
-                    del pending[:end]
-                    if not self._wait_writable(connection, request):
+                for piece in (data,) if requests is None else requests.complete(data):
+                    if requests is not None and not self._wait_writable(connection, piece):
                         return
+                    # Read before a cut, held until the restore: nothing crosses while cut.
                     if not self._wait_flowing(connection):
                         return
-                    sink.sendall(request)
+                    sink.sendall(piece)
         except (OSError, ValueError):
             pass  # closed under us by a cut or by the other direction
         self._drop(connection, reset=False)
