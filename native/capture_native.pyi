@@ -387,7 +387,29 @@ class CompiledStream:
     def read(self, connection: int, budget: int, /) -> CompiledStreamRead:
         """Take up to ``budget`` of the frames libpq holds for the connection at
         ``connection`` (its ``PGconn *``); never waits. Every frame from a Stream Start
-        to its Stream Stop, both included, is handed back (:attr:`Stop.FRAME`)."""
+        to its Stream Stop, both included, is handed back (:attr:`Stop.FRAME`), but the
+        row changes the armed block spool takes (:meth:`spool_block`)."""
+    def spool_block(
+        self,
+        fd: int,
+        at: int,
+        room: int,
+        void: set[int],
+        encoders: list[tuple[int, Any]],
+        tags: list[int],
+        /,
+    ) -> None:
+        """Arm the open stream block's spool (``native/src/spool_writer.rs``): the
+        transaction's spool file by descriptor ``fd`` (duplicated), its next entry at
+        byte ``at``, ``room`` bytes left under the spool limit, the rolled-back subxids
+        ``void``, per relation oid the :class:`TextRowEncoder` of the transaction's
+        current table version, and the pgoutput tags (``I``, ``U``, ``D``) encoded
+        whole. Replaces the armed one; raises ValueError if its runs were not taken."""
+    def end_spool_block(self) -> None:
+        """Disarm the block's spool; raises ValueError if its runs were not taken."""
+    def take_spooled(self) -> list[SpooledRun]:
+        """The runs the armed block's spool appended since the last call, written to its
+        file; empty when none is armed. Raises OSError when a write failed."""
     def take_frames(self, frames: list[bytes], start: int, /) -> CompiledStreamRead:
         """Take ``frames[start:]`` (XLogData payloads of a streamed transaction replayed
         from its spool, pgoutput messages or :data:`ENCODED_CHANGE` ones, produced as they
@@ -466,6 +488,21 @@ class ChangeDecoder:
     def decode(self, values: list[bytes], /) -> list[DecodedFields | None]:
         """Each record value decoded; None where its header names another writer or its
         body does not decode, as ``driver_plan._decode`` says."""
+
+@final
+class SpooledRun:
+    """Consecutive entries of one subxid the compiled stream appended to a spool: bytes
+    ``start`` to ``end`` of its file."""
+
+    @property
+    def subxid(self) -> int:
+        """The subtransaction that made the entries."""
+    @property
+    def start(self) -> int:
+        """The first entry's first byte."""
+    @property
+    def end(self) -> int:
+        """The byte after the last entry."""
 
 @final
 class SpoolReplay:

@@ -29,10 +29,18 @@ module decides which, and keeps the Python objects that stay the authority in st
   The compiled stream's records carry no per-record ticket; their delivery reports come
   summed per transaction and partition
   (:meth:`~capture.in_flight.ProgressBook.delivered_records`).
-- **Stream blocks.** With ``CAPTURE_STREAMING`` the compiled stream hands back every
-  frame from a Stream Start to its Stream Stop (it keeps that one bit itself): inside a
-  block a change carries an xid where it would read the relation OID. The loop spools
-  them, and replays a committed streamed transaction from its spool through
+- **Stream blocks.** With ``CAPTURE_STREAMING`` the compiled stream hands back the
+  frames from a Stream Start to its Stream Stop (it keeps that one bit itself): inside a
+  block a change carries an xid where it would read the relation OID. But for the
+  block's row changes the Python path would encode as they arrive: while a block is
+  open, the block's spool is armed (:meth:`InProgressTransactions.block_spool
+  <capture.stream.in_progress.InProgressTransactions.block_spool>`, re-armed after
+  every frame the Python path handles, since a Relation changes the table versions and
+  a change spooled in Python moves the spool's end), and the compiled stream encodes
+  and appends those itself (``native/src/spool_writer.rs``), the same entries byte for
+  byte; what it appended goes back to the spool's bookkeeping after every call, before
+  the Python path handles anything. The loop spools the rest, and replays a committed
+  streamed transaction from its spool through
   :meth:`CompiledStream.take_spool`: the compiled stream reads the spool's file itself
   (``native/src/spool_replay.rs``, over the live ranges the spool's bookkeeping gives)
   and takes the replayed messages as it takes libpq's frames (they are the messages the
@@ -63,7 +71,7 @@ from capture.metrics import CaptureMetrics
 from capture.publish.native_producer import loaded_library
 from capture.rows.codec import TableCodec
 from capture.stream.change_stream import ChangeStream
-from capture.stream.in_progress import StreamedReplay
+from capture.stream.in_progress import InProgressTransactions, StreamedReplay
 from capture.stream.table_states import TableStates
 from schemas.control import TableState
 from schemas.headers import CHANGE_LSN, COMMIT_LSN, operation_headers
@@ -94,11 +102,13 @@ class CompiledStream:
 
     __slots__ = (
         "_armed_at",
+        "_block",
         "_book",
         "_changes",
         "_connection",
         "_counted",
         "_ensure_topic",
+        "_in_progress",
         "_metrics",
         "_native",
         "_states",
@@ -114,7 +124,10 @@ class CompiledStream:
         states: TableStates,
         ensure_topic: Callable[[str], None],
         metrics: CaptureMetrics | None,
+        in_progress: InProgressTransactions | None = None,
     ) -> None:
+        """``in_progress``: the streamed transactions (with ``CAPTURE_STREAMING``), whose
+        open block's row changes the compiled stream spools."""
         from capture_native import CompiledStream as NativeCompiledStream  # noqa: PLC0415
 
         path = libpq()
@@ -138,6 +151,9 @@ class CompiledStream:
         self.on_commit: Callable[[Lsn], None] = lambda _end_lsn: None
         """Called with each end LSN the compiled stream's commits reach, after the
         book's commit."""
+        self._in_progress = in_progress
+        self._block: int | None = None
+        """The transaction whose block's spool is armed, if one is."""
         self._native.adopt(None, book.next_transaction_id)
 
     def read(self, budget: int) -> CompiledStreamRead:
@@ -148,6 +164,7 @@ class CompiledStream:
         self._arm()
         read = self._native.read(self._connection, budget)
         self._replay()
+        self._take_spooled()
         return read
 
     def take_frames(self, frames: list[bytes], start: int) -> CompiledStreamRead:
@@ -223,6 +240,7 @@ class CompiledStream:
     def from_python(self) -> None:
         """After it: the compiled stream takes over the change stream's open
         transaction, as the book's open one."""
+        self._arm_block()
         transaction = self._changes.transaction()
         next_id = self._book.next_transaction_id
         if transaction is None or not self._book.in_transaction:
@@ -271,6 +289,36 @@ class CompiledStream:
             if end_lsn:
                 book.commit(Lsn(end_lsn))
                 self.on_commit(Lsn(end_lsn))
+
+    def _arm_block(self) -> None:
+        """Arm the open stream block's spool, as it is now, or disarm it outside a
+        block (after every frame the Python path handles)."""
+        in_progress = self._in_progress
+        block = None if in_progress is None else in_progress.block_spool()
+        if block is None:
+            if self._block is not None:
+                self._block = None
+                self._native.end_spool_block()
+            return
+        end = block.end
+        self._native.spool_block(
+            end.fd, end.at, end.room, set(end.void), list(block.encoders), list(block.tags)
+        )
+        self._block = block.xid
+
+    def _take_spooled(self) -> None:
+        """Hand what the compiled stream spooled to the spool's bookkeeping."""
+        xid, in_progress = self._block, self._in_progress
+        if xid is None or in_progress is None:
+            return
+        try:
+            runs = self._native.take_spooled()
+        except OSError as exc:
+            raise TransientError(
+                f"cannot write the spool of streamed transaction {xid}: {exc}"
+            ) from exc
+        if runs:
+            in_progress.spooled(xid, [(run.subxid, run.start, run.end) for run in runs])
 
     def _arm(self) -> None:
         version = (self._states.version, self._changes.version)

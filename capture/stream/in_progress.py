@@ -56,8 +56,10 @@ from __future__ import annotations
 
 import logging
 import struct
-from collections.abc import Generator
+from collections.abc import Generator, Iterable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from capture.pgoutput import (
     Relation,
@@ -84,10 +86,14 @@ from capture.stream import encoded_change
 from capture.stream.change_stream import ChangeStream
 from capture.stream.streamed_transactions import (
     CommittedSpool,
+    SpoolEnd,
     StreamedChange,
     StreamedTransactions,
 )
 from schemas.lsn import Lsn, format_lsn
+
+if TYPE_CHECKING:
+    from capture.rows.native import RowEncoder
 
 log = logging.getLogger(__name__)
 
@@ -119,10 +125,34 @@ class _TableVersions:
         so that the identity names one encoder until the replay ends."""
 
 
+@dataclass(frozen=True, slots=True)
+class BlockSpool:
+    """The open stream block's spool, for the compiled stream to append the block's row
+    changes to (:meth:`InProgressTransactions.block_spool`)."""
+
+    xid: int
+    end: SpoolEnd
+    """Where and how much it may write, and the subxids it must refuse."""
+    encoders: tuple[tuple[int, RowEncoder], ...]
+    """By relation oid, the compiled encoder of the transaction's current version of the
+    table: exactly the changes the Python path would encode as they arrive."""
+    tags: tuple[int, ...]
+    """The pgoutput tags of the row messages encoded whole
+    (:attr:`~capture.stream.change_stream.ChangeStream.encoded_operations`)."""
+
+
 class InProgressTransactions:
     """The streamed transactions of one replication attempt (see the module's text)."""
 
-    __slots__ = ("_blocks", "_changes", "_spools", "_versions", "peak_bytes", "streamed")
+    __slots__ = (
+        "_blocks",
+        "_changes",
+        "_spools",
+        "_versions",
+        "peak_bytes",
+        "streamed",
+        "written_bytes",
+    )
 
     def __init__(
         self, max_bytes: int, directory: Path | None, changes: ChangeStream | None = None
@@ -138,6 +168,8 @@ class InProgressTransactions:
         """The most bytes the spools held at once (benchmarks and the log)."""
         self.streamed = 0
         """Transactions whose first block arrived in this attempt."""
+        self.written_bytes = 0
+        """Spooled bytes the writer of :meth:`block_spool` appended (the log)."""
 
     @property
     def open(self) -> bool:
@@ -200,6 +232,43 @@ class InProgressTransactions:
         # Stream Stop, and the Origin a replayed transaction's first block may carry:
         # nothing to keep.
         return None
+
+    def block_spool(self) -> BlockSpool | None:
+        """The open stream block's spool, where another writer may append the block's
+        row changes as :meth:`handle` would (the compiled stream's,
+        ``native/src/spool_writer.rs``), and hand back what it wrote through
+        :meth:`spooled` before this object handles another message; None outside a block,
+        or when no table of the transaction can be encoded as its changes arrive."""
+        xid = self._blocks.block_xid
+        changes = self._changes
+        if xid is None or changes is None or xid not in self._spools:
+            return None
+        versions = self._versions.get(xid)
+        if versions is None:
+            return None
+        encoders = []
+        for oid, codec in versions.current.items():
+            if codec.compiled is not None:
+                # Held until the replay ends, as for a change encoded here.
+                versions.by_encoder[id(codec.compiled)] = codec
+                encoders.append((oid, codec.compiled))
+        if not encoders:
+            return None
+        return BlockSpool(
+            xid,
+            self._spools.writable(xid),
+            tuple(encoders),
+            tuple(changes.encoded_operations),
+        )
+
+    def spooled(self, xid: int, runs: Iterable[tuple[int, int, int]]) -> None:
+        """What the writer of :meth:`block_spool` appended to ``xid``'s spool: ``runs``
+        of ``(subxid, start, end)``."""
+        spools = self._spools
+        before = spools.size
+        spools.written(xid, runs)
+        self.written_bytes += spools.size - before
+        self.peak_bytes = max(self.peak_bytes, spools.size)
 
     def close(self) -> None:
         """Release every spool (the end of the attempt)."""

@@ -299,9 +299,11 @@ class ReplicationLoop:
         in_progress = self._in_progress
         if in_progress is not None and in_progress.streamed:
             log.info(
-                "transactions streamed in progress: %d, spools held at most %d bytes",
+                "transactions streamed in progress: %d, spools held at most %d bytes; "
+                "%d bytes spooled by the compiled stream",
                 in_progress.streamed,
                 in_progress.peak_bytes,
+                in_progress.written_bytes,
             )
 
     def _close_streamed(self) -> None:
@@ -514,6 +516,7 @@ class ReplicationLoop:
             self._states,
             self._publisher.ensure_topic,
             self._metrics,
+            self._in_progress,
         )
 
     def _compiled_committed(self, end_lsn: Lsn) -> None:

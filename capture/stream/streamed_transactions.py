@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import struct
 import tempfile
-from collections.abc import Generator
+from collections.abc import Generator, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -93,6 +93,21 @@ class StreamedTransactionTooLargeError(ConfigError):
         self.max_bytes = max_bytes
 
 
+@dataclass(frozen=True, slots=True)
+class SpoolEnd:
+    """An open spool's end, for another writer of its file
+    (:meth:`StreamedTransactions.writable`)."""
+
+    fd: int
+    """The file's descriptor: the writer duplicates it, and writes at positions."""
+    at: int
+    """The byte the next entry starts at."""
+    room: int
+    """The bytes all open spools may still take under the limit."""
+    void: frozenset[int]
+    """The subxids rolled back: their changes are refused."""
+
+
 @dataclass(slots=True)
 class _Subxact:
     """Where one subxid's changes sit in its transaction's file."""
@@ -113,11 +128,15 @@ class _Run:
 class _Spool:
     """One top-level transaction's changes; the file is made at the first change."""
 
-    __slots__ = ("file", "ranged", "runs", "size", "subxacts", "void")
+    __slots__ = ("file", "moved", "ranged", "runs", "size", "subxacts", "void")
 
     def __init__(self) -> None:
         self.file: IO[bytes] | None = None
         self.size = 0
+        self.moved = False
+        """Whether another writer appended to :attr:`file` since this object last wrote
+        to it (:meth:`StreamedTransactions.written`): its position is then not the
+        end."""
         # In order of first appearance (dicts keep insertion order).
         self.subxacts: dict[int, _Subxact] = {}
         self.void: set[int] = set()
@@ -185,6 +204,9 @@ class StreamedTransactions:
         if file is None:
             file = spool.file = self._new_file()
         try:
+            if spool.moved:
+                file.seek(spool.size)
+                spool.moved = False
             # One write per change: a failure leaves no header without its message
             # behind (and ends the attempt, whose retry discards every spool).
             file.write(_ENTRY.pack(subxid, change_lsn, len(message)) + message)
@@ -201,6 +223,55 @@ class StreamedTransactions:
             _extend_runs(spool, subxid, spool.size + entry)
         spool.size += entry
         self._total += entry
+
+    def writable(self, xid: int) -> SpoolEnd:
+        """Where another writer appends the next changes of ``xid``'s open spool (the
+        compiled stream's, ``native/src/spool_writer.rs``): its file, written out and
+        made if it was not yet; the byte the next entry starts at; the bytes the limit
+        leaves; the subxids rolled back. It must hand back what it wrote, before this
+        object writes again, through :meth:`written`."""
+        spool = self._open(xid, "a stream block")
+        file = spool.file
+        if file is None:
+            file = spool.file = self._new_file()
+        try:
+            file.flush()
+        except OSError as exc:
+            raise TransientError(
+                f"cannot write the spool of streamed transaction {xid}: {exc}"
+            ) from exc
+        return SpoolEnd(
+            file.fileno(), spool.size, self._max_bytes - self._total, frozenset(spool.void)
+        )
+
+    def written(self, xid: int, runs: Iterable[tuple[int, int, int]]) -> None:
+        """Another writer appended entries to ``xid``'s spool at :meth:`writable`'s
+        end: ``runs`` of ``(subxid, start, end)``, the byte ranges of consecutive
+        entries of one subxid, in order, each starting where the spool ended. Taken as
+        :meth:`append` takes its own entries."""
+        spool = self._open(xid, "a spooled change")
+        for subxid, start, end in runs:
+            if start != spool.size or end <= start:
+                raise RuntimeError(
+                    f"the spool of transaction {xid} ends at byte {spool.size}, and a "
+                    f"writer appended bytes {start} to {end}: the writer and the spool "
+                    "are out of step"
+                )
+            if subxid in spool.void:
+                raise RuntimeError(
+                    f"a writer spooled a change of subtransaction {subxid} of transaction "
+                    f"{xid} after its abort: the writer and the spool are out of step"
+                )
+            subxact = spool.subxacts.get(subxid)
+            if subxact is None:
+                spool.subxacts[subxid] = _Subxact(start, end)
+            else:
+                subxact.end_at = end
+            if spool.ranged:
+                _extend_runs(spool, subxid, end)
+            spool.size = end
+            self._total += end - start
+            spool.moved = True
 
     def abort(self, xid: int, subxid: int) -> None:
         """A Stream Abort: the whole transaction when ``subxid == xid``, else the

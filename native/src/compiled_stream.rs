@@ -33,7 +33,7 @@
 //!   the book right after every `read`, before anything polls the producer, so every
 //!   report finds its transaction in the book.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::{c_char, c_int, c_void, CString};
 
 use libloading::Library;
@@ -43,6 +43,7 @@ use pyo3::types::PyBytes;
 
 use crate::producer::{streamed_opaque, HeaderField, KafkaProducer};
 use crate::spool_replay::SpoolReplay;
+use crate::spool_writer::{SpoolWriter, SpooledRun};
 use crate::{write_long, TextRowEncoder, DELETE, INSERT, UPDATE};
 
 /// Replication CopyData tag of an XLogData message, and its header's size: tag, then
@@ -301,8 +302,10 @@ pub struct CompiledStream {
     pending: Option<Vec<u8>>,
     stop_at: u64,
     /// Whether a stream block is open: from a Stream Start to its Stream Stop, both
-    /// included, every frame goes to the Python path.
+    /// included, every frame goes to the Python path but the row changes `spool` takes.
     in_block: bool,
+    /// The open block's spool, while the caller has it armed (`spool_writer.rs`).
+    spool: Option<SpoolWriter>,
 }
 
 impl CompiledStream {
@@ -321,6 +324,10 @@ impl CompiledStream {
         }
         let open = self.in_block;
         self.in_block = in_block_after(open, message[0]);
+        if open && self.in_block {
+            let spooled = self.spool.as_mut().is_some_and(|spool| spool.spool(wal_start, message));
+            return if spooled { Taken::Done } else { Taken::Pass };
+        }
         if open || self.in_block {
             return Taken::Pass;
         }
@@ -527,6 +534,7 @@ impl CompiledStream {
             pending: None,
             stop_at: 0,
             in_block: false,
+            spool: None,
         })
     }
 
@@ -667,6 +675,48 @@ impl CompiledStream {
             }
         }
         Ok(CompiledStreamRead::stopped(Stop::Limit, taken))
+    }
+
+    /// Arm the open stream block's spool (`spool_writer.rs`): the transaction's spool
+    /// file by descriptor `fd`, its next entry at byte `at`, `room` bytes
+    /// left under the spool limit, the rolled-back subxids `void`, per relation oid the
+    /// compiled encoder of the transaction's current table version, and the pgoutput
+    /// tags (`I`, `U`, `D`) it encodes. Replaces the armed one, whose runs must have been
+    /// taken (`take_spooled`).
+    #[allow(clippy::too_many_arguments)]
+    fn spool_block(
+        &mut self,
+        fd: i32,
+        at: u64,
+        room: u64,
+        void: HashSet<u32>,
+        encoders: Vec<(u32, Py<TextRowEncoder>)>,
+        tags: Vec<u8>,
+    ) -> PyResult<()> {
+        self.end_spool_block()?;
+        self.spool = Some(SpoolWriter::new(fd, at, room, void, encoders.into_iter().collect(), &tags)?);
+        Ok(())
+    }
+
+    /// Disarm the block's spool: the Python path spools every frame of a block.
+    fn end_spool_block(&mut self) -> PyResult<()> {
+        if let Some(mut spool) = self.spool.take() {
+            if !spool.take_runs()?.is_empty() {
+                return Err(PyValueError::new_err(
+                    "the armed spool holds runs the caller has not taken: take_spooled first",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The runs the armed block's spool appended since the last call, all written to its
+    /// file; empty when none is armed. A failed write raises OSError.
+    fn take_spooled(&mut self) -> PyResult<Vec<SpooledRun>> {
+        match self.spool.as_mut() {
+            Some(spool) => Ok(spool.take_runs()?),
+            None => Ok(Vec::new()),
+        }
     }
 
     /// What the compiled stream did since the last call, one part per transaction it

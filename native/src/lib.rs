@@ -30,6 +30,7 @@ mod change_decoder;
 mod compiled_stream;
 mod producer;
 mod spool_replay;
+mod spool_writer;
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -788,6 +789,7 @@ fn capture_native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<compiled_stream::TableCount>()?;
     module.add_class::<compiled_stream::OpenTransaction>()?;
     module.add_class::<spool_replay::SpoolReplay>()?;
+    module.add_class::<spool_writer::SpooledRun>()?;
     module.add("SpoolDamagedError", module.py().get_type::<spool_replay::SpoolDamagedError>())?;
     module.add_class::<change_decoder::ChangeDecoder>()?;
     module.add_class::<change_decoder::DecodedFields>()?;

@@ -12,6 +12,7 @@ thousand rows are then streamed in many blocks.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -139,15 +140,18 @@ def test_streamed_transactions_publish_the_unstreamed_records_and_nothing_rolled
     streaming_dsn: str,
     tmp_path: Path,
     compiled: bool,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """``compiled``: the streaming capture replays through the compiled stream, or with
-    ``CAPTURE_COMPILED_STREAM=false`` through the Python loop.
+    """``compiled``: the streaming capture spools the blocks' rows and replays through
+    the compiled stream, or with ``CAPTURE_COMPILED_STREAM=false`` through the Python
+    loop.
 
     The streamed transactions: one with a rolled-back savepoint that added a column; one
     rolled back whole; and one open while another transaction adds a column to the table,
     that then writes rows under it, adds a column itself and writes rows again. Rows are
     encoded as they arrive, each by the table as it was when it was written, and make the
     records of the unstreamed path."""
+    caplog.set_level(logging.INFO, logger="capture.stream.loop")
     name = unique_name
     table = _create(pg, name)
     other = _create(pg, f"{name}_o")
@@ -207,6 +211,15 @@ def test_streamed_transactions_publish_the_unstreamed_records_and_nothing_rolled
     finally:
         streamed.close(pg)
         unstreamed.close(pg)
+    # The bytes the compiled stream spooled itself, from the streaming capture's last
+    # words (the unstreamed one streams nothing and says nothing of it).
+    (spooled,) = [
+        int(str(record.args[2]))
+        for record in caplog.records
+        if record.msg.startswith("transactions streamed in progress")
+        and isinstance(record.args, tuple)
+    ]
+    assert (spooled > 0) is compiled
     kept = [*range(1, PART + 1), *range(2 * PART + 1, 3 * PART + 1)]
     added = list(range(FIRST_ADDED, FIRST_ADDED + 2 * ADDED))
     assert [int(key["id"]) for key, _ in streamed_records] == [*kept, *added, SENTINEL]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import struct
 import tracemalloc
 from pathlib import Path
@@ -368,3 +369,60 @@ def test_past_the_runs_it_keeps_the_spool_is_one_range_read_by_subxid(spool, mon
 
 def spool_size(changes: list[StreamedChange]) -> int:
     return sum(OVERHEAD + len(c.message) for c in changes)
+
+
+def _write_at(spool: StreamedTransactions, xid: int, changes: list[tuple[int, int]]) -> None:
+    """Append ``(subxid, n)`` changes as another writer of the file does (the compiled
+    stream's): at the end :meth:`writable` gives, by descriptor, then hand back the runs."""
+    end = spool.writable(xid)
+    at = end.at
+    runs: list[tuple[int, int, int]] = []
+    for subxid, n in changes:
+        entry = struct.pack(">IQI", subxid, n, len(change(n))) + change(n)
+        assert len(entry) <= end.room
+        written = os.pwrite(end.fd, entry, at)
+        assert written == len(entry)
+        if runs and runs[-1][0] == subxid:
+            runs[-1] = (subxid, runs[-1][1], at + len(entry))
+        else:
+            runs.append((subxid, at, at + len(entry)))
+        at += len(entry)
+    spool.written(xid, runs)
+
+
+def test_changes_another_writer_appends_come_back_between_this_ones(spool):
+    """Entries written at positions by another writer and handed back as runs are kept
+    as this object's own: in order with the ones it writes before and after (it seeks
+    past them), counted against the limit, and cut with an aborted subtransaction."""
+    spool.start(XID, first_segment=True)
+    sent = spooled(spool, XID, [(XID, 1)])
+    _write_at(spool, XID, [(XID, 2), (XID, 3), (XID + 1, 4)])
+    sent += [StreamedChange(Lsn(n), change(n)) for n in (2, 3)]
+    size = spool.size
+    assert size == sum(OVERHEAD + len(change(n)) for n in (1, 2, 3, 4))
+    assert spool.writable(XID).room == LIMIT - size
+    # The subtransaction the other writer spooled rolls back: cut off the end.
+    spool.abort(XID, XID + 1)
+    assert spool.writable(XID).void == frozenset({XID + 1})
+    sent += spooled(spool, XID, [(XID, 5)])
+    _write_at(spool, XID, [(XID, 6)])
+    sent += [StreamedChange(Lsn(6), change(6))]
+    sent += spooled(spool, XID, [(XID, 7)])
+    assert list(spool.commit(XID)) == sent
+
+
+def test_runs_that_do_not_start_at_the_spools_end_are_refused(spool):
+    """A writer out of step with the bookkeeping (a gap, an overlap, a subxid already
+    rolled back) is a bug that would corrupt the replay: refused, not taken."""
+    spool.start(XID, first_segment=True)
+    spooled(spool, XID, [(XID, 1), (XID + 1, 2)])
+    end = spool.size
+    with pytest.raises(RuntimeError, match="out of step"):
+        spool.written(XID, [(XID, end + 1, end + 40)])
+    with pytest.raises(RuntimeError, match="out of step"):
+        spool.written(XID, [(XID, end - 1, end + 40)])
+    spool.abort(XID, XID + 1)
+    cut = spool.size
+    with pytest.raises(RuntimeError, match="after its abort"):
+        spool.written(XID, [(XID + 1, cut, cut + 40)])
+    assert spool.size == cut
