@@ -66,6 +66,7 @@ from apply.engine.kafka_clients import HELD_GROUP, client_conf, spark_source_opt
 from apply.errors import TableError, UnknownSchemaError, parked_cure
 from apply.lake.dead_letter import ErroredTable, discard, errored_tables, parked_offsets
 from apply.lake.driver_merge import DriverTables
+from apply.lake.driver_store import DriverStore, driver_store
 from apply.lake.known_tables import KnownTables
 from apply.lake.retired_log import fold_retired_logs
 from apply.lake.spark_merge import transaction_app_id
@@ -169,6 +170,16 @@ def queries_ended(queries: Sequence[StreamingQuery], each_ends: bool) -> bool:
     return len(ended) == len(queries) or (bool(ended) and not each_ends)
 
 
+def _driver_store(lake_root: str, spark: SparkSession) -> DriverStore | None:
+    """How the driver's delta-rs reaches the lake, as the job's Hadoop configuration says
+    (:mod:`apply.lake.driver_store`); None where only Spark writes it."""
+    hadoop: Any = spark.sparkContext._jsc.hadoopConfiguration()  # lives on the JVM only
+    store = driver_store(lake_root, hadoop.get)
+    if store is None:
+        log.info("the lake %s is written by Spark only: delta-rs does not write it", lake_root)
+    return store
+
+
 class ApplyJob:
     def __init__(
         self,
@@ -194,7 +205,8 @@ class ApplyJob:
         self._context_id = transaction_app_id(checkpoint_location(settings))
         # The streaming batches' tables only: reapply and discard read from Delta.
         self._known = KnownTables()
-        self._driver_tables = DriverTables()
+        self._store = _driver_store(settings.lake.root, spark)
+        self._driver_tables = None if self._store is None else DriverTables(self._store)
         self._app_ids = {lane.name: transaction_app_id(lane.checkpoint) for lane in self.lanes}
         self._checkpoints = {lane.name: lane.checkpoint for lane in self.lanes}
         # A small batch's records read from Kafka in the driver (apply.batch.held_batch).
@@ -212,7 +224,7 @@ class ApplyJob:
             parallelism=self._settings.table_parallelism,
             schema_topic=self._settings.kafka.schema_topic,
             default_txn_app_id=self._context_id,
-            upkeep=TableUpkeep(self._settings.upkeep, self.metrics),
+            upkeep=TableUpkeep(self._settings.upkeep, self.metrics, self._store),
             known=self._known if streaming else None,
             driver_write_records=self._settings.lake.driver_write_records,
             driver_tables=self._driver_tables if streaming else None,

@@ -27,7 +27,7 @@ from apply.control.progress import BatchResult, TableResult
 from apply.errors import MissingSchemaError, TableError, UnknownSchemaError
 from apply.lake.dead_letter import ErroredTable, errored_tables
 from apply.lake.decode import RECORD_COLUMNS, TopicSurvey, persisted, survey, survey_held
-from apply.lake.driver_plan import CollectedRecord, local_lake
+from apply.lake.driver_plan import CollectedRecord
 from apply.lake.tables import table_of_topic
 from schemas.registry_framing import registry_id_of
 from schemas.single_object import format_fingerprint
@@ -100,11 +100,12 @@ def _table_task(
 
 
 def _held(records: DataFrame, batch_id: int, context: ApplyContext) -> list[HeldRecord] | None:
-    """The batch's records in the driver, when the lake is local and the batch holds at
-    most ``context.driver_write_records`` records; else None. Read from Kafka by the
+    """The batch's records in the driver, when the driver writes the lake
+    (``context.driver_tables``) and the batch holds at most
+    ``context.driver_write_records`` records; else None. Read from Kafka by the
     driver when the query's offset log gives the batch's ranges (:mod:`apply.batch.held_batch`),
     else with one Spark job reading at most one record more than the bound."""
-    if not local_lake(context.lake_root) or context.driver_write_records <= 0:
+    if context.driver_tables is None or context.driver_write_records <= 0:
         return None
     reader, checkpoint = context.held_reader, context.checkpoint
     ranges = None if checkpoint is None else batch_ranges(checkpoint, batch_id)

@@ -17,7 +17,6 @@ from apply.control.progress import TableResult
 from apply.errors import BadRecordError, ConfigError, TableError
 from apply.lake.decode import TopicSurvey
 from apply.lake.driver_merge import DriverMergeUnavailableError
-from apply.lake.driver_plan import local_lake
 from apply.lake.history import recover_state
 from apply.lake.positions import AppliedState, covers
 from apply.lake.tables import TableId, table_of_topic, table_path
@@ -38,15 +37,11 @@ def recorded_state(
     the driver writes it is read by delta-rs, and remembered for the table's first batch
     (:mod:`apply.lake.known_tables`): a Spark read of every table's history is a job per
     table, and most of a restarted job's CPU before its first batch. Spark reads a table
-    delta-rs cannot (deletion vectors, the change data feed, an object store)."""
+    delta-rs cannot (deletion vectors, the change data feed, a lake the driver does not
+    write: :mod:`apply.lake.driver_store`)."""
     path = table_path(context.lake_root, table)
     driver_tables, known_tables = context.driver_tables, context.known
-    if (
-        driver_tables is not None
-        and known_tables is not None
-        and not context.deletion_vectors
-        and local_lake(context.lake_root)
-    ):
+    if driver_tables is not None and known_tables is not None and not context.deletion_vectors:
         try:
             known = driver_tables.read(path, table)
         except DriverMergeUnavailableError as exc:

@@ -43,7 +43,6 @@ from apply.lake.driver_plan import (
     DriverWriteUnavailableError,
     decode_records,
     latest_changes,
-    local_lake,
     measure_changes,
 )
 from apply.lake.history import TableHistory, newest_version, read_history, recover_state
@@ -319,7 +318,8 @@ def plan_in_driver(
 ) -> DriverPlan | None:
     """The plan the driver's MERGE writes (:func:`merge_from_driver`); None for a
     batch the driver does not take, which
-    Spark then writes: more than one writer schema, a lake that is not local, a
+    Spark then writes: more than one writer schema, a lake the driver does not write
+    (:mod:`apply.lake.driver_store`), a
     replayed batch id (Spark's transaction check decides), new or retyped columns, a
     TRUNCATE, or nothing but replays and tombstones (Spark commits the state alone). An
     unchanged TOAST value is resolved as Spark's MERGE resolves it (the key's newest
@@ -328,7 +328,7 @@ def plan_in_driver(
     that creates it."""
     topic = topic_survey.topic
     table = table_of_topic(topic)
-    if len(schemas) != 1 or not local_lake(context.lake_root):
+    if len(schemas) != 1 or context.driver_tables is None:
         return None
     if previous is not None and context.wrote(previous) and batch_id <= previous.batch_id:
         return None

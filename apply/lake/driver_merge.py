@@ -31,8 +31,7 @@ and a table this module cannot write exactly (:func:`writable`):
   whose writer features are all in :data:`WRITABLE_FEATURES` are written;
 - **the change data feed**: Spark writes the change files of a MERGE, which delta-rs
   does not write the same way;
-- a lake that is not on a local file system: on an object store Delta's Spark writer
-  keeps commits exclusive with a lock in its own JVM, which a second writer bypasses.
+- a lake on an object store other than S3 (:mod:`apply.lake.driver_store`).
 
 Any failure of delta-rs before its commit falls back to Spark's MERGE, which is safe
 even after a delta-rs commit: it carries the same transaction id, which Delta skips.
@@ -64,6 +63,7 @@ from apply.lake.delta_schema import (
     table_properties,
 )
 from apply.lake.driver_plan import DecodedChange, change_arrays, table_arrow_types
+from apply.lake.driver_store import LOCAL, DriverStore
 from apply.lake.history import TableHistory, newest_state
 from apply.lake.known_tables import KnownTable
 from apply.lake.table_lock import TABLE_LOCKS
@@ -134,9 +134,11 @@ class DriverTables:
     commit but its own followed (:mod:`apply.lake.known_tables`). Safe for tables written
     from several threads, one thread per table at a time."""
 
-    def __init__(self) -> None:
+    def __init__(self, store: DriverStore = LOCAL) -> None:
+        """``store``: how delta-rs reaches the lake (:mod:`apply.lake.driver_store`)."""
         self._lock = threading.Lock()
         self._tables: dict[str, Any] = {}
+        self._store = store
 
     def at(self, path: str, version: int) -> Any:
         """The table at ``path`` as of ``version``, its newest (the caller knows no later
@@ -146,7 +148,7 @@ class DriverTables:
             table = self._tables.get(path)
         try:
             if table is None:
-                table = DeltaTable(path)
+                table = self._open(path)
             elif table.version() < version:
                 table.update_incremental()
         except DeltaError as exc:
@@ -161,6 +163,9 @@ class DriverTables:
             self._tables[path] = table
         return table
 
+    def _open(self, path: str) -> Any:
+        return DeltaTable(self._store.location(path), storage_options=dict(self._store.options))
+
     def forget(self, path: str) -> None:
         with self._lock:
             self._tables.pop(path, None)
@@ -173,9 +178,10 @@ class DriverTables:
         from the driver too. :class:`DriverMergeUnavailableError` when delta-rs cannot
         read or write the table (Spark reads it then)."""
         try:
-            if not DeltaTable.is_deltatable(path):
+            location, options = self._store.location(path), dict(self._store.options)
+            if not DeltaTable.is_deltatable(location, storage_options=options):
                 return None
-            delta_table = DeltaTable(path)
+            delta_table = DeltaTable(location, storage_options=options)
             writable(delta_table)
             page = delta_table.history(_FIRST_PAGE)
             state = newest_state(str(table), page)
@@ -216,12 +222,13 @@ class DriverTables:
         )
         try:
             created = DeltaTable.create(
-                path,
+                self._store.location(path),
                 schema,
                 mode="ignore",
                 configuration=configuration,
                 raise_if_key_not_exists=False,
                 post_commithook_properties=AFTER_COMMIT,
+                storage_options=dict(self._store.options),
             )
         except DeltaError as exc:
             raise DriverMergeUnavailableError(f"delta-rs did not create the table: {exc}") from exc

@@ -22,10 +22,9 @@ delta-rs:
 4. **Arrow arrays** (:func:`change_arrays`) in the table's types, as Delta holds them.
 
 Only the batches the driver is sure to write exactly as Spark would take this path
-(:func:`apply.batch.write.plan_in_driver` checks), and only on a lake on a local file
-system (:func:`local_lake`): on an object store Delta's Spark writer keeps commits
-exclusive with a lock inside its own JVM (``S3SingleDriverLogStore``), which a second
-writer in the same job would bypass. ``tests/integration/test_apply_driver_merge.py``
+(:func:`apply.batch.write.plan_in_driver` checks), and only on a lake delta-rs can
+commit to beside Spark: a local file system, or S3 (:mod:`apply.lake.driver_store`).
+``tests/integration/test_apply_driver_merge.py``
 writes the same records both ways and compares the tables column by column.
 
 One difference is deliberate: Java's Avro decoder reads a body cut inside a trailing
@@ -455,11 +454,6 @@ def table_arrow_types(columns: Sequence[ColumnSpec]) -> dict[str, Any]:
     return types
 
 
-def local_lake(lake_root: str) -> bool:
-    """Whether the lake is on a local file system (module docstring: why only there)."""
-    return "://" not in lake_root or lake_root.startswith("file:")
-
-
 __all__ = [
     "CollectedRecord",
     "DecodedChange",
@@ -468,7 +462,6 @@ __all__ = [
     "change_arrays",
     "decode_records",
     "latest_changes",
-    "local_lake",
     "measure_changes",
     "table_arrow_types",
 ]

@@ -73,6 +73,7 @@ from pyspark.errors import PySparkException
 from pyspark.sql import SparkSession
 
 from apply.lake.delta_log import local_path
+from apply.lake.driver_store import LOCAL, DriverStore
 from apply.lake.table_lock import TABLE_LOCKS
 from apply.settings import UpkeepSettings
 
@@ -169,14 +170,17 @@ def _session_conf(spark: SparkSession, key: str, value: str) -> Iterator[None]:
             spark.conf.set(key, previous)
 
 
-def compact(spark: SparkSession, path: str, target_file_size_mb: int) -> str:
-    """OPTIMIZE the Delta table at ``path``; what it did, for the log. The caller holds
-    the table's lock (:mod:`apply.lake.table_lock`)."""
+def compact(
+    spark: SparkSession, path: str, target_file_size_mb: int, store: DriverStore | None = LOCAL
+) -> str:
+    """OPTIMIZE the Delta table at ``path``, then clean its expired log (:func:`clean_log`
+    through ``store``); what it did, for the log. The caller holds the table's lock
+    (:mod:`apply.lake.table_lock`)."""
     TABLE_LOCKS.require(path, "OPTIMIZE")
     with _session_conf(spark, MAX_FILE_SIZE_CONF, str(target_file_size_mb * 1024 * 1024)):
         row = SparkDeltaTable.forPath(spark, path).optimize().executeCompaction().head()
     metrics = None if row is None else row["metrics"]
-    cleaned = clean_log(path)
+    cleaned = clean_log(path, store)
     if metrics is None or not metrics["numFilesRemoved"]:
         return f"found nothing to rewrite; {cleaned}"
     vectors = metrics["deletionVectorStats"]
@@ -187,21 +191,25 @@ def compact(spark: SparkSession, path: str, target_file_size_mb: int) -> str:
     )
 
 
-def clean_log(path: str) -> str:
-    """Delete the commit files of a local table older than its ``delta.logRetentionDuration``
-    that a checkpoint makes unneeded; what it did, for the log. The driver's commits leave
-    this to upkeep (:data:`apply.lake.driver_merge.AFTER_COMMIT`); Spark's own writer
-    cleans after the checkpoints it writes, and an object store's table is left to it."""
-    local = local_path(path)
-    if local is None:
+def clean_log(path: str, store: DriverStore | None = LOCAL) -> str:
+    """Delete the commit files of the table at ``path`` older than its
+    ``delta.logRetentionDuration`` that a checkpoint makes unneeded, with delta-rs through
+    ``store`` (:mod:`apply.lake.driver_store`); what it did, for the log. The driver's
+    commits leave this to upkeep (:data:`apply.lake.driver_merge.AFTER_COMMIT`); Spark's
+    own writer cleans after the checkpoints it writes, and a lake only Spark writes
+    (``store`` None) is left to it."""
+    if store is None:
         return "log cleaned by Delta's Spark writer"
-    log_dir = os.path.join(local, "_delta_log")
-    before = len(os.listdir(log_dir))
+    local = local_path(path)
+    log_dir = None if local is None else os.path.join(local, "_delta_log")
+    before = None if log_dir is None else len(os.listdir(log_dir))
     try:
-        DeltaTable(local).cleanup_metadata()
+        DeltaTable(store.location(path), storage_options=dict(store.options)).cleanup_metadata()
     except DeltaError as exc:
         # Nothing was committed; the next turn tries again.
         return f"log not cleaned: {exc}"
+    if log_dir is None or before is None:
+        return "expired log files cleaned"
     return f"{before - len(os.listdir(log_dir))} expired log files cleaned"
 
 
@@ -248,6 +256,8 @@ class TableUpkeep:
 
     settings: UpkeepSettings
     observer: UpkeepObserver | None = None
+    store: DriverStore | None = LOCAL
+    """How delta-rs reaches the lake to clean expired logs; None: Spark's writer does."""
 
     def after_commit(
         self,
@@ -264,7 +274,7 @@ class TableUpkeep:
 
         def run(task: UpkeepTask) -> str:
             if task is UpkeepTask.COMPACT:
-                return compact(spark, path, self.settings.target_file_size_mb)
+                return compact(spark, path, self.settings.target_file_size_mb, self.store)
             return vacuum(spark, path)
 
         tasks = due(self.settings, version_before, version_after)

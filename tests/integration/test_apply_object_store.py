@@ -15,6 +15,9 @@ through ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY`` only.
 - The objects are in MinIO: the table's Delta log and data files and the checkpoint are
   listed, and the log read, through the S3 API, so the test cannot pass against a local
   path.
+- The batches are the driver's (delta-rs over the S3 API, reaching the bucket through
+  the job's own S3A settings, :mod:`apply.lake.driver_store`): every commit that carries
+  a batch is delta-rs's.
 - A restart resumes from the s3a checkpoint without re-applying: the checkpoint is cut
   back to before the commit record of the table's last batch, as a crash between the
   Delta commit and the checkpoint's commit leaves it. The restarted job replays that
@@ -162,6 +165,18 @@ def _batches(commits: dict[int, list[dict[str, Any]]]) -> list[int]:
     ]
 
 
+def _writers(commits: dict[int, list[dict[str, Any]]]) -> set[str]:
+    """Who wrote the commits that carry a batch: ``delta-rs`` (its ``clientVersion``)
+    or the ``engineInfo`` of Delta's Spark writer."""
+    writers = set()
+    for actions in commits.values():
+        if any("txn" in action for action in actions):
+            info = next(action["commitInfo"] for action in actions if "commitInfo" in action)
+            client = str(info.get("clientVersion", ""))
+            writers.add("delta-rs" if client.startswith("delta-rs") else info.get("engineInfo"))
+    return writers
+
+
 def _checkpoint_batches(store: ObjectStore, prefix: str) -> list[int]:
     """Batch ids with a file under the checkpoint's ``prefix`` (``.../commits/``)."""
     names = (key.rsplit("/", 1)[-1] for key in store.client.list_keys(store.bucket, prefix))
@@ -223,6 +238,9 @@ def test_lake_and_checkpoint_on_s3_apply_and_resume_without_reapplying(
         batches = _batches(commits)
         assert len(batches) >= 2, batches
         assert batches == sorted(set(batches)), f"a batch committed twice: {batches}"
+        # The batches are the driver's: delta-rs committed them over the S3 API, reaching
+        # MinIO through the job's S3A settings (apply/lake/driver_store.py).
+        assert _writers(commits) == {"delta-rs"}, _writers(commits)
         last = batches[-1]
         for batch in _checkpoint_batches(store, commits_prefix):
             if batch >= last:

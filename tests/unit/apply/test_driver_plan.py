@@ -19,7 +19,6 @@ from apply.lake.driver_plan import (
     change_arrays,
     decode_records,
     latest_changes,
-    local_lake,
     measure_changes,
 )
 from apply.lake.positions import AppliedState, PartitionProgress, Position
@@ -199,20 +198,6 @@ def test_an_infinite_date_is_left_to_spark() -> None:
     decoded = decode_records(records, VALUE_SCHEMA, VALUE_SCHEMA.columns)
     with pytest.raises(DriverWriteUnavailableError, match="calendar"):
         change_arrays(decoded.changes, VALUE_SCHEMA.columns)
-
-
-@pytest.mark.parametrize(
-    ("root", "local"),
-    [
-        (".local/lake", True),
-        ("/data/lake", True),
-        ("file:///data/lake", True),
-        ("s3a://bucket/lake", False),
-        ("abfss://c@a.dfs.core.windows.net/lake", False),
-    ],
-)
-def test_only_a_local_lake_is_written_from_the_driver(root: str, local: bool) -> None:
-    assert local_lake(root) is local
 
 
 def test_an_unchanged_toast_value_is_carried_from_the_keys_newest_change_that_had_it() -> None:
