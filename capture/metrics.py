@@ -261,6 +261,25 @@ class CaptureMetrics(MetricSet):
             "1 for the table's current state (pending, snapshot, catch_up, streaming, errored)",
             ["table", "state"],
         )
+        self.streaming = self.gauge(
+            "streaming",
+            "1 while capture asks the server to stream transactions in progress "
+            "(CAPTURE_STREAMING, until a streamed transaction outgrows the spools' limit)",
+        )
+        self.streamed_transactions = self.counter(
+            "streamed_transactions",
+            "transactions the server streamed in progress (CAPTURE_STREAMING): first blocks "
+            "received, counted again when a reconnect makes the server stream one again",
+        )
+        self.streamed_open = self.gauge(
+            "streamed_open_transactions",
+            "transactions streamed in progress and neither committed nor aborted yet",
+        )
+        self.streamed_spool_bytes = self.gauge(
+            "streamed_spool_bytes",
+            "bytes the open streamed transactions' spools hold in CAPTURE_SPOOL_DIR, "
+            "against CAPTURE_STREAMING_SPOOL_MAX_BYTES",
+        )
         self.reconnects = self.counter(
             "reconnects",
             "capture attempts started again after a transient failure",

@@ -9,6 +9,14 @@ The order is what makes a start safe: the slot's position is trusted only once t
 control topic is read and the server is identified (:func:`capture.source.setup.adopt_slot`,
 :mod:`capture.source.server_identity`), and the book starts where the slot is, with the
 applied offsets the control topic holds.
+
+With ``CAPTURE_STREAMING`` on, a streamed transaction whose spool would pass
+``CAPTURE_STREAMING_SPOOL_MAX_BYTES`` does not stop the service: the attempt ends as a
+transient failure and the service goes on without streaming (:meth:`CaptureService.run`),
+so the server spills that transaction as it did before streaming existed and sends it
+whole at its commit. Nothing of it was published (a streamed transaction is published
+at its commit only), and the slot was not confirmed past it, so the next attempt
+decodes it again from its first change. Streaming resumes at the service's next start.
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ from capture.source.setup import (
 )
 from capture.source.wal_safety import WalWatch, report_keep_size
 from capture.stream.loop import ReplicationLoop
+from capture.stream.streamed_transactions import StreamedTransactionTooLargeError
 from capture.stream.table_flow import now_micros
 from capture.stream.table_states import TableStates
 from runtime.telemetry import Health
@@ -94,11 +103,30 @@ class CaptureService:
                 raise TransientError(f"the connection to the source failed: {exc}") from exc
         except PipelineError as exc:
             self.metrics.errors.labels(type(exc).__name__).inc()
+            if isinstance(exc, StreamedTransactionTooLargeError) and self._settings.streaming:
+                raise self._stop_streaming(exc) from exc
             if isinstance(exc, TransientError):
                 self.health.transient_failure(str(exc))
             raise
         finally:
             self.metrics.book = None
+
+    def _stop_streaming(self, exc: StreamedTransactionTooLargeError) -> TransientError:
+        """Go on without streaming (the module's text says why that is safe): the
+        failure that ends this attempt, for the retry."""
+        self._settings = self._settings.model_copy(update={"streaming": False})
+        self.metrics.streaming.set(0)
+        failure = TransientError(
+            f"streamed transaction {exc.xid} outgrew the spools' limit, "
+            f"CAPTURE_STREAMING_SPOOL_MAX_BYTES ({exc.max_bytes} bytes; it held {exc.held}, "
+            f"all open streamed transactions {exc.total}): capture goes on without "
+            "streaming, so the server spills that transaction and sends it whole at its "
+            "commit; streaming resumes when capture restarts. To stream such transactions, "
+            "raise CAPTURE_STREAMING_SPOOL_MAX_BYTES and make room for it in CAPTURE_SPOOL_DIR"
+        )
+        # The retry logs it, as every failure that ends an attempt.
+        self.health.transient_failure(str(failure))
+        return failure
 
     @functools.cached_property
     def _source_password(self) -> SecretStr | None:
@@ -108,6 +136,7 @@ class CaptureService:
     def _attempt(self) -> None:
         """Set up the source, read the control topic, adopt the slot, stream."""
         settings, metrics = self._settings, self.metrics
+        metrics.streaming.set(1 if settings.streaming else 0)
         postgres = settings.postgres
         secret = self._source_password
         password = secret.get_secret_value() if secret is not None else None

@@ -198,7 +198,8 @@ class CaptureSettings(ServiceSettings):
         ge=1,
         description=(
             "bytes the spools of streamed transactions not committed yet may hold "
-            "together; a transaction needing more stops capture with an error that says so"
+            "together; past it capture warns and goes on without streaming until restarted "
+            "(the server then spills that transaction and sends it at its commit)"
         ),
     )
     compiled_rows: bool = Field(

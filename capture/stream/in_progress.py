@@ -177,6 +177,11 @@ class InProgressTransactions:
         return len(self._spools) > 0
 
     @property
+    def open_transactions(self) -> int:
+        """Streamed transactions neither committed nor aborted yet."""
+        return len(self._spools)
+
+    @property
     def spooled_bytes(self) -> int:
         """Bytes the spools hold now."""
         return self._spools.size

@@ -194,6 +194,8 @@ class ReplicationLoop:
         )
         """The streamed transactions of this attempt (None without streaming); a spool
         file is made only once a block arrives."""
+        self._streamed_counted = 0
+        """Of :attr:`InProgressTransactions.streamed`, what the metrics counted."""
         self._replay: StreamedReplay | None = None
         """A committed streamed transaction being replayed; the socket waits meanwhile."""
         self._spool: SpoolReplay | None = None
@@ -313,6 +315,7 @@ class ReplicationLoop:
         self._changes.replayed_codecs = {}
         if self._in_progress is not None:
             self._in_progress.close()
+            self._observe_streamed()
 
     def _confirm(self) -> None:
         """A standby status update with the LSN the book and the checkpoint allow."""
@@ -599,8 +602,22 @@ class ReplicationLoop:
         self._metrics.table_states(
             {table: state for state in TableState for table in states.in_state(state)}
         )
+        self._observe_streamed()
         if self._watch.failure is not None:
             raise self._watch.failure
+
+    def _observe_streamed(self) -> None:
+        """The streamed transactions' counts and spools to the metrics (all zero once the
+        attempt's spools are released)."""
+        in_progress, metrics = self._in_progress, self._metrics
+        if in_progress is None:
+            return
+        streamed = in_progress.streamed
+        if streamed > self._streamed_counted:
+            metrics.streamed_transactions.inc(streamed - self._streamed_counted)
+            self._streamed_counted = streamed
+        metrics.streamed_open.set(in_progress.open_transactions)
+        metrics.streamed_spool_bytes.set(in_progress.spooled_bytes)
 
     def _add_new_tables(self) -> None:
         """Tables created in a captured schema since the start join the capture: held

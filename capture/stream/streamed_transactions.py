@@ -76,7 +76,8 @@ class StreamedChange:
 class StreamedTransactionTooLargeError(ConfigError):
     """The spools of open streamed transactions would outgrow their byte limit.
 
-    A retry would not help: the server streams the same transaction again.
+    A retry that streams would not help: the server streams the same transaction again.
+    The service goes on without streaming instead (:mod:`capture.service`).
     """
 
     def __init__(self, xid: int, held: int, total: int, max_bytes: int) -> None:

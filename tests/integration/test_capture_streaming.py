@@ -23,6 +23,7 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
+from capture.metrics import CaptureMetrics
 from capture.settings import CaptureSettings
 from tests.plugins.capture import (
     CaptureProcess,
@@ -110,6 +111,10 @@ def _wait_streamed(pg: Connection, slot: str, transactions: int, more_than: int)
     return _streamed(pg, slot)[1]
 
 
+def _metric(metrics: CaptureMetrics, name: str) -> float | None:
+    return metrics.registry.get_sample_value(f"cdc_capture_{name}")
+
+
 def _records(
     settings: CaptureSettings, table: str, expected: int
 ) -> list[tuple[dict[str, Any], dict[str, Any]]]:
@@ -157,7 +162,10 @@ def test_streamed_transactions_publish_the_unstreamed_records_and_nothing_rolled
     other = _create(pg, f"{name}_o")
     tables = [f"public.{name}", f"public.{name}_o"]
     settings = _streaming(capture_settings(services, f"{name}_s", tables), streaming_dsn, tmp_path)
-    streamed = CaptureThread(settings.model_copy(update={"compiled_stream": compiled}))
+    metrics = CaptureMetrics()
+    streamed = CaptureThread(
+        settings.model_copy(update={"compiled_stream": compiled}), metrics=metrics
+    )
     unstreamed = CaptureThread(capture_settings(services, f"{name}_u", tables))
     streamed.start(pg)
     unstreamed.start(pg)
@@ -166,6 +174,16 @@ def test_streamed_transactions_publish_the_unstreamed_records_and_nothing_rolled
         with psycopg.connect(services.postgres_dsn) as writer:
             _insert(writer, table, 1, PART)
             streamed_bytes = _wait_streamed(pg, slot, 1, 0)
+            # The open transaction's spool, as the metrics show it (the loop sets them at
+            # every status interval).
+            wait_for(
+                lambda: (
+                    (_metric(metrics, "streamed_spool_bytes") or 0) > 0
+                    and _metric(metrics, "streamed_open_transactions") == 1
+                ),
+                "the metrics never showed the open streamed transaction's spool",
+                20,
+            )
             # A savepoint that changes the table's shape, writes under it, is streamed, and
             # rolls back.
             writer.execute("SAVEPOINT s")
@@ -220,6 +238,11 @@ def test_streamed_transactions_publish_the_unstreamed_records_and_nothing_rolled
         and isinstance(record.args, tuple)
     ]
     assert (spooled > 0) is compiled
+    # Three transactions streamed (one rolled back); none open and nothing spooled once
+    # the attempt ended.
+    assert _metric(metrics, "streamed_transactions_total") == 3
+    assert _metric(metrics, "streamed_open_transactions") == 0
+    assert _metric(metrics, "streamed_spool_bytes") == 0
     kept = [*range(1, PART + 1), *range(2 * PART + 1, 3 * PART + 1)]
     added = list(range(FIRST_ADDED, FIRST_ADDED + 2 * ADDED))
     assert [int(key["id"]) for key, _ in streamed_records] == [*kept, *added, SENTINEL]
@@ -299,3 +322,54 @@ def test_capture_killed_mid_stream_publishes_the_transaction_once_after_a_restar
     assert [int(key["id"]) for key, _ in records] == [*range(1, 2 * PART + 1), SENTINEL]
     assert len({value["commit_lsn"] for _, value in records[:-1]}) == 1
     assert [value["ordinal"] for _, value in records[:-1]] == list(range(2 * PART))
+
+
+def test_a_transaction_past_the_spool_limit_is_published_whole_without_streaming(
+    services: Services,
+    pg: Connection,
+    unique_name: str,
+    streaming_dsn: str,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A streamed transaction whose spool outgrows ``CAPTURE_STREAMING_SPOOL_MAX_BYTES``
+    does not stop capture: the attempt ends, the next one asks for no streaming, and the
+    server sends the transaction whole at its commit. Every row once, in one
+    transaction's positions, and the transactions after it too."""
+    caplog.set_level(logging.WARNING, logger="runtime.retry")
+    name = unique_name
+    table = _create(pg, name)
+    settings = _streaming(
+        capture_settings(services, name, [f"public.{name}"]), streaming_dsn, tmp_path
+    )
+    # About a third of the transaction's changes as pgoutput sends them.
+    settings = settings.model_copy(update={"streaming_spool_max_bytes": 100_000})
+    metrics = CaptureMetrics()
+    capture = CaptureThread(settings, metrics=metrics, retry=True)
+    capture.start(pg)
+    try:
+        with psycopg.connect(services.postgres_dsn) as writer:
+            _insert(writer, table, 1, PART)
+            _wait_streamed(pg, name, 1, 0)
+            wait_for(
+                lambda: _metric(metrics, "streaming") == 0,
+                "capture never gave up streaming when the spool outgrew its limit",
+                30,
+            )
+            _insert(writer, table, PART + 1, 2 * PART)
+            writer.commit()
+            _insert(writer, table, SENTINEL, SENTINEL)
+            writer.commit()
+        records = _records(settings, name, 2 * PART + 1)
+        assert not capture.errors, capture.errors
+    finally:
+        capture.close(pg)
+    assert [int(key["id"]) for key, _ in records] == [*range(1, 2 * PART + 1), SENTINEL]
+    assert len({value["commit_lsn"] for _, value in records[:-1]}) == 1
+    assert [value["ordinal"] for _, value in records[:-1]] == list(range(2 * PART))
+    # What the operator reads: which transaction, the limit, and what capture does now.
+    (warning,) = [
+        r.getMessage() for r in caplog.records if "outgrew the spools' limit" in r.getMessage()
+    ]
+    assert "CAPTURE_STREAMING_SPOOL_MAX_BYTES (100000 bytes" in warning
+    assert "goes on without streaming" in warning

@@ -24,9 +24,11 @@ import psycopg
 from apply.settings import ApplySettings, LakeSettings, TriggerSettings
 from apply.settings import KafkaSettings as ApplyKafka
 from capture import admin
+from capture.metrics import CaptureMetrics
 from capture.publish.control import ControlTopicMissingError
 from capture.service import CaptureService
 from capture.settings import CaptureSettings, KafkaSettings, PostgresSettings
+from runtime.retry import run_with_retry
 from runtime.schema_registry import SchemaRegistrySettings
 from schemas.control import TableState, TableStatus
 from schemas.lsn import Lsn, parse_lsn
@@ -157,11 +159,20 @@ class CaptureThread:
     stop: threading.Event = field(default_factory=threading.Event)
     errors: list[BaseException] = field(default_factory=list)
     thread: threading.Thread | None = None
+    metrics: CaptureMetrics | None = None
+    """What the service counts into (a fresh set of its own when None)."""
+    retry: bool = False
+    """Whether a transient failure starts another attempt after a backoff, as ``python -m
+    capture`` does, instead of ending the thread with it in :attr:`errors`."""
 
     def start(self, pg: Connection, timeout_s: float = 30) -> None:
         def run() -> None:
             try:
-                CaptureService(self.settings, self.stop).run()
+                service = CaptureService(self.settings, self.stop, metrics=self.metrics)
+                if self.retry:
+                    run_with_retry(service.run, should_stop=self.stop.is_set, sleep=self._pause)
+                else:
+                    service.run()
             except BaseException as exc:  # surfaced by the test through self.errors
                 self.errors.append(exc)
 
@@ -172,6 +183,10 @@ class CaptureThread:
             assert not self.errors, self.errors
             assert time.monotonic() < deadline, "capture never started streaming"
             time.sleep(0.1)
+
+    def _pause(self, seconds: float) -> None:
+        """The retry's backoff, cut short by a stop."""
+        self.stop.wait(seconds)
 
     def join(self, timeout_s: float = 30) -> None:
         self.stop.set()
@@ -194,6 +209,7 @@ class CaptureThread:
 
 _RUN_CAPTURE = """
 import logging, sys, threading
+from capture.metrics import CaptureMetrics
 from capture.service import CaptureService
 from capture.settings import CaptureSettings
 logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
