@@ -247,7 +247,39 @@ impl OpenTransaction {
 }
 
 fn lsn_text(lsn: u64) -> Vec<u8> {
-    format!("{:X}/{:X}", lsn >> 32, lsn & 0xFFFF_FFFF).into_bytes()
+    LsnText::new(lsn).as_bytes().to_vec()
+}
+
+/// An LSN as PostgreSQL prints it (`16/B374D848`: the high and low 32 bits in upper-case
+/// hex without leading zeros), built on the stack: a record's change LSN header needs
+/// one per record, and an allocation per record showed in the replay's profile.
+struct LsnText {
+    bytes: [u8; 17],
+    len: usize,
+}
+
+impl LsnText {
+    fn new(lsn: u64) -> LsnText {
+        let mut text = LsnText { bytes: [0; 17], len: 0 };
+        text.push_hex((lsn >> 32) as u32);
+        text.bytes[text.len] = b'/';
+        text.len += 1;
+        text.push_hex(lsn as u32);
+        text
+    }
+
+    fn push_hex(&mut self, value: u32) {
+        const DIGITS: &[u8; 16] = b"0123456789ABCDEF";
+        let digits = if value == 0 { 1 } else { (32 - value.leading_zeros() as usize).div_ceil(4) };
+        for digit in (0..digits).rev() {
+            self.bytes[self.len] = DIGITS[((value >> (4 * digit)) & 0xF) as usize];
+            self.len += 1;
+        }
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
 }
 
 /// Whether a stream block is open after a message with `tag`, given whether one was open
@@ -306,6 +338,9 @@ pub struct CompiledStream {
     in_block: bool,
     /// The open block's spool, while the caller has it armed (`spool_writer.rs`).
     spool: Option<SpoolWriter>,
+    /// The record being produced: its key and value, reused from record to record.
+    key_buffer: Vec<u8>,
+    value_buffer: Vec<u8>,
 }
 
 impl CompiledStream {
@@ -437,30 +472,35 @@ impl CompiledStream {
     /// `key_fields` after the table's key header; value the operation's prefix, the
     /// transaction's fields, `wal_start`, the ordinal, then what `images` writes.
     fn produce(&mut self, wal_start: u64, oid: u32, slot: usize, key_fields: &[u8], images: impl FnOnce(&mut Vec<u8>)) -> Taken {
+        // The record's bytes are built in buffers the stream keeps (librdkafka copies
+        // them): no allocation per record for them.
+        let mut key = std::mem::take(&mut self.key_buffer);
+        let mut value = std::mem::take(&mut self.value_buffer);
+        key.clear();
+        value.clear();
         let transaction = self.transaction.as_ref().expect("checked by armed_slot");
         let table = self.tables.get(&oid).expect("checked by armed_slot");
         let operation = table.operations[slot].as_ref().expect("checked by armed_slot");
-        let mut key = Vec::with_capacity(table.key_header.len() + key_fields.len());
         key.extend_from_slice(&table.key_header);
         key.extend_from_slice(key_fields);
-        let mut value = Vec::with_capacity(
-            operation.value_prefix.len() + transaction.commit_field.len() + transaction.transaction_fields.len() + 128,
-        );
         value.extend_from_slice(&operation.value_prefix);
         value.extend_from_slice(&transaction.commit_field);
         write_long(&mut value, wal_start as i64);
         value.extend_from_slice(&transaction.transaction_fields);
         write_long(&mut value, transaction.ordinal);
         images(&mut value);
-        let change_text = lsn_text(wal_start);
+        let change_text = LsnText::new(wal_start);
         let headers = [
             HeaderField { name: &self.commit_header, value: Some(&transaction.commit_text) },
-            HeaderField { name: &self.change_header, value: Some(&change_text) },
+            HeaderField { name: &self.change_header, value: Some(change_text.as_bytes()) },
             HeaderField { name: &operation.headers[0].0, value: Some(&operation.headers[0].1) },
             HeaderField { name: &operation.headers[1].0, value: Some(&operation.headers[1].1) },
         ];
         let opaque = streamed_opaque(transaction.id);
         let code = self.producer.get().produce_one(&table.topic, -1, &key, Some(&value), &headers, opaque);
+        let size = (key.len() + value.len()) as u64;
+        self.key_buffer = key;
+        self.value_buffer = value;
         if code == QUEUE_FULL {
             return Taken::Full;
         }
@@ -469,7 +509,6 @@ impl CompiledStream {
             // producer's error.
             return Taken::Pass;
         }
-        let size = (key.len() + value.len()) as u64;
         let table = self.tables.get_mut(&oid).expect("looked up above");
         table.counts[slot].0 += 1;
         table.counts[slot].1 += size;
@@ -535,6 +574,8 @@ impl CompiledStream {
             stop_at: 0,
             in_block: false,
             spool: None,
+            key_buffer: Vec::with_capacity(64),
+            value_buffer: Vec::with_capacity(512),
         })
     }
 
@@ -790,6 +831,13 @@ mod tests {
         assert_eq!(lsn_text(0x16_B374_D848), b"16/B374D848");
         assert_eq!(lsn_text(0xFFFF_FFFF), b"0/FFFFFFFF");
         assert_eq!(lsn_text(u64::MAX), b"FFFFFFFF/FFFFFFFF");
+        // As Rust's own hex formatting prints them, over each digit count of both halves.
+        for high in [0u64, 1, 0xF, 0x10, 0xABC, 0x1_0000, 0xFFFF_FFFF] {
+            for low in [0u64, 9, 0xA, 0xFF, 0x100, 0xDEAD_BEEF, 0x1000_0000, 0xFFFF_FFFF] {
+                let lsn = (high << 32) | low;
+                assert_eq!(LsnText::new(lsn).as_bytes(), format!("{high:X}/{low:X}").as_bytes());
+            }
+        }
     }
 
     #[test]
