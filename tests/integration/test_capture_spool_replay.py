@@ -19,15 +19,20 @@ import pytest
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
+from capture.errors import ProtocolError
+from capture.in_flight import ProgressBook
 from capture.pgoutput import StreamCommit
 from capture.publish import native_producer
 from capture.rows.native import AVAILABLE
 from capture.stream import compiled_stream, encoded_change
+from capture.stream.change_stream import ChangeStream
 from capture.stream.compiled_stream import CompiledStream
 from capture.stream.copy_data import XLogData, parse_copy_data
 from capture.stream.in_progress import StreamedReplay
 from capture.stream.streamed_transactions import StreamedTransactions
+from capture.stream.table_states import TableStates
 from schemas.lsn import Lsn
+from tests.plugins.change_stream import describe_relation
 from tests.plugins.services import Services
 from tests.plugins.topics import read_to_end
 
@@ -232,3 +237,46 @@ def test_a_damaged_spool_is_refused_with_the_transaction_named(tmp_path: Path) -
         drain()
     spool.close()
     replay.close()
+
+
+def test_the_loops_driver_turns_a_damaged_spool_into_a_protocol_error(tmp_path: Path) -> None:
+    """What the replication loop gets from the same damage through the compiled stream's
+    driver (``capture.stream.compiled_stream.CompiledStream.take_spool``): a
+    ``ProtocolError``, which stops the attempt and says what to do, not the extension's
+    own exception."""
+    from capture_native import TextRowEncoder  # noqa: PLC0415
+
+    encoder = TextRowEncoder(["long", "string"], [0], [False])
+    spools, _ = _spool(tmp_path, encoder)
+    committed = spools.committed(XID)
+    file = committed.file
+    assert file is not None
+    file.truncate(committed.ranges[-1][1] - 3)
+    replay = StreamedReplay(
+        StreamCommit(XID, Lsn(COMMIT_LSN), Lsn(END_LSN), COMMIT_TIME), committed
+    )
+    book = ProgressBook(Lsn(0))
+    driver = CompiledStream(
+        _producer("127.0.0.1:9"),
+        0,  # no connection: the replay reads the spool, never libpq
+        book,
+        ChangeStream(describe_relation, "cdc"),
+        TableStates("slot", {}, snapshot_new=False, clock=lambda: 0),
+        lambda _topic: None,
+        None,
+    )
+    spool = driver.open_spool(replay)
+
+    def drain() -> None:
+        # No table is armed: every row comes back as a frame, the loop's to handle.
+        while driver.take_spool(spool, 1000).stopped != compiled_stream.Stop.EMPTY:
+            pass
+
+    try:
+        with pytest.raises(ProtocolError, match=f"transaction {XID} is damaged.*restart capture"):
+            drain()
+        # The Begin the compiled stream took is in the book all the same.
+        assert book.next_transaction_id == 1
+    finally:
+        spool.close()
+        replay.close()
