@@ -336,8 +336,10 @@ pub struct CompiledStream {
     /// Whether a stream block is open: from a Stream Start to its Stream Stop, both
     /// included, every frame goes to the Python path but the row changes `spool` takes.
     in_block: bool,
-    /// The open block's spool, while the caller has it armed (`spool_writer.rs`).
+    /// The open block's spool, while the caller has it armed (`spool_writer.rs`), and
+    /// the buffer its writers hand on to each other.
     spool: Option<SpoolWriter>,
+    spool_buffer: Vec<u8>,
     /// The record being produced: its key and value, reused from record to record.
     key_buffer: Vec<u8>,
     value_buffer: Vec<u8>,
@@ -574,6 +576,7 @@ impl CompiledStream {
             stop_at: 0,
             in_block: false,
             spool: None,
+            spool_buffer: Vec::new(),
             key_buffer: Vec::with_capacity(64),
             value_buffer: Vec::with_capacity(512),
         })
@@ -735,14 +738,17 @@ impl CompiledStream {
         tags: Vec<u8>,
     ) -> PyResult<()> {
         self.end_spool_block()?;
-        self.spool = Some(SpoolWriter::new(fd, at, room, void, encoders.into_iter().collect(), &tags)?);
+        let buffer = std::mem::take(&mut self.spool_buffer);
+        self.spool = Some(SpoolWriter::new(fd, at, room, void, encoders.into_iter().collect(), &tags, buffer)?);
         Ok(())
     }
 
     /// Disarm the block's spool: the Python path spools every frame of a block.
     fn end_spool_block(&mut self) -> PyResult<()> {
         if let Some(mut spool) = self.spool.take() {
-            if !spool.take_runs()?.is_empty() {
+            let runs = spool.take_runs()?;
+            self.spool_buffer = spool.into_buffer();
+            if !runs.is_empty() {
                 return Err(PyValueError::new_err(
                     "the armed spool holds runs the caller has not taken: take_spooled first",
                 ));

@@ -81,7 +81,9 @@ pub struct SpoolWriter {
 
 impl SpoolWriter {
     /// A writer of the spool whose file has descriptor `fd` (duplicated: the caller's
-    /// file may be closed first), the next entry at `at`.
+    /// file may be closed first), the next entry at `at`, buffering in `buffer` (the
+    /// last writer's, [`SpoolWriter::into_buffer`]: a block is armed again after each
+    /// frame the Python path handles, which must not cost an allocation each time).
     pub fn new(
         fd: RawFd,
         at: u64,
@@ -89,7 +91,9 @@ impl SpoolWriter {
         void: HashSet<u32>,
         encoders: HashMap<u32, Py<TextRowEncoder>>,
         tags: &[u8],
+        mut buffer: Vec<u8>,
     ) -> PyResult<SpoolWriter> {
+        buffer.clear();
         if fd < 0 {
             return Err(PyValueError::new_err(format!("{fd} is not a file descriptor")));
         }
@@ -109,7 +113,7 @@ impl SpoolWriter {
             void,
             encoders,
             operations,
-            buffer: Vec::with_capacity(FLUSH_SIZE),
+            buffer,
             buffer_at: at,
             runs: Vec::new(),
             error: None,
@@ -195,6 +199,11 @@ impl SpoolWriter {
         }
         self.buffer_at = self.at;
         self.buffer.clear();
+    }
+
+    /// Its buffer, for the next writer (after `take_runs`: nothing in it is kept).
+    pub fn into_buffer(self) -> Vec<u8> {
+        self.buffer
     }
 
     /// The runs appended since the last call, all written out; or the write's error.
