@@ -176,6 +176,7 @@ class CompiledStream:
         self._arm()
         read = self._native.take_frames(frames, start)
         self._replay()
+        self._take_spooled()
         return read
 
     @staticmethod

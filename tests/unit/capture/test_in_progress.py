@@ -436,3 +436,89 @@ def test_rows_of_a_table_keyed_from_the_catalog_are_decoded_at_the_commit(tmp_pa
     assert replay is not None
     assert [payload for payload, _ in replay][2] == insert(None, 1)
     transactions.close()
+
+
+def test_the_compiled_stream_spools_a_block_byte_for_byte_as_the_python_path(tmp_path):
+    """The compiled stream's writer (``native/src/spool_writer.rs``), driven as the loop
+    drives it (each frame it hands back handled by the Python path, then re-armed), leaves
+    the spool the Python path alone leaves: the same replay, encoded rows and their
+    encoder's identity included. The block holds rows it takes, a Relation changing the
+    table mid-block (the Python path's, then the writer re-armed with the new version),
+    rows of a rolled-back subtransaction cut off at its abort, and a row of a table with no
+    version armed (the Python path's)."""
+    pytest.importorskip("capture_native")
+    from capture_native import KafkaProducer  # noqa: PLC0415
+
+    from capture.in_flight import ProgressBook  # noqa: PLC0415
+    from capture.publish import native_producer  # noqa: PLC0415
+    from capture.stream import compiled_stream  # noqa: PLC0415
+    from capture.stream.copy_data import encode_xlog_data  # noqa: PLC0415
+    from capture.stream.table_states import TableStates  # noqa: PLC0415
+
+    library = native_producer.library()
+    if library is None or compiled_stream.libpq() is None:
+        pytest.skip("the compiled stream cannot run here")
+    # One change stream for both: the versions it makes, and so the encoders' identities
+    # in the spooled rows, are the same objects.
+    stream = ChangeStream(describe_text, "cdc")
+    list(stream.handle_frame(begin(OTHER), Lsn(0x10)))
+    list(stream.handle_frame(relation(None), Lsn(0x10)))
+    list(stream.handle_frame(commit(), Lsn(0x20)))
+    unarmed = b"I" + struct.pack("!II", XID, OID + 1) + insert(None, 9)[5:]
+    frames = [
+        (stream_start(XID, first_segment=True), 0),
+        (relation(XID), 0),
+        *[(insert(XID, key), 0x100 + key) for key in range(1, 6)],
+        *[(insert(SUBXID, key), 0x100 + key) for key in range(6, 9)],
+        (unarmed, 0x109),
+        (STREAM_STOP, 0),
+        (stream_abort(XID, SUBXID), 0),
+        (stream_start(XID, first_segment=False), 0),
+        (wide_relation(XID), 0),
+        *[(wide_insert(XID, key), 0x100 + key) for key in range(10, 14)],
+        (STREAM_STOP, 0),
+    ]
+
+    python_only = InProgressTransactions(1 << 20, tmp_path / "python", stream)
+    for payload, wal_start in frames:
+        assert python_only.handle(payload, Lsn(wal_start)) is None
+
+    compiled = InProgressTransactions(1 << 20, tmp_path / "compiled", stream)
+    producer = KafkaProducer(library, [("bootstrap.servers", "127.0.0.1:9"), ("log_level", "0")])
+    driver = compiled_stream.CompiledStream(
+        producer,
+        0,  # never read: the frames are handed in
+        ProgressBook(Lsn(0)),
+        stream,
+        TableStates("slot", {}, snapshot_new=False, clock=lambda: 0),
+        lambda _topic: None,
+        None,
+        compiled,
+    )
+    xlog = [encode_xlog_data(Lsn(wal_start), payload) for payload, wal_start in frames]
+    start = handed_back = 0
+    while start < len(xlog):
+        read = driver.take_frames(xlog, start)
+        start += read.taken
+        if read.stopped == compiled_stream.Stop.FRAME:
+            payload, wal_start = frames[start]
+            driver.to_python()
+            assert compiled.handle(payload, Lsn(wal_start)) is None
+            driver.from_python()
+            start += 1
+            handed_back += 1
+    # Stream Start and Stop twice, the two Relations, the unarmed row and the abort
+    # between the blocks went to the Python path: the twelve other rows were the
+    # compiled stream's.
+    assert handed_back == len(frames) - 12
+    assert compiled.written_bytes > 0
+
+    spooled = []
+    for transactions in (python_only, compiled):
+        replay = transactions.handle(stream_commit(XID), Lsn(END_LSN))
+        assert replay is not None
+        spooled.append(list(replay))
+        replay.close()
+        transactions.close()
+    assert spooled[0] == spooled[1]
+    assert len(spooled[1]) == 2 + 2 + 5 + 1 + 4  # Begin, Relations, rows, unarmed row, Commit
