@@ -212,19 +212,22 @@ def test_a_replay_stopped_by_a_full_queue_and_by_python_frames_resumes_exactly(
     assert ordinals == list(range(len(kept)))
 
 
-def test_a_damaged_spool_is_refused_with_the_transaction_named(tmp_path: Path) -> None:
-    from capture_native import SpoolDamagedError, TextRowEncoder  # noqa: PLC0415
-
-    encoder = TextRowEncoder(["long", "string"], [0], [False])
+def _damaged_replay(tmp_path: Path, encoder: TextRowEncoder) -> StreamedReplay:
+    """The replay of :func:`_spool`'s transaction whose file lost its last bytes: the
+    last entry is cut short."""
     spools, _ = _spool(tmp_path, encoder)
     committed = spools.committed(XID)
     file = committed.file
     assert file is not None
-    # The file loses its last bytes: the last entry is cut short.
     file.truncate(committed.ranges[-1][1] - 3)
-    replay = StreamedReplay(
-        StreamCommit(XID, Lsn(COMMIT_LSN), Lsn(END_LSN), COMMIT_TIME), committed
-    )
+    return StreamedReplay(StreamCommit(XID, Lsn(COMMIT_LSN), Lsn(END_LSN), COMMIT_TIME), committed)
+
+
+def test_a_damaged_spool_is_refused_with_the_transaction_named(tmp_path: Path) -> None:
+    from capture_native import SpoolDamagedError, TextRowEncoder  # noqa: PLC0415
+
+    encoder = TextRowEncoder(["long", "string"], [0], [False])
+    replay = _damaged_replay(tmp_path, encoder)
     spool = CompiledStream.open_spool(replay)
     native = _stream(_producer("127.0.0.1:9"), encoder, "never-produced")
     native.disarm()  # nothing is produced: every row goes back as a frame
@@ -247,14 +250,7 @@ def test_the_loops_driver_turns_a_damaged_spool_into_a_protocol_error(tmp_path: 
     from capture_native import TextRowEncoder  # noqa: PLC0415
 
     encoder = TextRowEncoder(["long", "string"], [0], [False])
-    spools, _ = _spool(tmp_path, encoder)
-    committed = spools.committed(XID)
-    file = committed.file
-    assert file is not None
-    file.truncate(committed.ranges[-1][1] - 3)
-    replay = StreamedReplay(
-        StreamCommit(XID, Lsn(COMMIT_LSN), Lsn(END_LSN), COMMIT_TIME), committed
-    )
+    replay = _damaged_replay(tmp_path, encoder)
     book = ProgressBook(Lsn(0))
     driver = CompiledStream(
         _producer("127.0.0.1:9"),
