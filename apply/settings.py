@@ -106,10 +106,11 @@ class LakeSettings(BaseModel):
         ge=1,
         description=(
             "delta.logRetentionDuration of the tables apply creates: commit files older "
-            "than this are cleaned behind a checkpoint at upkeep's compaction turn. Every "
-            "commit lists the log, so its cost grows with it (Delta's default, 30 days, is "
-            "500,000 commit files of a table at a 5 s trigger; 24 hours 17,000); keep it at "
-            "least the time between two of upkeep's vacuums"
+            "than this are cleaned behind a checkpoint at upkeep's compaction turn. On a "
+            "local lake every commit lists the whole log, so its cost grows with it: about "
+            "1.4 ms of CPU per 1,000 commit files, 24 hours at a 5 s trigger being 17,280 "
+            "(Delta's default, 30 days, 518,400); keep it at least the time between two of "
+            "upkeep's vacuums"
         ),
     )
     driver_write_records: int = Field(

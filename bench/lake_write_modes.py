@@ -266,26 +266,101 @@ class CaseResult:
         return statistics.median(copied) if copied else None
 
 
+def accounts_columns() -> tuple[Any, ...]:
+    """The ``pgbench_accounts``-shaped table's columns as apply plans them (module
+    docstring)."""
+    from pyspark.sql.types import IntegerType, StringType  # noqa: PLC0415 - pyspark is heavy
+
+    from apply.lake.delta_schema import ColumnSpec  # noqa: PLC0415
+
+    return (
+        ColumnSpec("aid", IntegerType(), key=True),
+        ColumnSpec("bid", IntegerType()),
+        ColumnSpec("abalance", IntegerType()),
+        ColumnSpec("filler", StringType()),
+    )
+
+
+def seed_accounts(path: Path, columns: Sequence[Any], rows: int, file_rows: int) -> None:
+    """A table of ``rows`` rows at ``path`` with apply's table properties, sorted by key in
+    files of ``file_rows`` rows, as upkeep's compaction leaves it (module docstring)."""
+    import pyarrow as pa  # type: ignore[import-untyped]  # noqa: PLC0415
+    from deltalake import DeltaTable, write_deltalake  # noqa: PLC0415
+
+    from apply.lake.delta_schema import table_properties  # noqa: PLC0415
+    from apply.lake.driver_plan import table_arrow_types  # noqa: PLC0415
+    from apply.lake.tables import TableId  # noqa: PLC0415
+
+    types = table_arrow_types(columns)
+    schema = pa.schema([pa.field(name, arrow) for name, arrow in types.items()])
+    DeltaTable.create(
+        str(path),
+        schema,
+        configuration=table_properties(
+            TableId("bench", "accounts"), ("aid",), deletion_vectors=False
+        ),
+        raise_if_key_not_exists=False,
+    )
+    for low in range(1, rows + 1, file_rows):
+        keys = range(low, min(rows, low + file_rows - 1) + 1)
+        count = len(keys)
+        table = pa.table(
+            {
+                "aid": pa.array(keys, pa.int32()),
+                "bid": pa.array([(k - 1) // 100_000 + 1 for k in keys], pa.int32()),
+                "abalance": pa.array([0] * count, pa.int32()),
+                "filler": pa.array([FILLER] * count, pa.string()),
+                "_cdc_commit_lsn": pa.array([FIRST_LSN] * count, pa.int64()),
+                "_cdc_ordinal": pa.array(keys, pa.int64()),
+                "_cdc_commit_ts": pa.array([FIRST_TS] * count, types["_cdc_commit_ts"]),
+            },
+            schema=schema,
+        )
+        write_deltalake(str(path), table, mode="append")
+
+
+def accounts_source(
+    columns: Sequence[Any], keys: Sequence[int], balances: Sequence[int], lsn: int
+) -> Any:
+    """A batch of updates by key as apply's driver hands it to delta-rs (the columns of
+    :func:`apply.lake.driver_merge.source_rows`)."""
+    import pyarrow as pa  # noqa: PLC0415
+
+    from apply.lake.driver_merge import SOURCE_OP, SOURCE_UNCHANGED  # noqa: PLC0415
+    from apply.lake.driver_plan import table_arrow_types  # noqa: PLC0415
+
+    types = table_arrow_types(columns)
+    count = len(keys)
+    return pa.table(
+        {
+            "aid": pa.array(keys, pa.int32()),
+            "bid": pa.array([(k - 1) // 100_000 + 1 for k in keys], pa.int32()),
+            "abalance": pa.array(balances, pa.int32()),
+            "filler": pa.array([FILLER] * count, pa.string()),
+            "_cdc_commit_lsn": pa.array([lsn] * count, pa.int64()),
+            "_cdc_ordinal": pa.array(range(count), pa.int64()),
+            "_cdc_commit_ts": pa.array(
+                [FIRST_TS + lsn - FIRST_LSN] * count, types["_cdc_commit_ts"]
+            ),
+            SOURCE_OP: pa.array(["u"] * count, pa.string()),
+            SOURCE_UNCHANGED: pa.array([[]] * count, pa.list_(pa.string())),
+        }
+    )
+
+
 class Bench:
     """One Spark session, one scratch directory, every case and mode."""
 
     def __init__(self, arguments: argparse.Namespace, scratch: Path) -> None:
-        from pyspark.sql.types import IntegerType, StringType  # noqa: PLC0415
-
         from apply.engine.spark_jars import configured_jars  # noqa: PLC0415 - pyspark is heavy
         from apply.engine.spark_session import build_session  # noqa: PLC0415
-        from apply.lake.delta_schema import ColumnPlan, ColumnSpec  # noqa: PLC0415
+        from apply.lake.delta_schema import ColumnPlan  # noqa: PLC0415
         from apply.settings import LakeSettings, SparkSettings  # noqa: PLC0415
         from bench.pipeline_run import ProcessTree  # noqa: PLC0415
 
         self.arguments = arguments
         self.scratch = scratch
-        self.columns = (
-            ColumnSpec("aid", IntegerType(), key=True),
-            ColumnSpec("bid", IntegerType()),
-            ColumnSpec("abalance", IntegerType()),
-            ColumnSpec("filler", StringType()),
-        )
+        self.columns = accounts_columns()
         self.plan = ColumnPlan(self.columns, (), ("aid",), create=False)
         conf = {"spark.driver.memory": "2g", **dict(arguments.conf)}
         settings = SparkSettings(
@@ -311,40 +386,8 @@ class Bench:
 
     def seed(self, rows: int) -> Path:
         """The table of ``rows`` rows every case of that size copies (module docstring)."""
-        import pyarrow as pa  # type: ignore[import-untyped]  # noqa: PLC0415
-        from deltalake import DeltaTable, write_deltalake  # noqa: PLC0415
-
-        from apply.lake.delta_schema import table_properties  # noqa: PLC0415
-        from apply.lake.driver_plan import table_arrow_types  # noqa: PLC0415
-        from apply.lake.tables import TableId  # noqa: PLC0415
-
         path = self.scratch / f"seed-{rows}"
-        types = table_arrow_types(self.columns)
-        schema = pa.schema([pa.field(name, arrow) for name, arrow in types.items()])
-        DeltaTable.create(
-            str(path),
-            schema,
-            configuration=table_properties(
-                TableId("bench", "accounts"), ("aid",), deletion_vectors=False
-            ),
-            raise_if_key_not_exists=False,
-        )
-        for low in range(1, rows + 1, self.arguments.file_rows):
-            keys = range(low, min(rows, low + self.arguments.file_rows - 1) + 1)
-            count = len(keys)
-            table = pa.table(
-                {
-                    "aid": pa.array(keys, pa.int32()),
-                    "bid": pa.array([(k - 1) // 100_000 + 1 for k in keys], pa.int32()),
-                    "abalance": pa.array([0] * count, pa.int32()),
-                    "filler": pa.array([FILLER] * count, pa.string()),
-                    "_cdc_commit_lsn": pa.array([FIRST_LSN] * count, pa.int64()),
-                    "_cdc_ordinal": pa.array(keys, pa.int64()),
-                    "_cdc_commit_ts": pa.array([FIRST_TS] * count, types["_cdc_commit_ts"]),
-                },
-                schema=schema,
-            )
-            write_deltalake(str(path), table, mode="append")
+        seed_accounts(path, self.columns, rows, self.arguments.file_rows)
         return path
 
     def copy(self, seed: Path, mode: Mode, case: Case) -> Path:
@@ -361,28 +404,7 @@ class Bench:
 
     def arrow_source(self, keys: Sequence[int], balances: Sequence[int], lsn: int) -> Any:
         """The batch as apply's driver hands it to delta-rs (``source_rows``' columns)."""
-        import pyarrow as pa  # noqa: PLC0415
-
-        from apply.lake.driver_merge import SOURCE_OP, SOURCE_UNCHANGED  # noqa: PLC0415
-        from apply.lake.driver_plan import table_arrow_types  # noqa: PLC0415
-
-        types = table_arrow_types(self.columns)
-        count = len(keys)
-        return pa.table(
-            {
-                "aid": pa.array(keys, pa.int32()),
-                "bid": pa.array([(k - 1) // 100_000 + 1 for k in keys], pa.int32()),
-                "abalance": pa.array(balances, pa.int32()),
-                "filler": pa.array([FILLER] * count, pa.string()),
-                "_cdc_commit_lsn": pa.array([lsn] * count, pa.int64()),
-                "_cdc_ordinal": pa.array(range(count), pa.int64()),
-                "_cdc_commit_ts": pa.array(
-                    [FIRST_TS + lsn - FIRST_LSN] * count, types["_cdc_commit_ts"]
-                ),
-                SOURCE_OP: pa.array(["u"] * count, pa.string()),
-                SOURCE_UNCHANGED: pa.array([[]] * count, pa.list_(pa.string())),
-            }
-        )
+        return accounts_source(self.columns, keys, balances, lsn)
 
     def spark_source(self, arrow: Any) -> Any:
         """The same batch as Spark's MERGE takes it (:func:`apply.lake.spark_merge.
