@@ -10,6 +10,7 @@ refuses time travel to the versions before).
 
 from __future__ import annotations
 
+import itertools
 import time
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from apply.lake.history import recover_state
 from apply.lake.spark_merge import transaction_app_id
 from apply.lake.table_lock import TABLE_LOCKS
 from apply.lake.tables import TableId, table_path
-from apply.lake.upkeep import TableUpkeep, vacuum
+from apply.lake.upkeep import TableUpkeep, turn_offset, vacuum
 from apply.metrics import ApplyMetrics
 from apply.settings import UpkeepSettings
 from schemas import column_type as ct
@@ -101,11 +102,23 @@ def files_on_disk(path: str) -> tuple[int, int]:
     return len(data), len(vectors)
 
 
+def on_the_multiples(prefix: str, every: int) -> str:
+    """A table name starting with ``prefix`` whose upkeep turns fall on the multiples of
+    ``every`` themselves (:func:`apply.lake.upkeep.turn_offset` 0), so that the versions
+    the test below names are its turns."""
+    return next(
+        f"{prefix}_{i}"
+        for i in itertools.count()
+        if turn_offset(f"public.{prefix}_{i}", every) == 0
+    )
+
+
 def test_upkeep_bounds_files_and_leaves_the_applied_state(
     spark: Any, unique_name: str, tmp_path: Path
 ) -> None:
     from delta.tables import DeltaTable  # noqa: PLC0415
 
+    unique_name = on_the_multiples(unique_name, 6)  # compaction every 2, vacuum every 6
     records = Records(unique_name)
     metrics = ApplyMetrics()
     ctx = ApplyContext(

@@ -9,7 +9,7 @@ import pytest
 from py4j.protocol import Py4JError
 from pyspark.errors import PySparkException
 
-from apply.lake.upkeep import TableUpkeep, UpkeepRun, UpkeepTask, due, run_tasks
+from apply.lake.upkeep import TableUpkeep, UpkeepRun, UpkeepTask, due, run_tasks, turn_offset
 from apply.metrics import ApplyMetrics
 from apply.settings import ApplySettings, UpkeepSettings
 
@@ -61,6 +61,42 @@ def test_a_table_not_due_costs_no_spark_call() -> None:
         upkeep.after_commit(no_session, table="t", path="p", version_before=4, version_after=7)
         == ()
     )
+
+
+def test_a_tables_turn_is_offset_by_its_name_the_same_in_every_process() -> None:
+    # A CRC, not Python's salted hash: a restarted job and any other host agree.
+    assert turn_offset("public.pgbench_accounts", 100) == 60
+    assert turn_offset("public.pgbench_accounts", 1000) == 560
+    assert turn_offset("public.t", 0) == 0
+    offset = turn_offset("public.t", 4)
+    first_turn = 4 - offset if offset else 4
+    assert due(EVERY_4, first_turn - 1, first_turn, "public.t") == (COMPACT,)
+    assert due(EVERY_4, first_turn, first_turn + 3, "public.t") == ()
+
+
+def test_tables_at_the_same_versions_take_their_turns_in_different_batches() -> None:
+    """Eleven tables snapshotted together and written by every batch share their versions:
+    each still compacts once every 100 versions, and no batch carries the turns of more
+    than a few of them."""
+    tables = [
+        "public.pgbench_accounts",
+        "public.pgbench_branches",
+        "public.pgbench_tellers",
+        "public.pgbench_history",
+        "public.bench_probe",
+        *(f"public.bench_quiet_{i}" for i in range(1, 7)),
+    ]
+    settings = UpkeepSettings(compact_every_commits=100, vacuum_every_commits=1000)
+    turns = {table: 0 for table in tables}
+    most_in_one_batch = 0
+    for version in range(1, 1001):
+        due_now = [t for t in tables if COMPACT in due(settings, version - 1, version, t)]
+        for table in due_now:
+            turns[table] += 1
+        most_in_one_batch = max(most_in_one_batch, len(due_now))
+    assert set(turns.values()) == {10}
+    assert most_in_one_batch == 1
+    assert due(settings, 0, 1000, tables[0]) == (COMPACT, VACUUM)
 
 
 def test_switched_off() -> None:

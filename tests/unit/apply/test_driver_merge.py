@@ -1,5 +1,6 @@
-"""apply.lake.driver_merge: which tables the driver writes, and its MERGE's rules, against
-tables delta-rs itself writes (the comparison with Spark's MERGE on every column type is
+"""apply.lake.driver_merge: which tables the driver writes, its MERGE's rules and upkeep's
+compaction of its tables (apply.lake.upkeep), against tables delta-rs itself writes (the
+comparison with Spark's MERGE on every column type is
 tests/integration/test_apply_driver_merge.py's)."""
 
 from __future__ import annotations
@@ -7,7 +8,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pyarrow as pa  # type: ignore[import-untyped]
 import pytest
@@ -25,10 +26,12 @@ from apply.lake.driver_merge import (
     writable,
 )
 from apply.lake.driver_plan import DecodedChange
+from apply.lake.driver_store import LOCAL
+from apply.lake.history import newest_state
 from apply.lake.positions import AppliedState, Position, encode_state
 from apply.lake.table_lock import TABLE_LOCKS, UnheldTableLockError
 from apply.lake.tables import TableId
-from apply.lake.upkeep import clean_log
+from apply.lake.upkeep import clean_log, compact, compact_from_driver
 from schemas.lsn import Lsn
 
 COLUMNS = (ColumnSpec("id", LongType(), key=True), ColumnSpec("Note", StringType()))
@@ -284,3 +287,54 @@ def test_a_column_a_change_leaves_unchanged_keeps_the_tables_value(tmp_path: Pat
         (2, "changed", 20),
         (3, None, 20),
     ]
+
+
+def test_upkeep_compacts_a_driver_table_with_delta_rs_and_keeps_its_state_and_transaction(
+    tmp_path: Path,
+) -> None:
+    """Spark's OPTIMIZE costs seconds even when it finds nothing; a table the driver
+    writes is compacted by delta-rs, as any OPTIMIZE commit: no apply metadata, every
+    row as it was, the query's transaction version kept."""
+    path = str(tmp_path)
+    write_deltalake(path, table_rows([(1, "a", 10, 0)]))
+    for key in range(2, 6):
+        write_deltalake(path, table_rows([(key, "b", 10, key)]), mode="append")
+    merged(
+        DriverTables().at(path, 4),
+        [changed("UPDATE", 5, "b2", 20, 0)],
+        path=path,
+        batch_id=7,
+        metadata='{"state": 7}',
+    )
+    before = DeltaTable(path)
+    rows = sorted(map(str, before.to_pyarrow_table().to_pylist()))
+    files = len(before.file_uris())
+    assert files == 5
+
+    no_spark = cast(Any, None)  # any use of Spark would raise
+    with TABLE_LOCKS.held(path):
+        done = compact(no_spark, path, 128)
+
+    assert done.startswith(f"rewrote {files} files into 1 (delta-rs); ")
+    after = DeltaTable(path)
+    assert after.version() == 6
+    assert len(after.file_uris()) == 1
+    assert sorted(map(str, after.to_pyarrow_table().to_pylist())) == rows
+    commit = parse_commit(6, Path(commit_file(path, 6)).read_text())
+    assert (commit.operation, commit.user_metadata) == ("OPTIMIZE", None)
+    assert newest_state("public.t", after.history()) is None  # history passes over it
+    assert after.transaction_version("app") == 7
+
+    with TABLE_LOCKS.held(path):
+        again = compact(no_spark, path, 128)
+    assert again.startswith("found nothing to rewrite (delta-rs); ")
+    assert DeltaTable(path).version() == 6
+
+
+def test_a_table_the_driver_does_not_write_is_left_to_sparks_optimize(tmp_path: Path) -> None:
+    path = str(tmp_path)
+    configuration = {"delta.enableDeletionVectors": "true"}
+    write_deltalake(path, table_rows([(1, "a", 10, 0)]), configuration=configuration)
+    write_deltalake(path, table_rows([(2, "b", 10, 0)]), mode="append")
+    assert compact_from_driver(path, 128 * 1024 * 1024, LOCAL) is None
+    assert DeltaTable(path).version() == 1
