@@ -224,7 +224,12 @@ class ApplyJob:
             parallelism=self._settings.table_parallelism,
             schema_topic=self._settings.kafka.schema_topic,
             default_txn_app_id=self._context_id,
-            upkeep=TableUpkeep(self._settings.upkeep, self.metrics, self._store),
+            upkeep=TableUpkeep(
+                self._settings.upkeep,
+                self.metrics,
+                self._store,
+                compact_from_driver=self._settings.lake.driver_write_records > 0,
+            ),
             known=self._known if streaming else None,
             driver_write_records=self._settings.lake.driver_write_records,
             driver_tables=self._driver_tables if streaming else None,

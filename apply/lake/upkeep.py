@@ -196,15 +196,22 @@ def _session_conf(spark: SparkSession, key: str, value: str) -> Iterator[None]:
 
 
 def compact(
-    spark: SparkSession, path: str, target_file_size_mb: int, store: DriverStore | None = LOCAL
+    spark: SparkSession,
+    path: str,
+    target_file_size_mb: int,
+    store: DriverStore | None = LOCAL,
+    *,
+    from_driver: bool = True,
 ) -> str:
     """Compact the Delta table at ``path`` (:func:`compact_from_driver` where delta-rs
-    writes it, else Spark's OPTIMIZE), then clean its expired log (:func:`clean_log`
-    through ``store``); what it did, for the log. The caller holds the table's lock
-    (:mod:`apply.lake.table_lock`)."""
+    writes it and ``from_driver``, else Spark's OPTIMIZE), then clean its expired log
+    (:func:`clean_log` through ``store``); what it did, for the log. The caller holds the
+    table's lock (:mod:`apply.lake.table_lock`)."""
     TABLE_LOCKS.require(path, "OPTIMIZE")
     target_bytes = target_file_size_mb * 1024 * 1024
-    done = None if store is None else compact_from_driver(path, target_bytes, store)
+    done = None
+    if store is not None and from_driver:
+        done = compact_from_driver(path, target_bytes, store)
     if done is None:
         done = _optimize_with_spark(spark, path, target_bytes)
     return f"{done}; {clean_log(path, store)}"
@@ -321,6 +328,10 @@ class TableUpkeep:
     observer: UpkeepObserver | None = None
     store: DriverStore | None = LOCAL
     """How delta-rs reaches the lake to clean expired logs; None: Spark's writer does."""
+    compact_from_driver: bool = True
+    """Whether delta-rs compacts the tables the driver writes; off with the driver writer
+    (``APPLY_LAKE__DRIVER_WRITE_RECORDS=0``), so that nothing but Spark rewrites data
+    files then."""
 
     def after_commit(
         self,
@@ -337,7 +348,13 @@ class TableUpkeep:
 
         def run(task: UpkeepTask) -> str:
             if task is UpkeepTask.COMPACT:
-                return compact(spark, path, self.settings.target_file_size_mb, self.store)
+                return compact(
+                    spark,
+                    path,
+                    self.settings.target_file_size_mb,
+                    self.store,
+                    from_driver=self.compact_from_driver,
+                )
             return vacuum(spark, path)
 
         tasks = due(self.settings, version_before, version_after, table)

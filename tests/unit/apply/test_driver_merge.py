@@ -338,3 +338,22 @@ def test_a_table_the_driver_does_not_write_is_left_to_sparks_optimize(tmp_path: 
     write_deltalake(path, table_rows([(2, "b", 10, 0)]), mode="append")
     assert compact_from_driver(path, 128 * 1024 * 1024, LOCAL) is None
     assert DeltaTable(path).version() == 1
+
+
+class _SparkAsked(Exception):
+    """Raised by :class:`_NoSpark` at its first use."""
+
+
+class _NoSpark:
+    def __getattr__(self, name: str) -> Any:
+        raise _SparkAsked(name)
+
+
+def test_with_the_driver_writer_off_compaction_is_sparks(tmp_path: Path) -> None:
+    """``APPLY_LAKE__DRIVER_WRITE_RECORDS=0``: nothing but Spark rewrites data files."""
+    path = str(tmp_path)
+    write_deltalake(path, table_rows([(1, "a", 10, 0)]))
+    write_deltalake(path, table_rows([(2, "b", 10, 0)]), mode="append")
+    with TABLE_LOCKS.held(path), pytest.raises(_SparkAsked):
+        compact(cast(Any, _NoSpark()), path, 128, LOCAL, from_driver=False)
+    assert DeltaTable(path).version() == 1
