@@ -14,11 +14,12 @@ holds, exactly as :mod:`apply.batch.micro_batch` hands it: read, plan, the drive
 MERGE with delta-rs (:func:`apply.batch.write.merge_from_driver`, one commit with the
 batch's state as ``userMetadata`` and the ``txn`` action), then
 :func:`apply.batch.write.after_commit` (the commits flushed, the table remembered, the
-upkeep due: OPTIMIZE every ``compact_every_commits``, VACUUM LITE every
-``vacuum_every_commits``). Spark (a local session built by
+upkeep due: a compaction every ``compact_every_commits``, delta-rs's for this table,
+VACUUM LITE every ``vacuum_every_commits``, at the turns :mod:`apply.lake.upkeep` offsets
+by the table's name). Spark (a local session built by
 :func:`apply.engine.spark_session.build_session`) does what apply does with it: MERGEs the
 load (a batch Spark's source hands over, so the bench builds it as a DataFrame) and runs
-the upkeep. Every later batch is the driver's, the one after an upkeep commit or a
+the vacuums. Every later batch is the driver's, the one after an upkeep commit or a
 restart included (the driver then reads the table with delta-rs,
 :meth:`apply.lake.driver_merge.DriverTables.read`); each gets a frame that fails any Spark
 job reading it, so a batch leaving the driver's route can never be written from an
