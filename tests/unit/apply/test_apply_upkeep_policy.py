@@ -87,7 +87,7 @@ def test_tables_at_the_same_versions_take_their_turns_in_different_batches() -> 
         *(f"public.bench_quiet_{i}" for i in range(1, 7)),
     ]
     settings = UpkeepSettings(compact_every_commits=100, vacuum_every_commits=1000)
-    turns = {table: 0 for table in tables}
+    turns = dict.fromkeys(tables, 0)
     most_in_one_batch = 0
     for version in range(1, 1001):
         due_now = [t for t in tables if COMPACT in due(settings, version - 1, version, t)]
