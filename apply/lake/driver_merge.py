@@ -31,7 +31,10 @@ and a table this module cannot write exactly (:func:`writable`):
   whose writer features are all in :data:`WRITABLE_FEATURES` are written;
 - **the change data feed**: Spark writes the change files of a MERGE, which delta-rs
   does not write the same way;
-- a lake on an object store other than S3 (:mod:`apply.lake.driver_store`).
+- a lake on an object store other than S3 (:mod:`apply.lake.driver_store`);
+- **INT96 instants outside 1677-2262** in its files, which delta-rs would rewrite as
+  other instants (:mod:`apply.lake.legacy_instants`); checked when the driver opens a
+  table, not at each batch.
 
 Any failure of delta-rs before its commit falls back to Spark's MERGE, which is safe
 even after a delta-rs commit: it carries the same transaction id, which Delta skips.
@@ -66,6 +69,7 @@ from apply.lake.driver_plan import DecodedChange, change_arrays, table_arrow_typ
 from apply.lake.driver_store import LOCAL, DriverStore
 from apply.lake.history import TableHistory, newest_state
 from apply.lake.known_tables import KnownTable
+from apply.lake.legacy_instants import wrong_instants
 from apply.lake.table_lock import TABLE_LOCKS
 from apply.lake.tables import TableId
 from schemas.operation import Operation
@@ -128,6 +132,20 @@ def writable(table: Any) -> None:
         raise DriverMergeUnavailableError("the change data feed is on")
 
 
+def exact_instants(table: Any, options: Mapping[str, str]) -> None:
+    """Raise :class:`DriverMergeUnavailableError` when a delta-rs rewrite of ``table``
+    would change instants (:func:`apply.lake.legacy_instants.wrong_instants`)."""
+    try:
+        wrong = wrong_instants(table, options)
+    except (OSError, pa.ArrowException, DeltaError) as exc:
+        raise DriverMergeUnavailableError(f"its files' instants were not checked: {exc}") from exc
+    if wrong is not None:
+        raise DriverMergeUnavailableError(
+            f"{wrong}; Spark writes and compacts the table until its files are rewritten "
+            "(docs/apply.md, Instants in the Parquet files)"
+        )
+
+
 class DriverTables:
     """delta-rs's view of each table the driver writes, kept between batches: opening a
     table replays its log from the last checkpoint, while the job already knows that no
@@ -138,7 +156,29 @@ class DriverTables:
         """``store``: how delta-rs reaches the lake (:mod:`apply.lake.driver_store`)."""
         self._lock = threading.Lock()
         self._tables: dict[str, Any] = {}
+        self._refused: dict[str, tuple[int, str]] = {}
         self._store = store
+
+    def _checked(self, path: str, table: Any) -> None:
+        """:func:`writable` and :func:`exact_instants` for ``table`` as just opened; a
+        refusal is remembered with the version it was found at, since only a commit can
+        change the answer, and a table refused every batch would be read every batch."""
+        version = table.version()
+        with self._lock:
+            refused = self._refused.get(path)
+        if refused is not None and refused[0] == version:
+            raise DriverMergeUnavailableError(refused[1])
+        try:
+            writable(table)
+            exact_instants(table, self._store.options)
+        except DriverMergeUnavailableError as exc:
+            with self._lock:
+                if self._refused.get(path, (None, ""))[1] != str(exc):
+                    log.warning("table %s is written by Spark: %s", path, exc)
+                self._refused[path] = (version, str(exc))
+            raise
+        with self._lock:
+            self._refused.pop(path, None)
 
     def at(self, path: str, version: int) -> Any:
         """The table at ``path`` as of ``version``, its newest (the caller knows no later
@@ -146,6 +186,11 @@ class DriverTables:
         there or write it."""
         with self._lock:
             table = self._tables.get(path)
+        with self._lock:
+            refused = self._refused.get(path)
+        if table is None and refused is not None and refused[0] == version:
+            raise DriverMergeUnavailableError(refused[1])  # no need to open it again
+        opened = table is None
         try:
             if table is None:
                 table = self._open(path)
@@ -158,7 +203,10 @@ class DriverTables:
             raise DriverMergeUnavailableError(
                 f"delta-rs reads version {table.version()}, the job knows {version}"
             )
-        writable(table)
+        if opened:
+            self._checked(path, table)
+        else:
+            writable(table)  # its files since the check are the driver's own, INT64
         with self._lock:
             self._tables[path] = table
         return table
@@ -182,7 +230,7 @@ class DriverTables:
             if not DeltaTable.is_deltatable(location, storage_options=options):
                 return None
             delta_table = DeltaTable(location, storage_options=options)
-            writable(delta_table)
+            self._checked(path, delta_table)
             page = delta_table.history(_FIRST_PAGE)
             state = newest_state(str(table), page)
             if state is None and len(page) == _FIRST_PAGE:
@@ -332,6 +380,7 @@ __all__ = [
     "WRITABLE_FEATURES",
     "DriverMergeUnavailableError",
     "DriverTables",
+    "exact_instants",
     "merge_rows",
     "source_rows",
     "writable",

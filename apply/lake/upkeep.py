@@ -84,7 +84,12 @@ from pyspark.errors import PySparkException
 from pyspark.sql import SparkSession
 
 from apply.lake.delta_log import local_path
-from apply.lake.driver_merge import AFTER_COMMIT, DriverMergeUnavailableError, writable
+from apply.lake.driver_merge import (
+    AFTER_COMMIT,
+    DriverMergeUnavailableError,
+    exact_instants,
+    writable,
+)
 from apply.lake.driver_store import LOCAL, DriverStore
 from apply.lake.table_lock import TABLE_LOCKS
 from apply.settings import UpkeepSettings
@@ -220,7 +225,9 @@ def compact(
 def compact_from_driver(path: str, target_bytes: int, store: DriverStore) -> str | None:
     """Compact the table at ``path`` with delta-rs from the driver, when it is a table the
     driver's MERGE writes (:func:`apply.lake.driver_merge.writable`: no deletion vectors,
-    no change data feed); what it did, or None when Spark's OPTIMIZE must do it. Spark's
+    no change data feed; :func:`apply.lake.driver_merge.exact_instants`: no INT96
+    instants it would change, which Spark's OPTIMIZE in apply's session rewrites as
+    INT64); what it did, or None when Spark's OPTIMIZE must do it. Spark's
     OPTIMIZE costs seconds of planning on two cores even when it finds nothing, and
     every table of a batch may be due at once; delta-rs plans from the snapshot in the
     driver, so a table of one file (the driver's copy-on-write MERGE keeps a table
@@ -233,6 +240,7 @@ def compact_from_driver(path: str, target_bytes: int, store: DriverStore) -> str
     try:
         table = DeltaTable(store.location(path), storage_options=dict(store.options))
         writable(table)
+        exact_instants(table, store.options)
         metrics = table.optimize.compact(
             target_size=target_bytes, post_commithook_properties=AFTER_COMMIT
         )

@@ -17,8 +17,12 @@ from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped]
 import pytest
+from deltalake import DeltaTable
 
 from apply.engine.spark_session import DELETION_VECTORS_DEFAULT
+from apply.lake.driver_merge import DriverMergeUnavailableError, DriverTables
+from apply.lake.legacy_instants import wrong_instants
+from apply.lake.tables import TableId
 from schemas.column_type import TIMESTAMP_NEGATIVE_INFINITY, TIMESTAMP_POSITIVE_INFINITY
 from tests.plugins.lake import (
     live_files,
@@ -98,6 +102,9 @@ def test_old_int96_files_stay_until_rewritten_and_new_writes_are_int64(
     assert {k: read[k] for k in IN_RANGE} == IN_RANGE
     wrong = {k for k in OUT_OF_INT96_NANOS if read[k] != OUT_OF_INT96_NANOS[k]}
     assert wrong == set(OUT_OF_INT96_NANOS), read
+    # So the driver, whose delta-rs would rewrite them so, leaves the table to Spark.
+    with pytest.raises(DriverMergeUnavailableError, match="INT96 instants in column ts"):
+        DriverTables().read(path, TableId("public", "t"))
 
     # The next write in apply's session: a new INT64 file beside the old one.
     assert spark.conf.get("spark.sql.parquet.outputTimestampType") == "TIMESTAMP_MICROS"
@@ -116,3 +123,4 @@ def test_old_int96_files_stay_until_rewritten_and_new_writes_are_int64(
     assert _delta_rs_micros(read_delta_rs_pyarrow(path)) == {**VALUES, **appended}
     assert _delta_rs_micros(read_delta_rs_query(path)) == {**VALUES, **appended}
     assert _spark_micros(spark, path) == {**VALUES, **appended}
+    assert wrong_instants(DeltaTable(path), {}) is None  # the driver's again
