@@ -69,7 +69,7 @@ from apply.lake.driver_plan import DecodedChange, change_arrays, table_arrow_typ
 from apply.lake.driver_store import LOCAL, DriverStore
 from apply.lake.history import TableHistory, newest_state
 from apply.lake.known_tables import KnownTable
-from apply.lake.legacy_instants import wrong_instants
+from apply.lake.legacy_instants import ProvenFiles, wrong_instants
 from apply.lake.table_lock import TABLE_LOCKS
 from apply.lake.tables import TableId
 from schemas.operation import Operation
@@ -132,11 +132,14 @@ def writable(table: Any) -> None:
         raise DriverMergeUnavailableError("the change data feed is on")
 
 
-def exact_instants(table: Any, options: Mapping[str, str]) -> None:
+def exact_instants(
+    table: Any, options: Mapping[str, str], proven: ProvenFiles | None = None
+) -> None:
     """Raise :class:`DriverMergeUnavailableError` when a delta-rs rewrite of ``table``
-    would change instants (:func:`apply.lake.legacy_instants.wrong_instants`)."""
+    would change instants (:func:`apply.lake.legacy_instants.wrong_instants`, reading
+    no file ``proven`` holds)."""
     try:
-        wrong = wrong_instants(table, options)
+        wrong = wrong_instants(table, options, proven)
     except (OSError, pa.ArrowException, DeltaError) as exc:
         raise DriverMergeUnavailableError(f"its files' instants were not checked: {exc}") from exc
     if wrong is not None:
@@ -158,6 +161,9 @@ class DriverTables:
         self._tables: dict[str, Any] = {}
         self._refused: dict[str, tuple[int, str]] = {}
         self._store = store
+        self.proven = ProvenFiles()
+        """The data files found to hold no INT96 instants delta-rs would change, shared
+        with upkeep's compaction (:class:`apply.lake.upkeep.TableUpkeep`)."""
 
     def _checked(self, path: str, table: Any) -> None:
         """:func:`writable` and :func:`exact_instants` for ``table`` as just opened; a
@@ -170,7 +176,7 @@ class DriverTables:
             raise DriverMergeUnavailableError(refused[1])
         try:
             writable(table)
-            exact_instants(table, self._store.options)
+            exact_instants(table, self._store.options, self.proven)
         except DriverMergeUnavailableError as exc:
             with self._lock:
                 if self._refused.get(path, (None, ""))[1] != str(exc):

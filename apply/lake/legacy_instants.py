@@ -15,13 +15,18 @@ ones over time (docs/apply.md, "Instants in the Parquet files").
 Finding them costs nothing for a table without instants, and for the others one pass
 over the statistics delta-rs already holds: a file is read only when its statistics do
 not show its instants inside the range (an instant column past the table's indexed
-columns, an array of instants, a value near or beyond the bounds). Then its footer says
-whether any column is INT96, and only INT96 columns are read, as microseconds.
+columns, as apply's ``_cdc_commit_ts`` is in a table of more than 29 columns; an array
+of instants; a value near or beyond the bounds). Then its footer says whether any column
+is INT96, and only INT96 columns are read, as microseconds. A data file never changes
+once written, so a file found right is not read again in the job (:class:`ProvenFiles`):
+on an object store each read is a few requests, and a table is checked again after
+every commit that is not the job's own (upkeep's compaction among them).
 """
 
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -119,25 +124,56 @@ def outside_int96(values: Iterable[int | None]) -> bool:
     )
 
 
-def wrong_instants(table: Any, options: Mapping[str, str]) -> str | None:
+class ProvenFiles:
+    """The data files of each table that were read and found to hold no instant delta-rs
+    would rewrite wrongly, by table location; only the table's live files are kept. Safe
+    for tables checked from several threads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._files: dict[str, frozenset[str]] = {}
+
+    def of(self, location: str) -> frozenset[str]:
+        with self._lock:
+            return self._files.get(location, frozenset())
+
+    def keep(self, location: str, files: Iterable[str]) -> None:
+        """``files`` are the table's proven files now (replacing the ones before)."""
+        with self._lock:
+            self._files[location] = frozenset(files)
+
+
+def wrong_instants(
+    table: Any, options: Mapping[str, str], proven: ProvenFiles | None = None
+) -> str | None:
     """Why delta-rs would rewrite some instants of ``table`` (a ``deltalake.DeltaTable``)
     wrongly, naming a file and column to rewrite, or None when it would not; ``options``:
-    the storage options ``table`` was opened with."""
+    the storage options ``table`` was opened with; ``proven``: the files read before,
+    which are not read again, and where the files read now are added."""
     columns = instant_columns(table.schema().to_json())
     if not columns:
         return None
-    actions = pa.table(table.get_add_actions(flatten=True))
-    suspects = unproven_files(_rows(actions, columns), columns)
+    rows = _rows(pa.table(table.get_add_actions(flatten=True)), columns)
+    location = str(table.table_uri)
+    known = proven.of(location) if proven is not None else frozenset()
+    suspects = [path for path in unproven_files(rows, columns) if path not in known]
     if not suspects:
         return None
-    files = pafs.PyFileSystem(DeltaStorageHandler(table.table_uri, dict(options)))
-    for path in suspects:
-        found = _int96_outside(files, path)
-        if found is not None:
-            return (
-                f"file {path} holds INT96 instants in column {found} outside 1677-09-21.."
-                "2262-04-11, which delta-rs would rewrite as other instants"
-            )
+    live = {str(row["path"]) for row in rows}
+    read: list[str] = []
+    files = pafs.PyFileSystem(DeltaStorageHandler(location, dict(options)))
+    try:
+        for path in suspects:
+            found = _int96_outside(files, path)
+            if found is not None:
+                return (
+                    f"file {path} holds INT96 instants in column {found} outside "
+                    "1677-09-21..2262-04-11, which delta-rs would rewrite as other instants"
+                )
+            read.append(path)
+    finally:
+        if proven is not None:
+            proven.keep(location, (known & live) | set(read))
     return None
 
 
@@ -209,6 +245,7 @@ __all__ = [
     "INT96_MIN_MICROS",
     "STATISTICS_MARGIN_MICROS",
     "InstantColumns",
+    "ProvenFiles",
     "instant_columns",
     "outside_int96",
     "unproven_files",

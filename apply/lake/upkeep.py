@@ -91,6 +91,7 @@ from apply.lake.driver_merge import (
     writable,
 )
 from apply.lake.driver_store import LOCAL, DriverStore
+from apply.lake.legacy_instants import ProvenFiles
 from apply.lake.table_lock import TABLE_LOCKS
 from apply.settings import UpkeepSettings
 
@@ -207,6 +208,7 @@ def compact(
     store: DriverStore | None = LOCAL,
     *,
     from_driver: bool = True,
+    proven: ProvenFiles | None = None,
 ) -> str:
     """Compact the Delta table at ``path`` (:func:`compact_from_driver` where delta-rs
     writes it and ``from_driver``, else Spark's OPTIMIZE), then clean its expired log
@@ -216,13 +218,15 @@ def compact(
     target_bytes = target_file_size_mb * 1024 * 1024
     done = None
     if store is not None and from_driver:
-        done = compact_from_driver(path, target_bytes, store)
+        done = compact_from_driver(path, target_bytes, store, proven)
     if done is None:
         done = _optimize_with_spark(spark, path, target_bytes)
     return f"{done}; {clean_log(path, store)}"
 
 
-def compact_from_driver(path: str, target_bytes: int, store: DriverStore) -> str | None:
+def compact_from_driver(
+    path: str, target_bytes: int, store: DriverStore, proven: ProvenFiles | None = None
+) -> str | None:
     """Compact the table at ``path`` with delta-rs from the driver, when it is a table the
     driver's MERGE writes (:func:`apply.lake.driver_merge.writable`: no deletion vectors,
     no change data feed; :func:`apply.lake.driver_merge.exact_instants`: no INT96
@@ -240,7 +244,7 @@ def compact_from_driver(path: str, target_bytes: int, store: DriverStore) -> str
     try:
         table = DeltaTable(store.location(path), storage_options=dict(store.options))
         writable(table)
-        exact_instants(table, store.options)
+        exact_instants(table, store.options, proven)
         metrics = table.optimize.compact(
             target_size=target_bytes, post_commithook_properties=AFTER_COMMIT
         )
@@ -340,6 +344,9 @@ class TableUpkeep:
     """Whether delta-rs compacts the tables the driver writes; off with the driver writer
     (``APPLY_LAKE__DRIVER_WRITE_RECORDS=0``), so that nothing but Spark rewrites data
     files then."""
+    proven: ProvenFiles | None = None
+    """The files whose instants were checked already, the driver's
+    (:attr:`apply.lake.driver_merge.DriverTables.proven`)."""
 
     def after_commit(
         self,
@@ -362,6 +369,7 @@ class TableUpkeep:
                     self.settings.target_file_size_mb,
                     self.store,
                     from_driver=self.compact_from_driver,
+                    proven=self.proven,
                 )
             return vacuum(spark, path)
 

@@ -22,6 +22,7 @@ from apply.lake.legacy_instants import (
     INT96_MIN_MICROS,
     STATISTICS_MARGIN_MICROS,
     InstantColumns,
+    ProvenFiles,
     instant_columns,
     outside_int96,
     unproven_files,
@@ -168,3 +169,22 @@ def test_a_table_whose_old_files_were_rewritten_is_the_drivers_again(tmp_path: P
     rows = pq.read_table(Path(path) / "part-0.parquet", coerce_int96_timestamp_unit="us")
     write_deltalake(path, rows, mode="overwrite")
     assert tables.at(path, 1).version() == 1
+
+
+def test_a_file_read_once_is_not_read_again_while_it_is_live(tmp_path: Path) -> None:
+    """A data file never changes, and on an object store each read is requests: a file
+    whose instants were read and found right is read once a job."""
+    path = tmp_path / "no_statistics"
+    path.mkdir()
+    rows = pa.table({"at": pa.array([YEAR_3000], pa.timestamp("us", tz="UTC"))})
+    pq.write_table(rows, path / "part-0.parquet", write_statistics=False)
+    convert_to_deltalake(str(path))
+    table = DeltaTable(str(path))
+    proven = ProvenFiles()
+    assert wrong_instants(table, {}, proven) is None  # INT64: read, and right
+    assert proven.of(str(table.table_uri)) == {"part-0.parquet"}
+
+    (path / "part-0.parquet").unlink()  # a read now would fail
+    assert wrong_instants(table, {}, proven) is None
+    with pytest.raises(OSError):
+        wrong_instants(table, {})
