@@ -186,5 +186,5 @@ def test_a_file_read_once_is_not_read_again_while_it_is_live(tmp_path: Path) -> 
 
     (path / "part-0.parquet").unlink()  # a read now would fail
     assert wrong_instants(table, {}, proven) is None
-    with pytest.raises(FileNotFoundError, match="part-0.parquet"):
+    with pytest.raises(FileNotFoundError, match=r"part-0\.parquet"):
         wrong_instants(table, {})
