@@ -145,7 +145,7 @@ def exact_instants(
     if wrong is not None:
         raise DriverMergeUnavailableError(
             f"{wrong}; Spark writes and compacts the table until its files are rewritten "
-            "(docs/apply.md, Instants in the Parquet files)"
+            "(docs/apply.md, Timestamps are INT64 microseconds)"
         )
 
 

@@ -10,7 +10,7 @@ table holds such files when it was written before apply's session wrote INT64
 (2026-11-23), or when an operator's Spark session with the default rewrote it (an
 ``OPTIMIZE`` run elsewhere). The driver leaves such a table to Spark, which reads INT96
 exactly, and Spark's compaction in apply's session rewrites the old files into INT64
-ones over time (docs/apply.md, "Instants in the Parquet files").
+ones over time (docs/apply.md, "Timestamps are INT64 microseconds").
 
 Finding them costs nothing for a table without instants, and for the others one pass
 over the statistics delta-rs already holds: a file is read only when its statistics do
