@@ -15,7 +15,7 @@ import pyarrow.parquet as pq  # type: ignore[import-untyped]
 import pytest
 from deltalake import DeltaTable, convert_to_deltalake, write_deltalake
 
-from apply.lake.driver_merge import DriverMergeUnavailableError, DriverTables
+from apply.lake.driver_merge import DriverMergeUnavailableError, DriverTables, exact_instants
 from apply.lake.driver_store import LOCAL
 from apply.lake.legacy_instants import (
     INT96_MAX_MICROS,
@@ -188,3 +188,14 @@ def test_a_file_read_once_is_not_read_again_while_it_is_live(tmp_path: Path) -> 
     assert wrong_instants(table, {}, proven) is None
     with pytest.raises(FileNotFoundError, match=r"part-0\.parquet"):
         wrong_instants(table, {})
+
+
+def test_a_check_that_cannot_read_a_file_leaves_the_table_to_spark(tmp_path: Path) -> None:
+    path = tmp_path / "unreadable"
+    path.mkdir()
+    rows = pa.table({"at": pa.array([YEAR_2024], pa.timestamp("us", tz="UTC"))})
+    pq.write_table(rows, path / "part-0.parquet", write_statistics=False)
+    convert_to_deltalake(str(path))
+    (path / "part-0.parquet").write_bytes(b"not parquet")
+    with pytest.raises(DriverMergeUnavailableError, match="instants were not checked"):
+        exact_instants(DeltaTable(str(path)), {})
