@@ -16,6 +16,7 @@ from bench.freshness import (
     apply_visibility,
     baseline_visibility,
     percentile,
+    upkeep_in_window,
     visible_latencies_ms,
 )
 from bench.sustainable_rate import keeps_up, next_rate
@@ -59,6 +60,22 @@ def test_a_record_is_visible_at_the_first_apply_commit_past_its_offset(tmp_path:
     )
     # Offset 9 is below next offset 10 of commit 1; offset 10 needs commit 2.
     assert visible_latencies_ms(arrivals, seen) == [1500.0, 2000.0]
+
+
+def test_upkeep_commits_are_counted_inside_the_window_only(tmp_path: Path) -> None:
+    accounts = tmp_path / "public" / "pgbench_accounts" / "_delta_log"
+    _commit(accounts, 0, [{"commitInfo": {"operation": "OPTIMIZE"}}], 999.0)  # before
+    _commit(accounts, 1, [{"commitInfo": {"operation": "MERGE"}}], 1001.0)
+    _commit(accounts, 2, [{"commitInfo": {"operation": "OPTIMIZE"}}], 1002.0)
+    _commit(accounts, 3, [{"commitInfo": {"operation": "VACUUM START"}}], 1003.0)
+    _commit(accounts, 4, [{"commitInfo": {"operation": "VACUUM END"}}], 1004.0)
+    branches = tmp_path / "public" / "pgbench_branches" / "_delta_log"
+    _commit(branches, 0, [{"commitInfo": {"operation": "OPTIMIZE"}}], 1005.0)
+    _commit(branches, 1, [{"commitInfo": {"operation": "OPTIMIZE"}}], 1011.0)  # after
+    tables = ["pgbench_accounts", "pgbench_branches", "pgbench_history"]  # no history yet
+    counts = upkeep_in_window(tmp_path, tables, 1000e6, 1010e6)
+    assert counts == {"compactions": 2, "vacuums": 1}
+    assert upkeep_in_window(tmp_path, tables, 1012e6, 1020e6) == {"compactions": 0, "vacuums": 0}
 
 
 def test_a_record_no_commit_covers_is_an_error(tmp_path: Path) -> None:
