@@ -41,8 +41,8 @@ Footprint over the same window (from the start of the workload until the pipelin
 up with it): CPU seconds of each service's process tree, per million change records and
 as a share of one core (CPU seconds / the window's seconds), and peak RSS
 (:class:`bench.pipeline_run.ProcessTree`). Then the upkeep turns that committed in the
-window (compactions, vacuums; :func:`upkeep_in_window`): a window of 120 s holds no
-compaction turn, and the batch that runs one is a table's slowest.
+window (compaction commits, vacuums; :func:`upkeep_in_window`): a window of 120 s holds
+no compaction turn, and the batch whose compaction rewrites files is a table's slowest.
 
 Both Spark drivers (apply and the baseline) run at once on the same cores, with
 PostgreSQL, Kafka, capture and pgbench: on a 2-core machine they slow each other, which
@@ -233,8 +233,9 @@ def apply_visibility(lake: Path, tables: Iterable[str] = TABLES) -> Visibility:
     return seen
 
 
-UPKEEP_OPERATIONS = {"OPTIMIZE": "compactions", "VACUUM END": "vacuums"}
-"""The commits of upkeep's turns (:mod:`apply.lake.upkeep`), by Delta operation."""
+UPKEEP_OPERATIONS = {"OPTIMIZE": "compaction commits", "VACUUM END": "vacuums"}
+"""The commits of upkeep's turns (:mod:`apply.lake.upkeep`), by Delta operation. A
+compaction turn that finds nothing to rewrite commits nothing."""
 
 
 def upkeep_in_window(
@@ -242,8 +243,8 @@ def upkeep_in_window(
 ) -> dict[str, int]:
     """How many of upkeep's compactions and vacuums committed between ``start_us`` and
     ``end_us`` (wall clock, µs) on ``tables`` (of schema public). A window without a
-    compaction leaves out the batch that runs one, the slowest of a table's every 100
-    versions: the 120 s runs of record had none, and a twelve-minute run found its p99
+    compaction commit leaves out the batch whose compaction rewrites files, a table's
+    slowest: the 120 s runs of record had none, and a twelve-minute run found its p99
     there (docs/benchmarks.md)."""
     counts = dict.fromkeys(UPKEEP_OPERATIONS.values(), 0)
     for table in tables:
@@ -639,10 +640,11 @@ def _report(
         + ", ".join(f"{count} {kind}" for kind, count in upkeep.items())
         + (
             ""
-            if upkeep.get("compactions")
-            else " (no compaction turn fell in the window, so the batch that runs one is "
-            "not in these figures: a table reaches one every 100 versions, about 8 "
-            "minutes at the 5 s trigger; run --seconds 720 for a p99 with them)"
+            if upkeep.get("compaction commits")
+            else " (no compaction rewrote files in the window, so a batch whose compaction "
+            "does is not in these figures: a table reaches a compaction turn every 100 "
+            "versions, about 8 minutes at the 5 s trigger; run --seconds 720 to include "
+            "them)"
         )
     )
     lines.append(f"caught up {caught_up_s:.1f} s after pgbench ended")

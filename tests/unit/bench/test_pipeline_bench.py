@@ -74,8 +74,11 @@ def test_upkeep_commits_are_counted_inside_the_window_only(tmp_path: Path) -> No
     _commit(branches, 1, [{"commitInfo": {"operation": "OPTIMIZE"}}], 1011.0)  # after
     tables = ["pgbench_accounts", "pgbench_branches", "pgbench_history"]  # no history yet
     counts = upkeep_in_window(tmp_path, tables, 1000e6, 1010e6)
-    assert counts == {"compactions": 2, "vacuums": 1}
-    assert upkeep_in_window(tmp_path, tables, 1012e6, 1020e6) == {"compactions": 0, "vacuums": 0}
+    assert counts == {"compaction commits": 2, "vacuums": 1}
+    assert upkeep_in_window(tmp_path, tables, 1012e6, 1020e6) == {
+        "compaction commits": 0,
+        "vacuums": 0,
+    }
 
 
 def test_a_record_no_commit_covers_is_an_error(tmp_path: Path) -> None:
