@@ -229,7 +229,7 @@ class ApplyJob:
                 self.metrics,
                 self._store,
                 compact_from_driver=self._settings.lake.driver_write_records > 0,
-                proven=None if self._driver_tables is None else self._driver_tables.proven,
+                checked=None if self._driver_tables is None else self._driver_tables.checked,
             ),
             known=self._known if streaming else None,
             driver_write_records=self._settings.lake.driver_write_records,

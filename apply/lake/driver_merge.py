@@ -69,7 +69,7 @@ from apply.lake.driver_plan import DecodedChange, change_arrays, table_arrow_typ
 from apply.lake.driver_store import LOCAL, DriverStore
 from apply.lake.history import TableHistory, newest_state
 from apply.lake.known_tables import KnownTable
-from apply.lake.legacy_instants import ProvenFiles, wrong_instants
+from apply.lake.legacy_instants import CheckedFiles, wrong_instants
 from apply.lake.table_lock import TABLE_LOCKS
 from apply.lake.tables import TableId
 from schemas.operation import Operation
@@ -133,13 +133,13 @@ def writable(table: Any) -> None:
 
 
 def exact_instants(
-    table: Any, options: Mapping[str, str], proven: ProvenFiles | None = None
+    table: Any, options: Mapping[str, str], checked: CheckedFiles | None = None
 ) -> None:
     """Raise :class:`DriverMergeUnavailableError` when a delta-rs rewrite of ``table``
     would change instants (:func:`apply.lake.legacy_instants.wrong_instants`, reading
-    no file ``proven`` holds)."""
+    no file ``checked`` holds)."""
     try:
-        wrong = wrong_instants(table, options, proven)
+        wrong = wrong_instants(table, options, checked)
     except (OSError, ValueError, ArithmeticError, pa.ArrowException, DeltaError) as exc:
         # Not knowing is no reason to stop: Spark writes the table exactly either way.
         raise DriverMergeUnavailableError(f"its files' instants were not checked: {exc}") from exc
@@ -162,9 +162,9 @@ class DriverTables:
         self._tables: dict[str, Any] = {}
         self._refused: dict[str, tuple[int, str]] = {}
         self._store = store
-        self.proven = ProvenFiles()
-        """The data files found to hold no INT96 instants delta-rs would change, shared
-        with upkeep's compaction (:class:`apply.lake.upkeep.TableUpkeep`)."""
+        self.checked = CheckedFiles()
+        """The data files whose instants were read, and what was found, shared with
+        upkeep's compaction (:class:`apply.lake.upkeep.TableUpkeep`)."""
 
     def _checked(self, path: str, table: Any) -> None:
         """:func:`writable` and :func:`exact_instants` for ``table`` as just opened; a
@@ -177,7 +177,7 @@ class DriverTables:
             raise DriverMergeUnavailableError(refused[1])
         try:
             writable(table)
-            exact_instants(table, self._store.options, self.proven)
+            exact_instants(table, self._store.options, self.checked)
         except DriverMergeUnavailableError as exc:
             with self._lock:
                 if self._refused.get(path, (None, ""))[1] != str(exc):

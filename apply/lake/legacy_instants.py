@@ -18,7 +18,7 @@ not show its instants inside the range (an instant column past the table's index
 columns, as apply's ``_cdc_commit_ts`` is in a table of more than 29 columns; an array
 of instants; a value near or beyond the bounds). Then its footer says whether any column
 is INT96, and only INT96 columns are read, as microseconds. A data file never changes
-once written, so a file found right is not read again in the job (:class:`ProvenFiles`):
+once written, so a file is not read again in the job (:class:`CheckedFiles`):
 on an object store each read is a few requests, and a table is checked again after
 every commit that is not the job's own (upkeep's compaction among them).
 """
@@ -124,56 +124,58 @@ def outside_int96(values: Iterable[int | None]) -> bool:
     )
 
 
-class ProvenFiles:
-    """The data files of each table that were read and found to hold no instant delta-rs
-    would rewrite wrongly, by table location; only the table's live files are kept. Safe
-    for tables checked from several threads."""
+class CheckedFiles:
+    """The data files of each table whose instants were read, by table location, each
+    with what was found: None when delta-rs would rewrite them right, else the first
+    column it would not. Only the table's live files are kept. A table left to Spark
+    keeps its wrong file until something rewrites it, so its later checks read nothing.
+    Safe for tables checked from several threads."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._files: dict[str, frozenset[str]] = {}
+        self._files: dict[str, dict[str, str | None]] = {}
 
-    def of(self, location: str) -> frozenset[str]:
+    def of(self, location: str) -> Mapping[str, str | None]:
         with self._lock:
-            return self._files.get(location, frozenset())
+            return dict(self._files.get(location, {}))
 
-    def keep(self, location: str, files: Iterable[str]) -> None:
-        """``files`` are the table's proven files now (replacing the ones before)."""
+    def keep(self, location: str, files: Mapping[str, str | None]) -> None:
+        """``files`` are the table's checked files now (replacing the ones before)."""
         with self._lock:
-            self._files[location] = frozenset(files)
+            self._files[location] = dict(files)
 
 
 def wrong_instants(
-    table: Any, options: Mapping[str, str], proven: ProvenFiles | None = None
+    table: Any, options: Mapping[str, str], checked: CheckedFiles | None = None
 ) -> str | None:
     """Why delta-rs would rewrite some instants of ``table`` (a ``deltalake.DeltaTable``)
     wrongly, naming a file and column to rewrite, or None when it would not; ``options``:
-    the storage options ``table`` was opened with; ``proven``: the files read before,
+    the storage options ``table`` was opened with; ``checked``: the files read before,
     which are not read again, and where the files read now are added."""
     columns = instant_columns(table.schema().to_json())
     if not columns:
         return None
     rows = _rows(pa.table(table.get_add_actions(flatten=True)), columns)
     location = str(table.table_uri)
-    known = proven.of(location) if proven is not None else frozenset()
-    suspects = [path for path in unproven_files(rows, columns) if path not in known]
-    if not suspects:
-        return None
+    known = checked.of(location) if checked is not None else {}
     live = {str(row["path"]) for row in rows}
-    read: list[str] = []
-    files = pafs.PyFileSystem(DeltaStorageHandler(location, dict(options)))
+    found = {path: column for path, column in known.items() if path in live}
+    files = None
     try:
-        for path in suspects:
-            found = _int96_outside(files, path)
-            if found is not None:
+        for path in unproven_files(rows, columns):
+            if path not in found:
+                if files is None:
+                    files = pafs.PyFileSystem(DeltaStorageHandler(location, dict(options)))
+                found[path] = _int96_outside(files, path)
+            column = found[path]
+            if column is not None:
                 return (
-                    f"file {path} holds INT96 instants in column {found} outside "
+                    f"file {path} holds INT96 instants in column {column} outside "
                     "1677-09-21..2262-04-11, which delta-rs would rewrite as other instants"
                 )
-            read.append(path)
     finally:
-        if proven is not None:
-            proven.keep(location, (known & live) | set(read))
+        if checked is not None:
+            checked.keep(location, found)
     return None
 
 
@@ -244,8 +246,8 @@ __all__ = [
     "INT96_MAX_MICROS",
     "INT96_MIN_MICROS",
     "STATISTICS_MARGIN_MICROS",
+    "CheckedFiles",
     "InstantColumns",
-    "ProvenFiles",
     "instant_columns",
     "outside_int96",
     "unproven_files",

@@ -91,7 +91,7 @@ from apply.lake.driver_merge import (
     writable,
 )
 from apply.lake.driver_store import LOCAL, DriverStore
-from apply.lake.legacy_instants import ProvenFiles
+from apply.lake.legacy_instants import CheckedFiles
 from apply.lake.table_lock import TABLE_LOCKS
 from apply.settings import UpkeepSettings
 
@@ -208,7 +208,7 @@ def compact(
     store: DriverStore | None = LOCAL,
     *,
     from_driver: bool = True,
-    proven: ProvenFiles | None = None,
+    checked: CheckedFiles | None = None,
 ) -> str:
     """Compact the Delta table at ``path`` (:func:`compact_from_driver` where delta-rs
     writes it and ``from_driver``, else Spark's OPTIMIZE), then clean its expired log
@@ -218,14 +218,14 @@ def compact(
     target_bytes = target_file_size_mb * 1024 * 1024
     done = None
     if store is not None and from_driver:
-        done = compact_from_driver(path, target_bytes, store, proven)
+        done = compact_from_driver(path, target_bytes, store, checked)
     if done is None:
         done = _optimize_with_spark(spark, path, target_bytes)
     return f"{done}; {clean_log(path, store)}"
 
 
 def compact_from_driver(
-    path: str, target_bytes: int, store: DriverStore, proven: ProvenFiles | None = None
+    path: str, target_bytes: int, store: DriverStore, checked: CheckedFiles | None = None
 ) -> str | None:
     """Compact the table at ``path`` with delta-rs from the driver, when it is a table the
     driver's MERGE writes (:func:`apply.lake.driver_merge.writable`: no deletion vectors,
@@ -244,7 +244,7 @@ def compact_from_driver(
     try:
         table = DeltaTable(store.location(path), storage_options=dict(store.options))
         writable(table)
-        exact_instants(table, store.options, proven)
+        exact_instants(table, store.options, checked)
         metrics = table.optimize.compact(
             target_size=target_bytes, post_commithook_properties=AFTER_COMMIT
         )
@@ -344,9 +344,9 @@ class TableUpkeep:
     """Whether delta-rs compacts the tables the driver writes; off with the driver writer
     (``APPLY_LAKE__DRIVER_WRITE_RECORDS=0``), so that nothing but Spark rewrites data
     files then."""
-    proven: ProvenFiles | None = None
-    """The files whose instants were checked already, the driver's
-    (:attr:`apply.lake.driver_merge.DriverTables.proven`)."""
+    checked: CheckedFiles | None = None
+    """The files whose instants were read already, the driver's
+    (:attr:`apply.lake.driver_merge.DriverTables.checked`)."""
 
     def after_commit(
         self,
@@ -369,7 +369,7 @@ class TableUpkeep:
                     self.settings.target_file_size_mb,
                     self.store,
                     from_driver=self.compact_from_driver,
-                    proven=self.proven,
+                    checked=self.checked,
                 )
             return vacuum(spark, path)
 

@@ -21,8 +21,8 @@ from apply.lake.legacy_instants import (
     INT96_MAX_MICROS,
     INT96_MIN_MICROS,
     STATISTICS_MARGIN_MICROS,
+    CheckedFiles,
     InstantColumns,
-    ProvenFiles,
     instant_columns,
     outside_int96,
     unproven_files,
@@ -180,12 +180,12 @@ def test_a_file_read_once_is_not_read_again_while_it_is_live(tmp_path: Path) -> 
     pq.write_table(rows, path / "part-0.parquet", write_statistics=False)
     convert_to_deltalake(str(path))
     table = DeltaTable(str(path))
-    proven = ProvenFiles()
-    assert wrong_instants(table, {}, proven) is None  # INT64: read, and right
-    assert proven.of(str(table.table_uri)) == {"part-0.parquet"}
+    checked = CheckedFiles()
+    assert wrong_instants(table, {}, checked) is None  # INT64: read, and right
+    assert checked.of(str(table.table_uri)) == {"part-0.parquet": None}
 
     (path / "part-0.parquet").unlink()  # a read now would fail
-    assert wrong_instants(table, {}, proven) is None
+    assert wrong_instants(table, {}, checked) is None
     with pytest.raises(FileNotFoundError, match=r"part-0\.parquet"):
         wrong_instants(table, {})
 
@@ -199,3 +199,25 @@ def test_a_check_that_cannot_read_a_file_leaves_the_table_to_spark(tmp_path: Pat
     (path / "part-0.parquet").write_bytes(b"not parquet")
     with pytest.raises(DriverMergeUnavailableError, match="instants were not checked"):
         exact_instants(DeltaTable(str(path)), {})
+
+
+def test_a_wrong_file_is_read_once_and_named_until_it_is_gone(tmp_path: Path) -> None:
+    path = _int96_table(tmp_path / "old", [YEAR_3000])
+    checked = CheckedFiles()
+    first = wrong_instants(DeltaTable(path), {}, checked)
+    assert first is not None
+    assert checked.of(str(DeltaTable(path).table_uri)) == {"part-0.parquet": "at"}
+
+    data = Path(path) / "part-0.parquet"
+    kept = data.read_bytes()
+    data.unlink()  # a read now would fail
+    assert wrong_instants(DeltaTable(path), {}, checked) == first
+    data.write_bytes(kept)
+
+    # Rewritten (an overwrite removes it from the live files): forgotten, and the new
+    # file is read.
+    rows = pq.read_table(data, coerce_int96_timestamp_unit="us")
+    write_deltalake(path, rows, mode="overwrite")
+    table = DeltaTable(path)
+    assert wrong_instants(table, {}, checked) is None
+    assert "part-0.parquet" not in checked.of(str(table.table_uri))
