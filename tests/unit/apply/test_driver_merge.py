@@ -12,7 +12,7 @@ from typing import Any, cast
 
 import pyarrow as pa  # type: ignore[import-untyped]
 import pytest
-from deltalake import DeltaTable, write_deltalake
+from deltalake import ColumnProperties, DeltaTable, WriterProperties, write_deltalake
 from pyspark.sql.types import LongType, StringType
 
 from apply.errors import TableError
@@ -28,10 +28,12 @@ from apply.lake.driver_merge import (
 from apply.lake.driver_plan import DecodedChange
 from apply.lake.driver_store import LOCAL
 from apply.lake.history import newest_state
+from apply.lake.legacy_instants import CheckedFiles
 from apply.lake.positions import AppliedState, Position, encode_state
 from apply.lake.table_lock import TABLE_LOCKS, UnheldTableLockError
 from apply.lake.tables import TableId
-from apply.lake.upkeep import clean_log, compact, compact_from_driver
+from apply.lake.upkeep import TableUpkeep, clean_log, compact, compact_from_driver
+from apply.settings import UpkeepSettings
 from schemas.lsn import Lsn
 
 COLUMNS = (ColumnSpec("id", LongType(), key=True), ColumnSpec("Note", StringType()))
@@ -357,3 +359,53 @@ def test_with_the_driver_writer_off_compaction_is_sparks(tmp_path: Path) -> None
     with TABLE_LOCKS.held(path), pytest.raises(_SparkAsked):
         compact(cast(Any, _NoSpark()), path, 128, LOCAL, from_driver=False)
     assert DeltaTable(path).version() == 1
+
+
+class _Runs:
+    """An :class:`apply.lake.upkeep.UpkeepObserver` that keeps what it is told."""
+
+    def __init__(self) -> None:
+        self.runs: list[tuple[str, str, bool]] = []
+
+    def upkeep(self, table: str, operation: str, duration_s: float, *, failed: bool) -> None:
+        self.runs.append((table, operation, failed))
+
+
+def test_a_batch_on_its_compaction_turn_has_delta_rs_compact_the_drivers_table(
+    tmp_path: Path,
+) -> None:
+    """The route a batch takes after its commit (``TableUpkeep.after_commit``, as
+    ``apply.batch.write`` calls it): on the table's turn, delta-rs compacts it and the
+    files it reads are remembered; Spark is never asked."""
+    path = str(tmp_path)
+    # The first file without statistics, so the check of its instants reads it.
+    no_statistics = WriterProperties(
+        default_column_properties=ColumnProperties(statistics_enabled="NONE")
+    )
+    write_deltalake(path, table_rows([(1, "a", 10, 1)]), writer_properties=no_statistics)
+    for key in range(2, 6):
+        write_deltalake(path, table_rows([(key, "a", 10, key)]), mode="append")
+    assert len(DeltaTable(path).file_uris()) == 5
+    every = 4
+    runs, checked = _Runs(), CheckedFiles()
+    upkeep = TableUpkeep(
+        UpkeepSettings(compact_every_commits=every, vacuum_every_commits=1_000_000),
+        runs,
+        LOCAL,
+        checked=checked,
+    )
+    # Versions 0 to 4 hold the five writes; a span of `every` versions holds one turn.
+    with TABLE_LOCKS.held(path):
+        done = upkeep.after_commit(
+            cast(Any, _NoSpark()), table="public.t", path=path, version_before=0,
+            version_after=every,
+        )  # fmt: skip
+    assert [(run.task.value, run.failed) for run in done] == [("compact", False)]
+    assert runs.runs == [("public.t", "compact", False)]
+    after = DeltaTable(path)
+    assert len(after.file_uris()) == 1
+    assert sorted(after.to_pyarrow_table().column("id").to_pylist()) == [1, 2, 3, 4, 5]
+    commit = parse_commit(after.version(), Path(commit_file(path, after.version())).read_text())
+    assert commit.operation == "OPTIMIZE"
+    # Checked before compaction rewrote them: the file without statistics was read.
+    assert list(checked.of(str(after.table_uri)).values()) == [None]
