@@ -436,7 +436,14 @@ def merge_from_driver(
             unchanged_columns=measured.unchanged_columns,
         )
     except (DriverMergeUnavailableError, DriverWriteUnavailableError) as exc:
-        log.warning("batch %d to %s: merged by Spark instead: %s", batch_id, name, exc)
+        reported = isinstance(exc, DriverMergeUnavailableError) and exc.reported
+        log.log(
+            logging.DEBUG if reported else logging.WARNING,
+            "batch %d to %s: merged by Spark instead: %s",
+            batch_id,
+            name,
+            exc,
+        )
         return None
     outcome = own_outcome(spark, path, version_before, context.txn_app_id, batch_id)
     if not outcome.committed:

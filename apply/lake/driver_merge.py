@@ -106,6 +106,13 @@ page)."""
 class DriverMergeUnavailableError(Exception):
     """This table or batch cannot be MERGEd from the driver; Spark's MERGE takes it."""
 
+    def __init__(self, reason: str, *, reported: bool = False) -> None:
+        super().__init__(reason)
+        self.reported = reported
+        """Whether the reason was logged as a warning already: a table the driver leaves
+        to Spark (:meth:`DriverTables.at`) is refused at every batch, and is reported
+        when found, not each time."""
+
 
 def _quoted(name: str) -> str:
     """``name`` as a SQL identifier for delta-rs's predicates (DataFusion lower-cases an
@@ -174,7 +181,7 @@ class DriverTables:
         with self._lock:
             refused = self._refused.get(path)
         if refused is not None and refused[0] == version:
-            raise DriverMergeUnavailableError(refused[1])
+            raise DriverMergeUnavailableError(refused[1], reported=True)
         try:
             writable(table)
             exact_instants(table, self._store.options, self.checked)
@@ -183,7 +190,7 @@ class DriverTables:
                 if self._refused.get(path, (None, ""))[1] != str(exc):
                     log.warning("table %s is written by Spark: %s", path, exc)
                 self._refused[path] = (version, str(exc))
-            raise
+            raise DriverMergeUnavailableError(str(exc), reported=True) from exc
         with self._lock:
             self._refused.pop(path, None)
 
@@ -196,7 +203,7 @@ class DriverTables:
         with self._lock:
             refused = self._refused.get(path)
         if table is None and refused is not None and refused[0] == version:
-            raise DriverMergeUnavailableError(refused[1])  # no need to open it again
+            raise DriverMergeUnavailableError(refused[1], reported=True)  # not opened again
         opened = table is None
         try:
             if table is None:

@@ -6,6 +6,7 @@ session does (tests/integration/test_lake_timestamps.py has Spark's own)."""
 from __future__ import annotations
 
 import json
+import logging
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -147,13 +148,23 @@ def test_delta_rs_would_rewrite_such_instants_as_others(tmp_path: Path) -> None:
     assert YEAR_3000 not in read
 
 
-def test_the_driver_leaves_a_table_with_such_instants_to_spark(tmp_path: Path) -> None:
+def test_the_driver_leaves_a_table_with_such_instants_to_spark(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     path = _int96_table(tmp_path / "old", [YEAR_2024, YEAR_3000])
     tables = DriverTables()
-    with pytest.raises(DriverMergeUnavailableError, match="INT96 instants in column at"):
-        tables.read(path, TABLE)
-    with pytest.raises(DriverMergeUnavailableError, match="INT96 instants in column at"):
-        tables.at(path, 0)  # remembered at this version: not opened again
+    with caplog.at_level(logging.WARNING, logger="apply.lake.driver_merge"):
+        with pytest.raises(DriverMergeUnavailableError, match="INT96 instants in column at"):
+            tables.read(path, TABLE)
+        with pytest.raises(DriverMergeUnavailableError, match="INT96 instants") as refused:
+            tables.at(path, 0)  # remembered at this version: not opened again
+        with pytest.raises(DriverMergeUnavailableError, match="INT96 instants"):
+            tables.read(path, TABLE)
+    # One warning when found; the batches' own log of the refusal is a debug line.
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert "is written by Spark: file part-0.parquet holds INT96" in warnings[0]
+    assert refused.value.reported
     with TABLE_LOCKS.held(path):
         assert compact_from_driver(path, 128 * 1024 * 1024, LOCAL) is None
     assert DeltaTable(path).version() == 0
