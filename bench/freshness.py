@@ -205,14 +205,22 @@ Visibility = dict[tuple[str, int], tuple[list[int], list[float]]]
 
 
 def _delta_commits(table_dir: Path) -> Iterable[tuple[float, dict[str, Any]]]:
-    """Each commit of a Delta table: (modification time in µs, its commitInfo)."""
+    """Each commit of a Delta table: (modification time in µs, its commitInfo). Commit
+    files are newline-delimited JSON, split on ``\n`` only: a string in them may hold
+    U+2028 raw, where ``str.splitlines`` would break the line."""
     for path in sorted((table_dir / "_delta_log").glob("*.json")):
         info: dict[str, Any] = {}
-        for line in path.read_text().splitlines():
+        for line in _json_lines(path):
             action = json.loads(line)
             if "commitInfo" in action:
                 info = action["commitInfo"]
         yield path.stat().st_mtime_ns / 1000, info
+
+
+def _json_lines(path: Path) -> list[str]:
+    """The non-empty lines of a newline-delimited JSON file (a Delta commit, a Spark
+    checkpoint's ``offsets/N``), split on ``\n`` only."""
+    return [line for line in path.read_text(encoding="utf-8").split("\n") if line.strip()]
 
 
 def apply_visibility(lake: Path, tables: Iterable[str] = TABLES) -> Visibility:
@@ -268,7 +276,7 @@ def baseline_visibility(table_dir: Path, checkpoint: Path) -> Visibility:
             committed[int(epoch)] = visible_us
     seen: dict[tuple[str, int], tuple[list[int], list[float]]] = {}
     for batch in sorted(committed):
-        lines = (checkpoint / "offsets" / str(batch)).read_text().splitlines()
+        lines = _json_lines(checkpoint / "offsets" / str(batch))
         for topic, ends in json.loads(lines[2]).items():
             for partition, end in ends.items():
                 offsets, times = seen.setdefault((topic, int(partition)), ([], []))
@@ -520,7 +528,7 @@ def _baseline_covers(checkpoint: Path, ends: dict[tuple[str, int], int]) -> bool
     done = [int(p.name) for p in commits.iterdir() if p.name.isdigit()]
     if not done:
         return False
-    lines = (checkpoint / "offsets" / str(max(done))).read_text().splitlines()
+    lines = _json_lines(checkpoint / "offsets" / str(max(done)))
     offsets = json.loads(lines[2])
     return all(
         int(offsets.get(topic, {}).get(str(partition), 0)) >= end

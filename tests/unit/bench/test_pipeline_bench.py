@@ -81,6 +81,27 @@ def test_upkeep_commits_are_counted_inside_the_window_only(tmp_path: Path) -> No
     }
 
 
+def test_commit_files_are_split_on_newlines_only(tmp_path: Path) -> None:
+    """A string in a commit may hold U+2028, U+2029 or U+0085 raw (Delta writes them
+    so); they do not end a line."""
+    log = tmp_path / "public" / "pgbench_accounts" / "_delta_log"
+    log.mkdir(parents=True)
+    for version, operation in ((0, "MERGE"), (1, "OPTIMIZE")):
+        actions = [
+            {"add": {"path": "a", "stats": '{"minValues":{"s":"x\u2028\u2029\x85y"}}'}},
+            {"commitInfo": {"operation": operation, "note": "\u2028"}},
+        ]
+        path = log / f"{version:020d}.json"
+        path.write_text(
+            "\n".join(json.dumps(a, ensure_ascii=False) for a in actions) + "\n",
+            encoding="utf-8",
+        )
+        os.utime(path, (1001.0, 1001.0))
+    assert "\u2028" in (log / f"{1:020d}.json").read_text(encoding="utf-8")
+    counts = upkeep_in_window(tmp_path, ["pgbench_accounts"], 1000e6, 1010e6)
+    assert counts == {"compaction commits": 1, "vacuums": 0}
+
+
 def test_a_record_no_commit_covers_is_an_error(tmp_path: Path) -> None:
     log = tmp_path / "public" / "pgbench_accounts" / "_delta_log"
     _commit(log, 0, [{"commitInfo": {"userMetadata": _state({0: 10}, 0)}}], 1000.0)
