@@ -199,9 +199,7 @@ class DriverTables:
         commit exists); :class:`DriverMergeUnavailableError` when delta-rs cannot open it
         there or write it."""
         with self._lock:
-            table = self._tables.get(path)
-        with self._lock:
-            refused = self._refused.get(path)
+            table, refused = self._tables.get(path), self._refused.get(path)
         if table is None and refused is not None and refused[0] == version:
             raise DriverMergeUnavailableError(refused[1], reported=True)  # not opened again
         opened = table is None

@@ -198,20 +198,19 @@ def _int96_outside(files: Any, path: str) -> str | None:
     """The first INT96 column of the data file at ``path`` with an instant outside the
     range, or None."""
     with files.open_input_file(path) as source:
-        metadata = pq.read_metadata(source)
-    schema = metadata.schema
-    int96: list[str] = sorted(
-        {
-            str(schema.column(index).path).split(".")[0]
-            for index in range(len(schema))
-            if schema.column(index).physical_type == _INT96
-        }
-    )
-    if not int96:
-        return None
-    with files.open_input_file(path) as source:
+        parquet = pq.ParquetFile(source, coerce_int96_timestamp_unit="us")
+        schema = parquet.metadata.schema
+        int96: list[str] = sorted(
+            {
+                str(schema.column(index).path).split(".")[0]
+                for index in range(len(schema))
+                if schema.column(index).physical_type == _INT96
+            }
+        )
+        if not int96:
+            return None
         try:
-            read = pq.read_table(source, columns=int96, coerce_int96_timestamp_unit="us")
+            read = parquet.read(columns=int96)
         except pa.ArrowInvalid:
             return int96[0]  # not even as microseconds: surely outside
     for name in int96:
