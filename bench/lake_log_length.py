@@ -44,7 +44,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import random
 import secrets
 import shutil
@@ -137,10 +136,9 @@ class Lake:
 
     def server_cpu(self) -> float:
         """MinIO's CPU seconds so far (0 for a local lake)."""
-        if self.server_pid is None:
-            return 0.0
-        fields = Path(f"/proc/{self.server_pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        from bench.pipeline_run import process_cpu_s  # noqa: PLC0415
+
+        return 0.0 if self.server_pid is None else process_cpu_s(self.server_pid)
 
 
 @contextlib.contextmanager
@@ -151,6 +149,7 @@ def lake_of(arguments: argparse.Namespace, scratch: Path) -> Iterator[Lake]:
         return
     from pyarrow import fs  # noqa: PLC0415
 
+    from apply.lake.driver_store import driver_store  # noqa: PLC0415
     from deploy.local.minio import REGION, running_minio  # noqa: PLC0415
     from deploy.local.process import read_pid  # noqa: PLC0415
     from deploy.local.sigv4 import Credentials  # noqa: PLC0415
@@ -164,15 +163,17 @@ def lake_of(arguments: argparse.Namespace, scratch: Path) -> Iterator[Lake]:
             region=REGION,
             scheme="http",
         )
-        options = {
-            "AWS_ENDPOINT_URL": server.endpoint,
-            "AWS_REGION": REGION,
-            "AWS_ALLOW_HTTP": "true",
-            "AWS_ACCESS_KEY_ID": credentials.access_key,
-            "AWS_SECRET_ACCESS_KEY": credentials.secret_key,
-            "aws_conditional_put": "etag",  # as apply.lake.driver_store gives its driver
+        # The options apply's driver derives from the job's S3A settings.
+        s3a = {
+            "fs.s3a.endpoint": server.endpoint,
+            "fs.s3a.endpoint.region": REGION,
+            "fs.s3a.connection.ssl.enabled": "false",
+            "fs.s3a.access.key": credentials.access_key,
+            "fs.s3a.secret.key": credentials.secret_key,
         }
-        yield Lake(options, "bench", files, read_pid(server.pid_file))
+        store = driver_store("s3a://bench", s3a.get)
+        assert store is not None  # an s3a:// lake is the driver's
+        yield Lake(dict(store.options), "bench", files, read_pid(server.pid_file))
 
 
 @dataclass
